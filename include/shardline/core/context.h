@@ -1,0 +1,65 @@
+#pragma once
+
+#include <cstddef>
+
+#include <shardline/config.h>
+#include <shardline/core/device.h>
+
+#if SHARDLINE_HAVE_CUDA
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace shardline {
+
+#if SHARDLINE_HAVE_CUDA
+/// Per-device runtime state, created on first use and kept for the life of the process: the compute stream,
+/// the cuBLASLt handle and its workspace (SHARDLINE_CUBLASLT_WORKSPACE_MB, default 32), a cuBLAS handle for the
+/// legacy provider, and the device's default memory pool with a release threshold of "never", so a steady-state
+/// training step makes no cudaMalloc/cudaFree. Parameters and tensors never hold runtime state (seed 000).
+class CudaContext {
+public:
+    /// The context of device `index` (makes it current on this thread).
+    static CudaContext& Get(int index);
+    /// The context of the current device.
+    static CudaContext& Current();
+
+    int device() const { return device_; }
+    cudaStream_t stream() const { return stream_; }
+    /// Uses `stream` for compute from now on (e.g. an embedding trainer's own stream); nullptr restores ours.
+    void SetStream(cudaStream_t stream);
+    cublasLtHandle_t lt_handle() const { return lt_handle_; }
+    cublasHandle_t cublas_handle();
+    void* workspace() const { return workspace_; }
+    std::size_t workspace_bytes() const { return workspace_bytes_; }
+    /// Whether fp32 GEMMs may use TF32 (SHARDLINE_ALLOW_TF32=1, read once; or SetAllowTf32).
+    bool allow_tf32() const { return allow_tf32_; }
+    void SetAllowTf32(bool allow) { allow_tf32_ = allow; }
+    /// Major*10 + minor compute capability and multiprocessor count.
+    int compute_capability() const { return compute_capability_; }
+    int multiprocessors() const { return multiprocessors_; }
+
+    CudaContext(const CudaContext&) = delete;
+    CudaContext& operator=(const CudaContext&) = delete;
+    ~CudaContext();
+
+private:
+    explicit CudaContext(int device);
+    int device_;
+    cudaStream_t own_stream_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+    cublasLtHandle_t lt_handle_ = nullptr;
+    cublasHandle_t cublas_handle_ = nullptr;
+    void* workspace_ = nullptr;
+    std::size_t workspace_bytes_ = 0;
+    bool allow_tf32_ = false;
+    int compute_capability_ = 0;
+    int multiprocessors_ = 0;
+};
+#endif
+
+/// Waits for all work queued on the device's compute stream (no-op on the CPU).
+void Synchronize(Device device);
+
+} // namespace shardline

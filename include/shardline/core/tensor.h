@@ -1,0 +1,122 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <shardline/core/device.h>
+#include <shardline/core/dtype.h>
+
+namespace shardline {
+
+using Shape = std::vector<std::int64_t>;
+
+/// A block of memory on one device. CPU storage is 64-byte aligned; CUDA storage comes from the device's
+/// stream-ordered pool (cudaMallocAsync on the context stream) and goes back to it on release.
+class Storage {
+public:
+    /// Allocates `bytes` on `device` (0 bytes gives a null pointer).
+    static std::shared_ptr<Storage> Allocate(std::size_t bytes, Device device);
+    /// Wraps memory owned by someone else; it is never freed by shardline.
+    static std::shared_ptr<Storage> Borrow(void* data, std::size_t bytes, Device device);
+
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+    ~Storage();
+
+    void* data() const { return data_; }
+    std::size_t bytes() const { return bytes_; }
+    Device device() const { return device_; }
+
+private:
+    Storage(void* data, std::size_t bytes, Device device, bool owned)
+        : data_(data), bytes_(bytes), device_(device), owned_(owned) {}
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+    Device device_;
+    bool owned_ = false;
+};
+
+/// An n-d array view over shared storage: shape, strides (in elements), dtype, device and an element offset.
+/// Tensors made by shardline are row-major contiguous; Transpose() makes a strided view, which kernels reject
+/// (call Contiguous() first). Copies of a Tensor share storage.
+class Tensor {
+public:
+    Tensor() = default;
+
+    /// Uninitialised tensor.
+    static Tensor Empty(Shape shape, DType dtype, Device device = Device::CPU());
+    static Tensor Zeros(Shape shape, DType dtype, Device device = Device::CPU());
+    static Tensor Full(Shape shape, double value, DType dtype, Device device = Device::CPU());
+    /// A float64/float32 CPU tensor from values (row-major).
+    static Tensor FromVector(const std::vector<double>& values, Shape shape, DType dtype = DType::kFloat64);
+    /// Wraps caller-owned memory (row-major contiguous); shardline never frees it.
+    static Tensor FromBlob(void* data, Shape shape, DType dtype, Device device);
+
+    /// False for a default-constructed Tensor.
+    bool defined() const { return defined_; }
+    const Shape& shape() const { return shape_; }
+    const Shape& strides() const { return strides_; }
+    /// Size of one dimension; negative dims count from the end.
+    std::int64_t size(int dim) const;
+    int rank() const { return static_cast<int>(shape_.size()); }
+    std::int64_t numel() const;
+    std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * ElementSize(dtype_); }
+    DType dtype() const { return dtype_; }
+    Device device() const { return device_; }
+    bool is_contiguous() const;
+    std::int64_t offset() const { return offset_; }
+    const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+    /// Pointer to the first element (storage + offset).
+    void* data() const;
+    /// Typed pointer; throws DTypeError when T is not this tensor's element type.
+    template <class T> T* data_as() const {
+        CheckDType(DTypeOf<T>::kValue);
+        return static_cast<T*>(data());
+    }
+
+    /// Same storage, new shape with the same numel (contiguous tensors only). One dim may be -1.
+    Tensor View(Shape shape) const;
+    /// Strided view with two dims swapped (no copy).
+    Tensor Transpose(int dim0, int dim1) const;
+    /// This tensor if contiguous, else a contiguous copy on the same device.
+    Tensor Contiguous() const;
+    /// A deep copy on `device` (same dtype). Synchronous when the destination is the CPU.
+    Tensor To(Device device) const;
+    /// A copy converted to `dtype` on the same device.
+    Tensor To(DType dtype) const;
+    Tensor Clone() const { return To(device_); }
+    /// Copies src into this tensor (same shape and dtype, any devices).
+    void CopyFrom(const Tensor& src);
+    /// Fills with one value.
+    void Fill(double value);
+
+    /// The values as float64 on the host, row-major (for tests and references).
+    std::vector<double> ToDoubleVector() const;
+
+    /// "Tensor[2, 3] bfloat16 cuda:0".
+    std::string ToString() const;
+
+private:
+    void CheckDType(DType expected) const;
+
+    std::shared_ptr<Storage> storage_;
+    Shape shape_;
+    Shape strides_;
+    std::int64_t offset_ = 0;
+    DType dtype_ = DType::kFloat32;
+    Device device_;
+    bool defined_ = false;
+};
+
+/// Row-major contiguous strides for a shape.
+Shape ContiguousStrides(const Shape& shape);
+/// Product of the dims.
+std::int64_t Numel(const Shape& shape);
+/// "[2, 3]".
+std::string ShapeToString(const Shape& shape);
+
+} // namespace shardline

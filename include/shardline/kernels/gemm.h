@@ -1,0 +1,77 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include <shardline/core/device.h>
+#include <shardline/core/dtype.h>
+
+namespace shardline::kernels {
+
+/// What the GEMM does after the product. GELU here is the tanh approximation (cuBLASLt's).
+enum class GemmEpilogue : std::uint8_t {
+    kNone,
+    kBias,        ///< D += bias[i] per row i of D (bias has m entries)
+    kGeluAuxBias, ///< aux = D + bias[i]; D = gelu_tanh(aux)
+    kBGradB,      ///< also bias[j] = Σ_k op(B)[k, j] (n entries): the bias grad of a wgrad GEMM
+    kDGeluBGrad,  ///< D = D ⊙ gelu_tanh'(aux); bias[i] = Σ_j D[i, j] (m entries)
+};
+std::string_view GemmEpilogueName(GemmEpilogue epilogue);
+
+/// Accumulation: fp32 for fp32/fp16/bf16 inputs (TF32 tensor cores for fp32 only when the context allows it),
+/// fp64 for fp64.
+enum class GemmCompute : std::uint8_t { kDefault, kFloat32, kFloat64 };
+
+/// A pure description of one (strided-batched) GEMM in cuBLAS's column-major convention:
+///     D[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b],   op(A) m×k, op(B) k×n, C and D m×n (D written over C),
+/// where X[b] = X + b · stride_x (elements). A stride of 0 broadcasts that operand over the batch.
+/// Row-major callers derive the operands in a comment at every call site (a row-major R×C matrix is a
+/// column-major C×R matrix with the same leading dimension).
+struct GemmParams {
+    bool trans_a = false;
+    bool trans_b = false;
+    std::int64_t m = 0;
+    std::int64_t n = 0;
+    std::int64_t k = 0;
+
+    const void* a = nullptr;
+    std::int64_t lda = 0;
+    DType a_type = DType::kFloat32;
+    const void* b = nullptr;
+    std::int64_t ldb = 0;
+    DType b_type = DType::kFloat32;
+    void* c = nullptr;
+    std::int64_t ldc = 0;
+    DType c_type = DType::kFloat32;
+
+    std::int64_t batch_count = 1;
+    std::int64_t stride_a = 0;
+    std::int64_t stride_b = 0;
+    std::int64_t stride_c = 0;
+
+    double alpha = 1.0;
+    double beta = 0.0;
+    GemmCompute compute = GemmCompute::kDefault;
+
+    GemmEpilogue epilogue = GemmEpilogue::kNone;
+    void* bias = nullptr; ///< read (kBias, kGeluAuxBias) or written (kBGradB, kDGeluBGrad)
+    DType bias_type = DType::kFloat32;
+    void* aux = nullptr; ///< GELU pre-activation, m×n column-major with leading dimension ldaux
+    std::int64_t ldaux = 0;
+
+    Device device;
+};
+
+struct GemmOp {
+    static constexpr std::string_view kName = "Gemm";
+    using Fn = void (*)(const GemmParams&);
+};
+
+/// Runs a GEMM through the dispatcher. Called inside another op's kernel, it inherits that op's provider, so a
+/// provider that supplies Gemm serves the Linear/Matmul/Outer compositions too.
+void Gemm(const GemmParams& params);
+
+/// Checks the description (sizes, leading dims, pointers, epilogue operands); throws ShapeError naming `op`.
+void ValidateGemmParams(const GemmParams& params, std::string_view op);
+
+} // namespace shardline::kernels

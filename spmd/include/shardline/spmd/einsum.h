@@ -1,0 +1,98 @@
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <shardline/spmd/layout.h>
+#include <shardline/spmd/mesh.h>
+#include <shardline/spmd/redistribute.h>
+
+namespace shardline::spmd {
+
+/// How an op treats Partial inputs on a mesh dim that no label claims.
+enum class PartialPolicy {
+    kResolve,     ///< nonlinear: every Partial input is reduced first
+    kMultilinear, ///< a product (matmul, multiply): one `linear` operand may stay P(sum|avg), the output inherits it
+    kAdditive,    ///< a sum (add, subtract): P(sum|avg) on all operands with one op; non-Partial ones are
+                  ///< partialized locally (R -> P), the output inherits it
+    kSingle,      ///< one operand: a Partial whose op is in `single_kept_ops` passes to the output
+};
+
+struct EinsumOperand {
+    std::string name;
+    std::string labels; ///< one character per tensor dim
+    std::vector<int64_t> shape;
+    Layout layout;
+    int priority = 0;          ///< lower wins label conflicts; ties go to the earlier operand
+    bool linear = true;        ///< kMultilinear: the op is linear in this operand
+    bool additive_term = false; ///< its gradient is the output gradient alone (bias, add): no other operand enters it
+};
+
+struct EinsumProblem {
+    std::string op; ///< for messages
+    std::vector<EinsumOperand> inputs;
+    std::string output; ///< output labels; input labels absent here are contracted
+    ReduceOp contraction = ReduceOp::kSum; ///< how a sharded contracted label makes the output Partial
+    PartialPolicy partial_policy = PartialPolicy::kResolve;
+    std::vector<ReduceOp> single_kept_ops; ///< kSingle only
+    std::string unshardable; ///< labels that must stay replicated (e.g. a softmax axis)
+};
+
+/// The decision of a rule: which mesh dims shard each label, which input Partials pass through.
+struct EinsumAssignment {
+    std::map<char, std::vector<int>> labels; ///< label -> mesh dims, major -> minor
+    struct Kept {
+        ReduceOp op = ReduceOp::kSum;
+        std::vector<bool> inputs; ///< which inputs are required Partial on this mesh dim
+        bool operator==(const Kept& other) const = default;
+    };
+    std::map<int, Kept> kept_partial; ///< mesh dim -> kept Partial
+    bool operator==(const EinsumAssignment& other) const = default;
+};
+
+enum class RuleMode {
+    kDeterministic, ///< the merge policy of docs/spmd.md: predictable, Paddle-like
+    kCostBased,     ///< enumerate assignments, price input redistributions + compute (+ output target), take the min
+};
+
+struct RuleOptions {
+    RuleMode mode = RuleMode::kDeterministic;
+    PlanOptions plan;                    ///< element size and alpha-beta model for kCostBased
+    std::optional<Layout> output_target; ///< kCostBased: also price moving the output there
+};
+
+struct EinsumResult {
+    EinsumAssignment assignment;
+    std::vector<TensorSpec> inputs; ///< required input layouts
+    TensorSpec output;
+    double cost_us = 0.0; ///< kCostBased: the chosen candidate's cost
+};
+
+struct EinsumGradResult {
+    EinsumAssignment assignment;
+    std::vector<TensorSpec> inputs;      ///< required forward inputs (as saved by the forward)
+    TensorSpec out_grad;                 ///< required output gradient
+    std::vector<TensorSpec> input_grads; ///< one per input, Partial(sum) on mesh dims of labels reduced away
+};
+
+/// Label sizes of a problem; throws SpmdError when the operands disagree (sizes other than 1 differ).
+std::map<char, int64_t> EinsumLabelSizes(const EinsumProblem& problem);
+
+/// Forward: input layouts -> required input layouts + output layout.
+EinsumResult InferEinsumForward(const ProcessMesh& mesh, const EinsumProblem& problem,
+                                const RuleOptions& options = {});
+/// Reverse: the output layout -> input layouts (input layouts in `problem` are ignored); the result is the
+/// forward rule applied to those inputs, so it is consistent by construction.
+EinsumResult InferEinsumReverse(const ProcessMesh& mesh, const EinsumProblem& problem, const Layout& output,
+                                const RuleOptions& options = {});
+/// Grad: forward inputs + output gradient -> required inputs, required output gradient, input gradients.
+EinsumGradResult InferEinsumGrad(const ProcessMesh& mesh, const EinsumProblem& problem, const TensorSpec& out_grad,
+                                 const RuleOptions& options = {});
+
+/// Builds the required layouts and the output of `assignment` (used by the rules and the enumeration).
+EinsumResult ApplyAssignment(const ProcessMesh& mesh, const EinsumProblem& problem,
+                             const EinsumAssignment& assignment);
+
+} // namespace shardline::spmd

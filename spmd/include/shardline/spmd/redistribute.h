@@ -1,0 +1,80 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <shardline/spmd/layout.h>
+#include <shardline/spmd/mesh.h>
+
+namespace shardline::spmd {
+
+/// Alpha-beta cost of collectives on each mesh dim: a collective of s ring steps moving b bytes per rank costs
+/// s * alpha_us + b / (bandwidth_gb_per_s * 1e3) microseconds. Per-dim values (intra- vs inter-node) override the
+/// defaults when given. flops_per_us prices local compute in the strategy enumeration.
+struct CostModel {
+    double alpha_us = 10.0;
+    double bandwidth_gb_per_s = 100.0;
+    std::vector<double> alpha_us_per_dim;           ///< empty or one per mesh dim
+    std::vector<double> bandwidth_gb_per_s_per_dim; ///< empty or one per mesh dim
+    double flops_per_us = 1e8;                      ///< 100 TFLOP/s
+
+    double Alpha(int mesh_dim) const;
+    double Bandwidth(int mesh_dim) const;
+    /// `ring_steps` latencies plus `bytes` at the mesh dim's bandwidth, in microseconds.
+    double Cost(int mesh_dim, int64_t ring_steps, int64_t bytes) const;
+};
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kLocalSlice, kLocalPartialize };
+
+std::string_view ToString(Collective collective);
+
+/// One step of a redistribution, on one mesh dim.
+struct RedistributeStep {
+    Collective collective = Collective::kLocalSlice;
+    int mesh_dim = -1;
+    int tensor_dim = -1;    ///< gathered, scattered or sliced tensor dim; for all_to_all the dim that is gathered
+    int to_tensor_dim = -1; ///< all_to_all only: the dim that becomes sharded
+    ReduceOp reduce_op = ReduceOp::kSum; ///< all_reduce, reduce_scatter, partialize
+    /// Bytes each rank sends (ring algorithms; uneven shards are padded to the largest, as NCCL needs equal counts):
+    /// all_reduce 2(n-1)*ceil(B/n), reduce_scatter (n-1)*max_out, all_gather (n-1)*max_in,
+    /// all_to_all (n-1)*max_block, local steps 0.
+    int64_t bytes_per_rank = 0;
+    double cost_us = 0.0;
+    Layout before;
+    Layout after;
+    bool operator==(const RedistributeStep& other) const = default;
+};
+
+struct RedistributePlan {
+    std::vector<RedistributeStep> steps;
+    double cost_us = 0.0;
+    int64_t bytes_per_rank = 0; ///< sum over steps
+    /// Number of steps that communicate (everything but local slice / partialize).
+    int NumCollectives() const;
+};
+
+struct PlanOptions {
+    int64_t element_size = 4; ///< bytes per element
+    CostModel cost;
+};
+
+/// Plans src -> dst for a tensor of `global_shape` on `mesh`, one mesh dim per step, in this order:
+///   1. local slices that are possible at once (R -> S where the dim's current shard list is a prefix of dst's);
+///   2. all_reduce of Partial mesh dims that dst neither keeps Partial nor scatters (on the smallest tensor);
+///   3. un-sharding of every mesh dim that dst shards differently, minor-most first: all_to_all when the mesh dim
+///      moves to another tensor dim whose shard list is ready for it, all_gather otherwise;
+///   4. sharding in dst's major -> minor order: reduce_scatter for a Partial mesh dim (never all_reduce + slice),
+///      local slice for a free one;
+///   5. all_reduce of the remaining Partial mesh dims (also those whose reduce op changes);
+///   6. local partialize (R -> P) of dst's new Partial mesh dims.
+/// Throws SpmdError when a layout does not fit the mesh or the tensor.
+RedistributePlan PlanRedistribute(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
+                                  const Layout& src, const Layout& dst, const PlanOptions& options = {});
+
+/// Cost of the plan only (what the strategy enumeration sums).
+double RedistributeCost(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape, const Layout& src,
+                        const Layout& dst, const PlanOptions& options = {});
+
+} // namespace shardline::spmd

@@ -1,0 +1,49 @@
+#pragma once
+
+// The CUDA half of core, implemented in src/core/cuda/*.cu. Declared here so the host code in src/core/*.cc
+// stays free of CUDA headers. Only present when SHARDLINE_HAVE_CUDA.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <shardline/config.h>
+#include <shardline/core/device.h>
+#include <shardline/core/dtype.h>
+
+#include "philox.h"
+
+#if SHARDLINE_HAVE_CUDA
+namespace shardline::detail {
+
+inline constexpr int kMaxCopyRank = 8;
+
+/// A strided source view: copies element (i0, ..., i_{r-1}) from src + Σ i_d·stride[d] to the row-major position.
+struct StridedCopyDesc {
+    int rank;
+    std::int64_t shape[kMaxCopyRank];
+    std::int64_t stride[kMaxCopyRank];
+};
+
+/// Number of visible CUDA devices; 0 when there is no driver or no GPU (never throws).
+int CudaDeviceCountImpl();
+/// cudaMallocAsync from the device's default pool on the context stream.
+void* CudaAllocate(std::size_t bytes, int device);
+/// cudaFreeAsync on the context stream; logs instead of throwing.
+void CudaFree(void* ptr, int device) noexcept;
+/// Copies bytes between any two devices (either side may be the CPU). Ordered on the context stream of the CUDA
+/// side; synchronous when the destination is the CPU.
+void CudaMemcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+/// Fills `numel` elements of dtype on the device with RandomValueAt(args, GlobalIndexOf(args, i)), rounded to the
+/// dtype exactly as the CPU does (double → float → half, round to nearest even).
+void CudaFillRandom(void* data, DType dtype, std::int64_t numel, const RandomKernelArgs& args, int device);
+/// Fills with one value (converted double → float → dtype).
+void CudaFillValue(void* data, DType dtype, std::int64_t numel, double value, int device);
+/// Elementwise dtype conversion on the device (through float; float64 ↔ float32 direct).
+void CudaCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t numel, int device);
+/// Strided view → contiguous copy on the device.
+void CudaStridedCopy(const void* src, void* dst, DType dtype, const StridedCopyDesc& desc, int device);
+/// Waits for the context stream.
+void CudaSynchronize(int device);
+
+} // namespace shardline::detail
+#endif

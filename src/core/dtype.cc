@@ -1,0 +1,39 @@
+#include <shardline/core/dtype.h>
+
+#include <shardline/core/error.h>
+
+namespace shardline {
+
+std::string_view DTypeName(DType dtype) {
+    switch (dtype) {
+    case DType::kFloat32:
+        return "float32";
+    case DType::kFloat16:
+        return "float16";
+    case DType::kBFloat16:
+        return "bfloat16";
+    case DType::kFloat64:
+        return "float64";
+    }
+    return "unknown";
+}
+
+DType ParseDType(std::string_view name) {
+    if (name == "float32" || name == "f32" || name == "fp32") {
+        return DType::kFloat32;
+    }
+    if (name == "float16" || name == "f16" || name == "fp16" || name == "half") {
+        return DType::kFloat16;
+    }
+    if (name == "bfloat16" || name == "bf16") {
+        return DType::kBFloat16;
+    }
+    if (name == "float64" || name == "f64" || name == "fp64" || name == "double") {
+        return DType::kFloat64;
+    }
+    SHARDLINE_THROW(DTypeError, "ParseDType", "expected one of float32|float16|bfloat16|float64 (or f32, fp16, bf16, "
+                                              "f64), got '{}'",
+                    name);
+}
+
+} // namespace shardline

@@ -1,0 +1,41 @@
+#include <shardline/core/logging.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <shardline/core/error.h>
+
+namespace shardline {
+namespace {
+
+std::shared_ptr<spdlog::logger> MakeLogger() {
+    auto logger = spdlog::stderr_color_mt("shardline");
+    spdlog::level::level_enum level = spdlog::level::info;
+    if (const char* env = std::getenv("SHARDLINE_LOG_LEVEL"); env != nullptr && *env != '\0') {
+        level = spdlog::level::from_str(env);
+    }
+    logger->set_level(level);
+    return logger;
+}
+
+void ApplyPattern(spdlog::logger& logger) {
+    // The rank is baked into the pattern: it changes once per process, never per line.
+    logger.set_pattern(fmt::format("[rank {}/{}] [%H:%M:%S.%e] [%^%l%$] %v", ProcessRank(), ProcessWorldSize()));
+}
+
+} // namespace
+
+spdlog::logger& Logger() {
+    static const std::shared_ptr<spdlog::logger> logger = [] {
+        auto l = MakeLogger();
+        ApplyPattern(*l);
+        return l;
+    }();
+    return *logger;
+}
+
+void RefreshLogPrefix() { ApplyPattern(Logger()); }
+
+} // namespace shardline

@@ -1,0 +1,53 @@
+#pragma once
+
+// Argument checks shared by the op wrappers. Each throws a shardline::Error subclass naming the op, the argument,
+// what was expected and what was found. They run before any kernel (and, in distributed code, before any
+// collective).
+
+#include <initializer_list>
+#include <string_view>
+
+#include <shardline/core/error.h>
+#include <shardline/core/tensor.h>
+
+namespace shardline::kernels::detail {
+
+/// Defined, contiguous, non-null when non-empty.
+inline void CheckTensor(const Tensor& t, std::string_view op, std::string_view name) {
+    SHARDLINE_CHECK(t.defined(), op, "{} is an undefined (empty) tensor", name);
+    SHARDLINE_CHECK(t.numel() == 0 || t.data() != nullptr, op, "{} {} has a null data pointer", name, t.ToString());
+    SHARDLINE_CHECK_AS(ShapeError, t.is_contiguous(), op,
+                       "{} must be contiguous (row-major), got {} with strides {}; call Contiguous() first", name,
+                       t.ToString(), ShapeToString(t.strides()));
+}
+
+/// The dtype the kernels of a device support: CPU float32/float64, CUDA float32/float16/bfloat16.
+inline void CheckDeviceDType(const Tensor& t, std::string_view op, std::string_view name) {
+    if (t.device().is_cpu()) {
+        SHARDLINE_CHECK_AS(DTypeError, t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64, op,
+                           "CPU kernels take float32 or float64, got {} {} (half types run on CUDA only)", name,
+                           t.ToString());
+    } else {
+        SHARDLINE_CHECK_AS(DTypeError, t.dtype() != DType::kFloat64, op,
+                           "CUDA kernels take float32, float16 or bfloat16, got {} {}", name, t.ToString());
+    }
+}
+
+inline void CheckSameDevice(const Tensor& a, std::string_view a_name, const Tensor& b, std::string_view b_name,
+                            std::string_view op) {
+    SHARDLINE_CHECK_AS(DeviceError, a.device() == b.device(), op, "{} and {} must be on one device, got {} and {}",
+                       a_name, b_name, a.ToString(), b.ToString());
+}
+
+inline void CheckSameDType(const Tensor& a, std::string_view a_name, const Tensor& b, std::string_view b_name,
+                           std::string_view op) {
+    SHARDLINE_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, "{} and {} must have one dtype, got {} and {}",
+                       a_name, b_name, a.ToString(), b.ToString());
+}
+
+inline void CheckShape(const Tensor& t, const Shape& expected, std::string_view op, std::string_view name) {
+    SHARDLINE_CHECK_AS(ShapeError, t.shape() == expected, op, "{} must have shape {}, got {}", name,
+                       ShapeToString(expected), t.ToString());
+}
+
+} // namespace shardline::kernels::detail

@@ -1,0 +1,4 @@
+#include "kernels/register.h"
+namespace shardline::kernels::detail {
+void RegisterCpuKernels() {}
+}

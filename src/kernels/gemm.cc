@@ -1,0 +1,71 @@
+#include <shardline/kernels/gemm.h>
+
+#include <shardline/core/error.h>
+#include <shardline/kernels/dispatcher.h>
+
+namespace shardline::kernels {
+
+std::string_view GemmEpilogueName(GemmEpilogue epilogue) {
+    switch (epilogue) {
+    case GemmEpilogue::kNone:
+        return "none";
+    case GemmEpilogue::kBias:
+        return "bias";
+    case GemmEpilogue::kGeluAuxBias:
+        return "gelu_aux_bias";
+    case GemmEpilogue::kBGradB:
+        return "bgradb";
+    case GemmEpilogue::kDGeluBGrad:
+        return "dgelu_bgrad";
+    }
+    return "unknown";
+}
+
+void ValidateGemmParams(const GemmParams& p, std::string_view op) {
+    SHARDLINE_CHECK_AS(ShapeError, p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch_count >= 1, op,
+                       "GEMM sizes must be m, n, k >= 0 and batch >= 1, got m={} n={} k={} batch={}", p.m, p.n, p.k,
+                       p.batch_count);
+    const std::int64_t a_rows = p.trans_a ? p.k : p.m; // column-major rows of A as stored
+    const std::int64_t b_rows = p.trans_b ? p.n : p.k;
+    SHARDLINE_CHECK_AS(ShapeError, p.lda >= std::max<std::int64_t>(1, a_rows), op,
+                       "lda {} must be >= {} (rows of A as stored, trans_a={})", p.lda, a_rows, p.trans_a);
+    SHARDLINE_CHECK_AS(ShapeError, p.ldb >= std::max<std::int64_t>(1, b_rows), op,
+                       "ldb {} must be >= {} (rows of B as stored, trans_b={})", p.ldb, b_rows, p.trans_b);
+    SHARDLINE_CHECK_AS(ShapeError, p.ldc >= std::max<std::int64_t>(1, p.m), op, "ldc {} must be >= m {}", p.ldc,
+                       p.m);
+    const bool empty = p.m == 0 || p.n == 0;
+    SHARDLINE_CHECK(empty || p.c != nullptr, op, "C/D pointer is null (m={} n={})", p.m, p.n);
+    SHARDLINE_CHECK(empty || p.k == 0 || (p.a != nullptr && p.b != nullptr), op, "A or B pointer is null (k={})",
+                    p.k);
+    SHARDLINE_CHECK_AS(DTypeError, p.a_type == p.b_type, op, "A and B dtypes must match, got {} and {}",
+                       DTypeName(p.a_type), DTypeName(p.b_type));
+    SHARDLINE_CHECK_AS(DTypeError, p.c_type == p.a_type || p.c_type == DType::kFloat32, op,
+                       "C dtype must be A's ({}) or float32, got {}", DTypeName(p.a_type), DTypeName(p.c_type));
+    switch (p.epilogue) {
+    case GemmEpilogue::kNone:
+        break;
+    case GemmEpilogue::kBias:
+        SHARDLINE_CHECK(p.bias != nullptr, op, "epilogue bias needs a bias pointer");
+        break;
+    case GemmEpilogue::kGeluAuxBias:
+        SHARDLINE_CHECK(p.aux != nullptr && p.ldaux >= p.m, op,
+                        "epilogue gelu_aux_bias needs an aux pointer with ldaux >= m ({}), got ldaux={}", p.m,
+                        p.ldaux);
+        break;
+    case GemmEpilogue::kBGradB:
+        SHARDLINE_CHECK(p.bias != nullptr, op, "epilogue bgradb needs a bias-grad pointer");
+        SHARDLINE_CHECK(p.beta == 0.0, op, "epilogue bgradb writes D (beta must be 0), got beta={}", p.beta);
+        break;
+    case GemmEpilogue::kDGeluBGrad:
+        SHARDLINE_CHECK(p.bias != nullptr && p.aux != nullptr && p.ldaux >= p.m, op,
+                        "epilogue dgelu_bgrad needs bias-grad and aux pointers with ldaux >= m ({})", p.m);
+        break;
+    }
+}
+
+void Gemm(const GemmParams& params) {
+    ValidateGemmParams(params, GemmOp::kName);
+    Dispatch<GemmOp>(params.device.type, params);
+}
+
+} // namespace shardline::kernels

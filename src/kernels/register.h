@@ -1,0 +1,21 @@
+#pragma once
+
+// Explicit registration of the built-in kernels (no static-initialiser or --whole-archive tricks).
+// EnsureBuiltinKernels() calls each of these once.
+
+#include <shardline/config.h>
+
+namespace shardline::kernels::detail {
+
+/// Linear*, Matmul*, Outer*: device-agnostic compositions over Gemm (src/kernels/{linear,matmul,outer}.cc),
+/// registered as "default" for every device type.
+void RegisterCompositeKernels();
+/// src/kernels/cpu: Gemm (OpenBLAS), LinearBackwardBias, GELU, Add, Scale, Sum.
+void RegisterCpuKernels();
+#if SHARDLINE_HAVE_CUDA
+/// src/kernels/cuda: "default" (cuBLASLt Gemm, vectorised bias grad, GELU, Add, Scale, Sum) and "legacy"
+/// (cublasGemmEx Gemm with separate bias-add / bias-grad / GELU kernels, and a plain bias-grad kernel).
+void RegisterCudaKernels();
+#endif
+
+} // namespace shardline::kernels::detail

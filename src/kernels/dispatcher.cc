@@ -64,16 +64,22 @@ void EnsureBuiltinKernels() {
         return; // registration in progress on this thread: Register() calls back here
     }
     in_progress = true;
-    {
-        Selection& s = TheSelection();
-        std::lock_guard slock(s.mutex);
-        LoadEnvironment(s);
-    }
-    detail::RegisterCompositeKernels();
-    detail::RegisterCpuKernels();
+    try {
+        {
+            Selection& s = TheSelection();
+            std::lock_guard slock(s.mutex);
+            LoadEnvironment(s);
+        }
+        detail::RegisterCompositeKernels();
+        detail::RegisterCpuKernels();
 #if SHARDLINE_HAVE_CUDA
-    detail::RegisterCudaKernels();
+        detail::RegisterCudaKernels();
 #endif
+    } catch (...) {
+        // E.g. a bad SHARDLINE_LINEAR_IMPL: report it, and let the next call retry instead of finding no kernels.
+        in_progress = false;
+        throw;
+    }
     in_progress = false;
     done.store(true, std::memory_order_release);
 }
@@ -147,7 +153,7 @@ void ForgetProvider(std::string_view provider) {
 }
 
 std::string ChooseProvider(std::string_view op, DeviceType device, std::string_view caller_provider,
-                           const std::function<bool(std::string_view)>& has) {
+                           const std::function<bool(std::string_view)>& has, std::string* wanted_out) {
     Selection& s = TheSelection();
     std::string wanted;
     {
@@ -174,6 +180,9 @@ std::string ChooseProvider(std::string_view op, DeviceType device, std::string_v
             SHARDLINE_LOG_INFO("kernel {} on {}: provider '{}' has none, '{}' serves it", op, DeviceTypeName(device),
                                wanted, serving);
         }
+    }
+    if (wanted_out != nullptr) {
+        *wanted_out = wanted;
     }
     return serving;
 }

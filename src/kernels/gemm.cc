@@ -1,5 +1,7 @@
 #include <shardline/kernels/gemm.h>
 
+#include <algorithm>
+
 #include <shardline/core/error.h>
 #include <shardline/kernels/dispatcher.h>
 
@@ -28,9 +30,11 @@ void ValidateGemmParams(const GemmParams& p, std::string_view op) {
     const std::int64_t a_rows = p.trans_a ? p.k : p.m; // column-major rows of A as stored
     const std::int64_t b_rows = p.trans_b ? p.n : p.k;
     SHARDLINE_CHECK_AS(ShapeError, p.lda >= std::max<std::int64_t>(1, a_rows), op,
-                       "lda {} must be >= {} (rows of A as stored, trans_a={})", p.lda, a_rows, p.trans_a);
+                       "lda {} must be >= {} (rows of A as stored, trans_a={})", p.lda,
+                       std::max<std::int64_t>(1, a_rows), p.trans_a);
     SHARDLINE_CHECK_AS(ShapeError, p.ldb >= std::max<std::int64_t>(1, b_rows), op,
-                       "ldb {} must be >= {} (rows of B as stored, trans_b={})", p.ldb, b_rows, p.trans_b);
+                       "ldb {} must be >= {} (rows of B as stored, trans_b={})", p.ldb,
+                       std::max<std::int64_t>(1, b_rows), p.trans_b);
     SHARDLINE_CHECK_AS(ShapeError, p.ldc >= std::max<std::int64_t>(1, p.m), op, "ldc {} must be >= m {}", p.ldc,
                        p.m);
     const bool empty = p.m == 0 || p.n == 0;

@@ -7,6 +7,7 @@
 #include <shardline/kernels/gemm.h>
 
 #include "checks.h"
+#include "register.h"
 
 namespace shardline::kernels {
 namespace {
@@ -295,7 +296,7 @@ Tensor LinearBackwardBias(const Tensor& dy) {
 
 namespace detail {
 void RegisterLinearCompositions() {
-    for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
+    for (DeviceType d : kBuiltDeviceTypes) {
         Register<LinearForwardOp>(d, kDefaultProvider, &DefaultLinearForward);
         Register<LinearBackwardInputOp>(d, kDefaultProvider, &DefaultLinearBackwardInput);
         Register<LinearBackwardWeightOp>(d, kDefaultProvider, &DefaultLinearBackwardWeight);

@@ -9,6 +9,7 @@
 #include <shardline/kernels/gemm.h>
 
 #include "checks.h"
+#include "register.h"
 
 namespace shardline::kernels {
 namespace {
@@ -88,10 +89,10 @@ void RunMatmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Ten
                       .n = m,
                       .k = k,
                       .a = b.data(),
-                      .lda = trans_b ? k : n,
+                      .lda = std::max<std::int64_t>(1, trans_b ? k : n), // BLAS wants ld >= 1 even for k = 0
                       .a_type = b.dtype(),
                       .b = a.data(),
-                      .ldb = trans_a ? m : k,
+                      .ldb = std::max<std::int64_t>(1, trans_a ? m : k),
                       .b_type = a.dtype(),
                       .c = out.data(),
                       .ldc = n,
@@ -258,7 +259,7 @@ void MatmulBackwardOther(const MatmulBackwardOtherArgs& args) {
 
 namespace detail {
 void RegisterMatmulCompositions() {
-    for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
+    for (DeviceType d : kBuiltDeviceTypes) {
         Register<MatmulForwardOp>(d, kDefaultProvider, &DefaultMatmulForward);
         Register<MatmulBackwardInputOp>(d, kDefaultProvider, &DefaultMatmulBackwardInput);
         Register<MatmulBackwardOtherOp>(d, kDefaultProvider, &DefaultMatmulBackwardOther);

@@ -6,6 +6,7 @@
 #include <shardline/kernels/gemm.h>
 
 #include "checks.h"
+#include "register.h"
 
 namespace shardline::kernels {
 namespace {
@@ -127,7 +128,7 @@ void OuterBackward(const OuterBackwardArgs& args) {
 
 namespace detail {
 void RegisterOuterCompositions() {
-    for (DeviceType d : {DeviceType::kCPU, DeviceType::kCUDA}) {
+    for (DeviceType d : kBuiltDeviceTypes) {
         Register<OuterForwardOp>(d, kDefaultProvider, &DefaultOuterForward);
         Register<OuterBackwardOp>(d, kDefaultProvider, &DefaultOuterBackward);
     }

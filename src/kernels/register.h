@@ -5,7 +5,19 @@
 
 #include <shardline/config.h>
 
+#include <initializer_list>
+
+#include <shardline/core/device.h>
+
 namespace shardline::kernels::detail {
+
+/// The device types this build has kernels for.
+inline constexpr std::initializer_list<DeviceType> kBuiltDeviceTypes =
+#if SHARDLINE_HAVE_CUDA
+    {DeviceType::kCPU, DeviceType::kCUDA};
+#else
+    {DeviceType::kCPU};
+#endif
 
 /// Linear*, Matmul*, Outer*: device-agnostic compositions over Gemm (src/kernels/{linear,matmul,outer}.cc),
 /// registered as "default" for every device type.

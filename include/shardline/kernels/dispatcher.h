@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <shardline/core/device.h>
@@ -68,14 +69,16 @@ private:
 void RecordKernel(std::string_view op, DeviceType device, std::string_view provider);
 void ForgetProvider(std::string_view provider);
 /// Chooses the provider name for `op` per the rules above; `has(p)` says whether provider p has the kernel.
+/// Returns the provider that serves the op; `wanted`, when given, receives the provider chosen before the fallback.
 std::string ChooseProvider(std::string_view op, DeviceType device, std::string_view caller_provider,
-                           const std::function<bool(std::string_view)>& has);
+                           const std::function<bool(std::string_view)>& has, std::string* wanted = nullptr);
 } // namespace detail
 
 /// The kernel serving an op and the provider it came from.
 template <class Op> struct Resolved {
     typename Op::Fn fn = nullptr;
-    std::string provider;
+    std::string provider;  ///< the provider whose kernel serves the op (after the fallback to "default")
+    std::string requested; ///< the provider chosen for the op (rules 1-3): what the ops it calls inherit
 };
 
 template <class Op> class OpTable {
@@ -107,14 +110,16 @@ public:
     static Resolved<Op> Resolve(DeviceType device, std::string_view caller_provider = {}) {
         EnsureBuiltinKernels();
         std::lock_guard lock(Mutex());
+        std::string requested;
         const std::string provider = detail::ChooseProvider(
-            Op::kName, device, caller_provider, [&](std::string_view p) { return Find(device, p) != nullptr; });
+            Op::kName, device, caller_provider, [&](std::string_view p) { return Find(device, p) != nullptr; },
+            &requested);
         Fn fn = Find(device, provider);
         if (fn == nullptr) {
             SHARDLINE_THROW(::shardline::Error, Op::kName, "no kernel registered for device {} (provider {})",
                             DeviceTypeName(device), provider);
         }
-        return Resolved<Op>{fn, provider};
+        return Resolved<Op>{fn, provider, std::move(requested)};
     }
 
 private:
@@ -148,7 +153,9 @@ template <class Op> void Register(DeviceType device, std::string_view provider, 
 /// Runs op `Op` on `device` with the selected provider's kernel (nested ops inherit the provider).
 template <class Op, class Args> void Dispatch(DeviceType device, const Args& args) {
     const Resolved<Op> resolved = OpTable<Op>::Resolve(device, detail::CurrentProvider());
-    detail::ProviderScope scope(resolved.provider);
+    // Nested ops inherit the provider chosen for this op, not the one that served it: a provider that supplies only
+    // Gemm must still see the Gemm of a Linear op that "default" composes for it.
+    detail::ProviderScope scope(resolved.requested);
     resolved.fn(args);
 }
 

@@ -1,1 +1,0 @@
-#include "../cuda_backend.h"

@@ -1,4 +1,30 @@
+// Registration of the CUDA kernels with the typed dispatcher (called once by EnsureBuiltinKernels).
+
 #include "kernels/register.h"
+
+#include <shardline/kernels/dispatcher.h>
+#include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/gemm.h>
+#include <shardline/kernels/linear.h>
+
+#include "cuda_ops.h"
+
 namespace shardline::kernels::detail {
-void RegisterCudaKernels() {}
+
+void RegisterCudaKernels() {
+    constexpr DeviceType kCuda = DeviceType::kCUDA;
+    // default: cuBLASLt Gemm with fused epilogues; vectorised bias grad; elementwise ops and reductions.
+    Register<GemmOp>(kCuda, kDefaultProvider, &cuda::DefaultCudaGemm);
+    Register<LinearBackwardBiasOp>(kCuda, kDefaultProvider, &cuda::DefaultLinearBackwardBias);
+    Register<GeluForwardOp>(kCuda, kDefaultProvider, &cuda::CudaGeluForward);
+    Register<GeluBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaGeluBackward);
+    Register<AddOp>(kCuda, kDefaultProvider, &cuda::CudaAdd);
+    Register<ScaleOp>(kCuda, kDefaultProvider, &cuda::CudaScale);
+    Register<SumOp>(kCuda, kDefaultProvider, &cuda::CudaSum);
+    // legacy: cublasGemmStridedBatchedEx + separate epilogue kernels; plain bias-grad kernel. Linear, Matmul and
+    // Outer reach it through their compositions over Gemm.
+    Register<GemmOp>(kCuda, kLegacyProvider, &cuda::LegacyCudaGemm);
+    Register<LinearBackwardBiasOp>(kCuda, kLegacyProvider, &cuda::LegacyLinearBackwardBias);
 }
+
+} // namespace shardline::kernels::detail

@@ -1,0 +1,181 @@
+// The functions of cuda_backend.h: device count, stream-ordered allocation, copies, fills, casts.
+
+#include <cstring>
+
+#include <cuda_runtime_api.h>
+
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/logging.h>
+
+#include "../cuda_backend.h"
+#include "context_internal.h"
+#include "core_kernels.h"
+
+// Log lines are formatted by fmt::format and given to spdlog as finished strings: spdlog's own formatting overloads
+// instantiate fmt 9's float formatter in this file, which g++ 13 -O3 flags with a false -Warray-bounds.
+
+namespace shardline::detail {
+namespace {
+
+bool IsShutdownError(cudaError_t status) {
+    return status == cudaErrorCudartUnloading || status == cudaErrorContextIsDestroyed;
+}
+
+/// Host memory the driver can DMA from directly (pinned or registered); a copy from it may still be in flight
+/// when cudaMemcpyAsync returns, unlike a copy from pageable memory, which is staged before the call returns.
+bool IsPinnedHost(const void *ptr) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+        (void)cudaGetLastError(); // a plain host pointer on old drivers: clear the non-sticky error
+        return false;
+    }
+    return attributes.type == cudaMemoryTypeHost;
+}
+
+} // namespace
+
+int CudaDeviceCountImpl() {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess) {
+        // No driver or no GPU: not an error for a library that also runs on the CPU. Clear it so that the next
+        // launch check does not report it.
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+void *CudaAllocate(std::size_t bytes, int device) {
+    CudaContext &ctx = CudaContext::Get(device);
+    void *ptr = nullptr;
+    cudaError_t status = cudaMallocAsync(&ptr, bytes, ctx.stream());
+    if (status == cudaErrorMemoryAllocation) {
+        // Blocks freed on other streams return to the pool only once those frees have executed: wait for the
+        // device and try once more before giving up.
+        (void)cudaGetLastError();
+        SHARDLINE_CHECK_CUDA(cudaDeviceSynchronize());
+        status = cudaMallocAsync(&ptr, bytes, ctx.stream());
+    }
+    if (status != cudaSuccess) {
+        (void)cudaGetLastError();
+        std::size_t free_bytes = 0;
+        std::size_t total_bytes = 0;
+        (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+        (void)cudaGetLastError();
+        SHARDLINE_THROW(CudaError, "Storage::Allocate",
+                        "cudaMallocAsync of {} bytes on cuda:{} failed: {} ({}); {} of {} bytes free on the device",
+                        bytes, device, cudaGetErrorName(status), cudaGetErrorString(status), free_bytes, total_bytes);
+    }
+    return ptr;
+}
+
+void CudaFree(void *ptr, int device) noexcept {
+    if (ptr == nullptr) {
+        return;
+    }
+    // No context lookup that could throw or switch the device: the memory came from CudaAllocate, so the context
+    // exists, and the free is ordered on its stream after everything queued there.
+    CudaContext *ctx = CudaContextIfCreated(device);
+    const cudaError_t status = cudaFreeAsync(ptr, ctx != nullptr ? ctx->stream() : nullptr);
+    if (status != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (IsShutdownError(status)) {
+            return; // tensors destroyed after the runtime unloaded: the driver reclaims everything anyway
+        }
+        try {
+            Logger().log(spdlog::level::err, fmt::format("cudaFreeAsync({}) on cuda:{} failed: {} ({})", ptr, device,
+                                                         cudaGetErrorName(status), cudaGetErrorString(status)));
+        } catch (...) {
+            // logging must not turn a destructor into a throw
+        }
+    }
+}
+
+void CudaMemcpy(void *dst, Device dst_device, const void *src, Device src_device, std::size_t bytes) {
+    if (bytes == 0) {
+        return;
+    }
+    if (dst_device.is_cpu() && src_device.is_cpu()) {
+        std::memmove(dst, src, bytes);
+        return;
+    }
+    if (dst_device.is_cpu()) {
+        // D2H: queued after the producers on the source's stream, then waited for, so the caller can read dst.
+        CudaContext &ctx = CudaContext::Get(src_device.index);
+        SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx.stream()));
+        SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(ctx.stream()));
+        return;
+    }
+    if (src_device.is_cpu()) {
+        CudaContext &ctx = CudaContext::Get(dst_device.index);
+        SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream()));
+        if (IsPinnedHost(src)) {
+            // The caller may free or overwrite src as soon as we return.
+            SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(ctx.stream()));
+        }
+        return;
+    }
+    if (src_device.index == dst_device.index) {
+        CudaContext &ctx = CudaContext::Get(dst_device.index);
+        SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx.stream()));
+        return;
+    }
+    // Across devices: the copy runs on the destination's stream after the source's pending work, and the source's
+    // stream waits for the copy, so a stream-ordered free of src cannot overtake it.
+    CudaContext &src_ctx = CudaContext::Get(src_device.index);
+    CudaContext &dst_ctx = CudaContext::Get(dst_device.index);
+    cudaEvent_t src_ready = nullptr;
+    cudaEvent_t copied = nullptr;
+    SHARDLINE_CHECK_CUDA(cudaSetDevice(src_device.index));
+    SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&src_ready, cudaEventDisableTiming));
+    SHARDLINE_CHECK_CUDA(cudaEventRecord(src_ready, src_ctx.stream()));
+    SHARDLINE_CHECK_CUDA(cudaSetDevice(dst_device.index));
+    SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(dst_ctx.stream(), src_ready, 0));
+    SHARDLINE_CHECK_CUDA(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, dst_ctx.stream()));
+    SHARDLINE_CHECK_CUDA(cudaEventRecord(copied, dst_ctx.stream()));
+    SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(src_ctx.stream(), copied, 0));
+    // Destroying a recorded event is safe: its resources are released once it completes.
+    SHARDLINE_CHECK_CUDA(cudaEventDestroy(src_ready));
+    SHARDLINE_CHECK_CUDA(cudaEventDestroy(copied));
+}
+
+void CudaFillRandom(void *data, DType dtype, std::int64_t numel, const RandomKernelArgs &args, int device) {
+    if (numel <= 0) {
+        return;
+    }
+    CudaContext &ctx = CudaContext::Get(device);
+    SHARDLINE_CHECK_CUDA(cuda::LaunchFillRandom(data, dtype, numel, args, ctx.stream()));
+}
+
+void CudaFillValue(void *data, DType dtype, std::int64_t numel, double value, int device) {
+    if (numel <= 0) {
+        return;
+    }
+    CudaContext &ctx = CudaContext::Get(device);
+    SHARDLINE_CHECK_CUDA(cuda::LaunchFillValue(data, dtype, numel, value, ctx.stream()));
+}
+
+void CudaCast(const void *src, DType src_dtype, void *dst, DType dst_dtype, std::int64_t numel, int device) {
+    if (numel <= 0) {
+        return;
+    }
+    CudaContext &ctx = CudaContext::Get(device);
+    SHARDLINE_CHECK_CUDA(cuda::LaunchCast(src, src_dtype, dst, dst_dtype, numel, ctx.stream()));
+}
+
+void CudaStridedCopy(const void *src, void *dst, DType dtype, const StridedCopyDesc &desc, int device) {
+    SHARDLINE_CHECK_AS(ShapeError, desc.rank >= 0 && desc.rank <= kMaxCopyRank, "Tensor::Contiguous",
+                       "strided copy supports rank <= {}, got {}", kMaxCopyRank, desc.rank);
+    CudaContext &ctx = CudaContext::Get(device);
+    SHARDLINE_CHECK_CUDA(cuda::LaunchStridedCopy(src, dst, ElementSize(dtype), desc, ctx.stream()));
+}
+
+void CudaSynchronize(int device) {
+    CudaContext &ctx = CudaContext::Get(device);
+    SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(ctx.stream()));
+}
+
+} // namespace shardline::detail

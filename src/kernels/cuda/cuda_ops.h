@@ -1,0 +1,24 @@
+#pragma once
+
+// The CUDA kernels registered by register.cc, one function per (op, provider).
+
+#include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/gemm.h>
+#include <shardline/kernels/linear.h>
+
+namespace shardline::kernels::cuda {
+
+// provider "default"
+void DefaultCudaGemm(const GemmParams &params);                     // gemm_cublaslt.cc
+void DefaultLinearBackwardBias(const LinearBackwardBiasArgs &args); // ops.cc
+void CudaGeluForward(const GeluForwardArgs &args);
+void CudaGeluBackward(const GeluBackwardArgs &args);
+void CudaAdd(const AddArgs &args);
+void CudaScale(const ScaleArgs &args);
+void CudaSum(const SumArgs &args);
+
+// provider "legacy" (seed 002's rollback path), legacy.cc
+void LegacyCudaGemm(const GemmParams &params);
+void LegacyLinearBackwardBias(const LinearBackwardBiasArgs &args);
+
+} // namespace shardline::kernels::cuda

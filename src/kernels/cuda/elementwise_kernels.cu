@@ -1,0 +1,177 @@
+// Elementwise kernels and the general reductions (see elementwise_kernels.h). No fmt/spdlog here (nvcc 13 rejects
+// fmt 9's consteval format strings): launchers return a cudaError_t for the host side to check.
+
+#include "device_utils.cuh"
+#include "elementwise_kernels.h"
+
+namespace shardline::kernels::cuda {
+namespace {
+
+template <class T, bool kErf>
+__global__ void GeluForwardKernel(const T *__restrict__ x, T *__restrict__ y, std::int64_t n) {
+    for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+        const float v = ToFloat(x[i]);
+        y[i] = FromFloat<T>(kErf ? GeluErf(v) : GeluTanh(v));
+    }
+}
+
+template <class T, bool kErf>
+__global__ void GeluBackwardKernel(const T *__restrict__ dy, const T *__restrict__ x, T *__restrict__ dx,
+                                   std::int64_t n) {
+    for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+        const float v = ToFloat(x[i]);
+        dx[i] = FromFloat<T>(ToFloat(dy[i]) * (kErf ? GeluErfGrad(v) : GeluTanhGrad(v)));
+    }
+}
+
+// No __restrict__: out may alias an input (each element is read before it is written, by the same thread).
+template <class T> __global__ void AddKernel(const T *a, const T *b, T *out, std::int64_t n, float alpha) {
+    for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+        out[i] = FromFloat<T>(ToFloat(a[i]) + alpha * ToFloat(b[i]));
+    }
+}
+
+template <class T> __global__ void ScaleKernel(const T *x, T *out, std::int64_t n, float alpha) {
+    for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+        out[i] = FromFloat<T>(alpha * ToFloat(x[i]));
+    }
+}
+
+template <class T, class O>
+__global__ void MiddleSumKernel(const T *__restrict__ x, std::int64_t outer, std::int64_t reduce, std::int64_t inner,
+                                O *__restrict__ out) {
+    const std::int64_t total = outer * inner;
+    for (std::int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
+        const std::int64_t o = idx / inner;
+        const std::int64_t i = idx - o * inner;
+        const T *p = x + o * reduce * inner + i;
+        float s = 0.0f;
+        for (std::int64_t r = 0; r < reduce; ++r) {
+            s += ToFloat(p[r * inner]);
+        }
+        out[idx] = FromFloat<O>(s);
+    }
+}
+
+template <class T, class O>
+__global__ void GenericSumKernel(const T *__restrict__ x, const SumDesc desc, O *__restrict__ out) {
+    for (std::int64_t idx = GlobalThread(); idx < desc.out_numel; idx += GridThreads()) {
+        std::int64_t rem = idx;
+        std::int64_t base = 0;
+        for (int d = desc.kept_rank - 1; d >= 0; --d) {
+            base += (rem % desc.kept_shape[d]) * desc.kept_stride[d];
+            rem /= desc.kept_shape[d];
+        }
+        float s = 0.0f;
+        for (std::int64_t r = 0; r < desc.reduced_numel; ++r) {
+            std::int64_t rr = r;
+            std::int64_t offset = base;
+            for (int d = desc.reduced_rank - 1; d >= 0; --d) {
+                offset += (rr % desc.reduced_shape[d]) * desc.reduced_stride[d];
+                rr /= desc.reduced_shape[d];
+            }
+            s += ToFloat(x[offset]);
+        }
+        out[idx] = FromFloat<O>(s);
+    }
+}
+
+} // namespace
+
+cudaError_t LaunchGeluForward(const void *x, void *y, DType dtype, std::int64_t n, bool erf, cudaStream_t stream) {
+    if (n <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if (erf) {
+            GeluForwardKernel<T, true>
+                <<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(x), static_cast<T *>(y), n);
+        } else {
+            GeluForwardKernel<T, false>
+                <<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(x), static_cast<T *>(y), n);
+        }
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t LaunchGeluBackward(const void *dy, const void *x, void *dx, DType dtype, std::int64_t n, bool erf,
+                               cudaStream_t stream) {
+    if (n <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if (erf) {
+            GeluBackwardKernel<T, true><<<BlocksFor(n), kThreads, 0, stream>>>(
+                static_cast<const T *>(dy), static_cast<const T *>(x), static_cast<T *>(dx), n);
+        } else {
+            GeluBackwardKernel<T, false><<<BlocksFor(n), kThreads, 0, stream>>>(
+                static_cast<const T *>(dy), static_cast<const T *>(x), static_cast<T *>(dx), n);
+        }
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t LaunchAdd(const void *a, const void *b, void *out, DType dtype, std::int64_t n, float alpha,
+                      cudaStream_t stream) {
+    if (n <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        AddKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(a), static_cast<const T *>(b),
+                                                            static_cast<T *>(out), n, alpha);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t LaunchScale(const void *x, void *out, DType dtype, std::int64_t n, float alpha, cudaStream_t stream) {
+    if (n <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        ScaleKernel<T>
+            <<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(x), static_cast<T *>(out), n, alpha);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t LaunchMiddleSum(const void *x, DType dtype, std::int64_t outer, std::int64_t reduce, std::int64_t inner,
+                            void *out, DType out_dtype, cudaStream_t stream) {
+    if (outer <= 0 || inner <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return WithFloatType(out_dtype, [&](auto out_tag) {
+            using O = decltype(out_tag);
+            MiddleSumKernel<T, O><<<BlocksFor(outer * inner), kThreads, 0, stream>>>(
+                static_cast<const T *>(x), outer, reduce, inner, static_cast<O *>(out));
+            return cudaGetLastError();
+        });
+    });
+}
+
+cudaError_t LaunchGenericSum(const void *x, DType dtype, const SumDesc &desc, void *out, DType out_dtype,
+                             cudaStream_t stream) {
+    if (desc.out_numel <= 0) {
+        return cudaSuccess;
+    }
+    if (desc.kept_rank < 0 || desc.kept_rank > kMaxSumRank || desc.reduced_rank < 0 ||
+        desc.reduced_rank > kMaxSumRank) {
+        return cudaErrorInvalidValue;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        return WithFloatType(out_dtype, [&](auto out_tag) {
+            using O = decltype(out_tag);
+            GenericSumKernel<T, O><<<BlocksFor(desc.out_numel), kThreads, 0, stream>>>(static_cast<const T *>(x), desc,
+                                                                                       static_cast<O *>(out));
+            return cudaGetLastError();
+        });
+    });
+}
+
+} // namespace shardline::kernels::cuda

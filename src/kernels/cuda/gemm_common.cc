@@ -1,0 +1,158 @@
+#include "gemm_common.h"
+
+#include <mutex>
+
+#include <shardline/core/error.h>
+#include <shardline/core/tensor.h>
+
+#include "epilogue_kernels.h"
+
+namespace shardline::kernels::cuda {
+namespace {
+
+const char *Offset(const void *base, std::int64_t elements, DType dtype) {
+    if (base == nullptr) {
+        return nullptr;
+    }
+    return static_cast<const char *>(base) + elements * static_cast<std::int64_t>(ElementSize(dtype));
+}
+char *Offset(void *base, std::int64_t elements, DType dtype) {
+    if (base == nullptr) {
+        return nullptr;
+    }
+    return static_cast<char *>(base) + elements * static_cast<std::int64_t>(ElementSize(dtype));
+}
+
+} // namespace
+
+cudaDataType_t CudaDataType(DType dtype, std::string_view op) {
+    switch (dtype) {
+    case DType::kFloat32:
+        return CUDA_R_32F;
+    case DType::kFloat16:
+        return CUDA_R_16F;
+    case DType::kBFloat16:
+        return CUDA_R_16BF;
+    case DType::kFloat64:
+        break;
+    }
+    SHARDLINE_THROW(DTypeError, op, "CUDA kernels take float32, float16 or bfloat16, got {}", DTypeName(dtype));
+}
+
+cublasComputeType_t GemmComputeType(const GemmParams &p, const CudaContext &ctx) {
+    // fp32 is true fp32 unless TF32 was opted into (SHARDLINE_ALLOW_TF32=1), as in PyTorch; half types always
+    // accumulate in fp32.
+    if (p.a_type == DType::kFloat32 && ctx.allow_tf32()) {
+        return CUBLAS_COMPUTE_32F_FAST_TF32;
+    }
+    return CUBLAS_COMPUTE_32F;
+}
+
+void CheckCudaGemm(const GemmParams &p, std::string_view op) {
+    SHARDLINE_CHECK_AS(DeviceError, p.device.is_cuda(), op, "the CUDA Gemm got a {} problem", ToString(p.device));
+    SHARDLINE_CHECK_AS(DTypeError, p.compute != GemmCompute::kFloat64, op,
+                       "float64 compute is not supported on CUDA (m={} n={} k={})", p.m, p.n, p.k);
+    (void)CudaDataType(p.a_type, op);
+    (void)CudaDataType(p.b_type, op);
+    (void)CudaDataType(p.c_type, op);
+    const bool has_bias_vector = p.bias != nullptr && p.epilogue != GemmEpilogue::kNone;
+    if (has_bias_vector) {
+        (void)CudaDataType(p.bias_type, op);
+    }
+    SHARDLINE_CHECK_AS(ShapeError, p.batch_count == 1 || p.stride_c != 0 || p.m == 0 || p.n == 0, op,
+                       "a batched GEMM needs stride_c > 0 (a broadcast output would race), got batch={} stride_c=0",
+                       p.batch_count);
+}
+
+void ColumnSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+               void *out, DType out_dtype, bool accumulate, ReduceImpl impl) {
+    if (cols <= 0) {
+        return;
+    }
+    const ColumnSumPlan plan =
+        PlanColumnSum(x, dtype, rows, cols, ld, ctx.multiprocessors(), impl == ReduceImpl::kVectorized);
+    // Partials come from the stream-ordered pool; the tensor's release is a cudaFreeAsync queued on the same
+    // stream after the kernels, so the buffer outlives its readers without a synchronisation.
+    Tensor partials;
+    if (plan.partial_elems > 0) {
+        partials = Tensor::Empty(Shape{plan.partial_elems}, DType::kFloat32, Device::CUDA(ctx.device()));
+    }
+    SHARDLINE_CHECK_CUDA(LaunchColumnSum(plan, x, dtype, rows, cols, ld, out, out_dtype, accumulate,
+                                         plan.partial_elems > 0 ? static_cast<float *>(partials.data()) : nullptr,
+                                         ctx.stream()));
+}
+
+void RowSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+            void *out, DType out_dtype, bool accumulate) {
+    SHARDLINE_CHECK_CUDA(LaunchRowSum(x, dtype, rows, cols, ld, out, out_dtype, accumulate, ctx.stream()));
+}
+
+void RunUnfusedEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) {
+    if (p.epilogue == GemmEpilogue::kNone) {
+        return;
+    }
+    const cudaStream_t stream = ctx.stream();
+    for (std::int64_t b = 0; b < p.batch_count; ++b) {
+        const bool first = b == 0;
+        char *d = Offset(p.c, b * p.stride_c, p.c_type);
+        switch (p.epilogue) {
+        case GemmEpilogue::kNone:
+            return;
+        case GemmEpilogue::kBias:
+            SHARDLINE_CHECK_CUDA(LaunchBiasAdd(d, p.c_type, p.m, p.n, p.ldc, p.bias, p.bias_type, stream));
+            break;
+        case GemmEpilogue::kGeluAuxBias: {
+            char *aux = Offset(p.aux, b * p.ldaux * p.n, p.c_type);
+            SHARDLINE_CHECK_CUDA(LaunchBiasGeluAux(d, p.c_type, p.m, p.n, p.ldc, p.bias,
+                                                   p.bias != nullptr ? p.bias_type : p.c_type, aux, p.ldaux, stream));
+            break;
+        }
+        case GemmEpilogue::kBGradB: {
+            // bias[j] = Σ_kk op(B)[kk, j]. With trans_b, B is stored n×k column-major, op(B)[kk, j] = B[j + kk·ldb]:
+            // a row-major k×n view (ld ldb) summed down its columns. Without, B is stored k×n, op(B)[kk, j] =
+            // B[kk + j·ldb]: a row-major n×k view summed along its rows.
+            const char *bm = Offset(p.b, b * p.stride_b, p.b_type);
+            if (p.trans_b) {
+                ColumnSum(ctx, bm, p.b_type, p.k, p.n, p.ldb, p.bias, p.bias_type, !first, impl);
+            } else {
+                RowSum(ctx, bm, p.b_type, p.n, p.k, p.ldb, p.bias, p.bias_type, !first);
+            }
+            break;
+        }
+        case GemmEpilogue::kDGeluBGrad: {
+            // D = D ⊙ gelu'(aux), then bias[i] = Σ_j D(i, j): column-major D m×n is a row-major n×m view (ld ldc)
+            // summed down its columns.
+            const char *aux = Offset(static_cast<const void *>(p.aux), b * p.ldaux * p.n, p.c_type);
+            SHARDLINE_CHECK_CUDA(LaunchDGelu(d, p.c_type, p.m, p.n, p.ldc, aux, p.ldaux, stream));
+            ColumnSum(ctx, d, p.c_type, p.n, p.m, p.ldc, p.bias, p.bias_type, !first, impl);
+            break;
+        }
+        }
+    }
+}
+
+void RunDegenerateGemm(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) {
+    if (p.m > 0 && p.n > 0) {
+        // k == 0: the product is empty, D = beta·C (beta == 0 writes zeros without reading C).
+        for (std::int64_t b = 0; b < p.batch_count; ++b) {
+            SHARDLINE_CHECK_CUDA(LaunchScaleMatrix(Offset(p.c, b * p.stride_c, p.c_type), p.c_type, p.m, p.n, p.ldc,
+                                                   static_cast<float>(p.beta), ctx.stream()));
+        }
+    }
+    RunUnfusedEpilogue(p, ctx, impl);
+}
+
+void CublasGemmPlain(const GemmParams &p, CudaContext &ctx) {
+    static std::mutex mutex; // one cuBLAS handle per device, shared by threads: keep its calls serial
+    const float alpha = static_cast<float>(p.alpha);
+    const float beta = static_cast<float>(p.beta);
+    cublasHandle_t handle = ctx.cublas_handle();
+    std::lock_guard lock(mutex);
+    SHARDLINE_CHECK_CUBLAS(cublasGemmStridedBatchedEx_64(
+        handle, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.m, p.n, p.k, &alpha,
+        p.a, CudaDataType(p.a_type, GemmOp::kName), p.lda, p.stride_a, p.b, CudaDataType(p.b_type, GemmOp::kName),
+        p.ldb, p.stride_b, &beta, p.c, CudaDataType(p.c_type, GemmOp::kName), p.ldc, p.stride_c, p.batch_count,
+        GemmComputeType(p, ctx), CUBLAS_GEMM_DEFAULT));
+}
+
+} // namespace shardline::kernels::cuda

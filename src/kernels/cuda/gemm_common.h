@@ -1,0 +1,52 @@
+#pragma once
+
+// Host-side pieces shared by the two CUDA Gemm providers (cuBLASLt "default", cuBLAS "legacy"): type mapping,
+// CUDA-specific checks, degenerate sizes, the separate epilogue kernels, and the column/row reductions with their
+// scratch buffers.
+
+#include <cstdint>
+#include <string_view>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <shardline/core/context.h>
+#include <shardline/core/dtype.h>
+#include <shardline/kernels/gemm.h>
+
+namespace shardline::kernels::cuda {
+
+/// Which column-sum kernel a provider uses: both are the deterministic row-split two-pass sum; the default
+/// provider's loads 16-byte vectors where the layout allows, the legacy provider's (seed 002's plain kernel) loads
+/// scalars.
+enum class ReduceImpl : std::uint8_t { kVectorized, kPlain };
+
+/// CUDA_R_32F / CUDA_R_16F / CUDA_R_16BF; throws DTypeError for float64.
+cudaDataType_t CudaDataType(DType dtype, std::string_view op);
+/// CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32 for float32 operands when the context allows TF32.
+cublasComputeType_t GemmComputeType(const GemmParams &p, const CudaContext &ctx);
+/// What ValidateGemmParams leaves to the device: CUDA dtypes only (no float64), a CUDA device, a C stride when
+/// batched (a broadcast output would race).
+void CheckCudaGemm(const GemmParams &p, std::string_view op);
+
+/// m, n or k is 0: no BLAS call. D = beta·C (nothing when m or n is 0), then the epilogue with separate kernels
+/// (a bias grad over an empty reduction is zero).
+void RunDegenerateGemm(const GemmParams &p, CudaContext &ctx, ReduceImpl impl);
+/// The epilogue of p as separate kernels on D = alpha·op(A)·op(B) + beta·C already computed in p.c. Batched:
+/// the same bias for every batch entry, aux entries packed (ldaux·n elements apart), bias grads summed over the
+/// batch.
+void RunUnfusedEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl);
+
+/// out[c] (+)= Σ_r x[r·ld + c] over a row-major rows×cols view (fp32 accumulation, deterministic).
+void ColumnSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+               void *out, DType out_dtype, bool accumulate, ReduceImpl impl);
+/// out[r] (+)= Σ_c x[r·ld + c].
+void RowSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+            void *out, DType out_dtype, bool accumulate);
+
+/// The plain GEMM through cublasGemmStridedBatchedEx (epilogue ignored): the legacy provider's product, and the
+/// default provider's last resort when cuBLASLt offers no algorithm even without an epilogue.
+void CublasGemmPlain(const GemmParams &p, CudaContext &ctx);
+
+} // namespace shardline::kernels::cuda

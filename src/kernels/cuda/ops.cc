@@ -1,0 +1,146 @@
+// The default provider's non-GEMM CUDA ops: bias grad, GELU, Add, Scale, Sum. The op wrappers in src/kernels have
+// validated shapes, dtypes, devices and contiguity; these pick a kernel and launch it on the context stream.
+
+#include <utility>
+#include <vector>
+
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/tensor.h>
+
+#include "cuda_ops.h"
+#include "elementwise_kernels.h"
+#include "epilogue_kernels.h"
+#include "gemm_common.h"
+
+namespace shardline::kernels::cuda {
+
+void DefaultLinearBackwardBias(const LinearBackwardBiasArgs &args) {
+    // dy [..., out] is a row-major rows×out matrix; db[j] (+)= Σ_rows dy[row, j], vectorised two-pass column sum.
+    const std::int64_t cols = args.dbias.numel();
+    const std::int64_t rows = cols == 0 ? 0 : args.dy.numel() / cols;
+    CudaContext &ctx = CudaContext::Get(args.dy.device().index);
+    ColumnSum(ctx, args.dy.data(), args.dy.dtype(), rows, cols, cols, args.dbias.data(), args.dbias.dtype(),
+              args.accumulate, ReduceImpl::kVectorized);
+}
+
+void CudaGeluForward(const GeluForwardArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.x.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchGeluForward(args.x.data(), args.y.data(), args.x.dtype(), args.x.numel(),
+                                           args.approximation == GeluApproximation::kErf, ctx.stream()));
+}
+
+void CudaGeluBackward(const GeluBackwardArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.x.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchGeluBackward(args.dy.data(), args.x.data(), args.dx.data(), args.x.dtype(),
+                                            args.x.numel(), args.approximation == GeluApproximation::kErf,
+                                            ctx.stream()));
+}
+
+void CudaAdd(const AddArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.a.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchAdd(args.a.data(), args.b.data(), args.out.data(), args.a.dtype(), args.a.numel(),
+                                   static_cast<float>(args.alpha), ctx.stream()));
+}
+
+void CudaScale(const ScaleArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.x.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchScale(args.x.data(), args.out.data(), args.x.dtype(), args.x.numel(),
+                                     static_cast<float>(args.alpha), ctx.stream()));
+}
+
+void CudaSum(const SumArgs &args) {
+    constexpr std::string_view kOp = SumOp::kName;
+    const Tensor &x = args.x;
+    CudaContext &ctx = CudaContext::Get(x.device().index);
+    if (x.numel() == 0) {
+        // An empty reduction: zeros (all-zero bits are 0.0 in every float dtype).
+        SHARDLINE_CHECK_CUDA(cudaMemsetAsync(args.out.data(), 0, args.out.nbytes(), ctx.stream()));
+        return;
+    }
+    const int rank = x.rank();
+    std::vector<bool> reduced(static_cast<std::size_t>(rank), args.dims.empty());
+    for (int d : args.dims) {
+        reduced[static_cast<std::size_t>(d < 0 ? d + rank : d)] = true;
+    }
+    // Canonical form: drop size-1 dims (they change no index) and merge neighbours of the same kind (adjacent dims
+    // of a contiguous tensor are one dim of their product). What remains alternates kept (K) and reduced (R).
+    std::vector<std::pair<std::int64_t, bool>> groups;
+    for (int d = 0; d < rank; ++d) {
+        const std::int64_t size = x.shape()[static_cast<std::size_t>(d)];
+        if (size == 1) {
+            continue;
+        }
+        const bool r = reduced[static_cast<std::size_t>(d)];
+        if (!groups.empty() && groups.back().second == r) {
+            groups.back().first *= size;
+        } else {
+            groups.emplace_back(size, r);
+        }
+    }
+    const DType xt = x.dtype();
+    const DType ot = args.out.dtype();
+    const cudaStream_t stream = ctx.stream();
+    const std::size_t g = groups.size();
+    auto is = [&](std::initializer_list<bool> pattern) {
+        if (pattern.size() != g) {
+            return false;
+        }
+        std::size_t i = 0;
+        for (bool r : pattern) {
+            if (groups[i++].second != r) {
+                return false;
+            }
+        }
+        return true;
+    };
+    if (g == 0) { // a single element
+        SHARDLINE_CHECK_CUDA(LaunchMiddleSum(x.data(), xt, 1, 1, 1, args.out.data(), ot, stream));
+    } else if (is({false})) { // nothing reduced: a cast
+        SHARDLINE_CHECK_CUDA(LaunchMiddleSum(x.data(), xt, groups[0].first, 1, 1, args.out.data(), ot, stream));
+    } else if (is({true})) {
+        SHARDLINE_CHECK_CUDA(
+            LaunchRowSum(x.data(), xt, 1, groups[0].first, groups[0].first, args.out.data(), ot, false, stream));
+    } else if (is({false, true})) { // reduce trailing dims: row sums
+        SHARDLINE_CHECK_CUDA(LaunchRowSum(x.data(), xt, groups[0].first, groups[1].first, groups[1].first,
+                                          args.out.data(), ot, false, stream));
+    } else if (is({true, false})) { // reduce leading dims: the bias-grad column sum
+        ColumnSum(ctx, x.data(), xt, groups[0].first, groups[1].first, groups[1].first, args.out.data(), ot, false,
+                  ReduceImpl::kVectorized);
+    } else if (is({false, true, false})) {
+        SHARDLINE_CHECK_CUDA(LaunchMiddleSum(x.data(), xt, groups[0].first, groups[1].first, groups[2].first,
+                                             args.out.data(), ot, stream));
+    } else {
+        SumDesc desc;
+        std::int64_t stride = 1;
+        std::vector<std::int64_t> strides(g);
+        for (std::size_t i = g; i-- > 0;) {
+            strides[i] = stride;
+            stride *= groups[i].first;
+        }
+        desc.out_numel = 1;
+        desc.reduced_numel = 1;
+        for (std::size_t i = 0; i < g; ++i) {
+            if (groups[i].second) {
+                SHARDLINE_CHECK_AS(ShapeError, desc.reduced_rank < kMaxSumRank, kOp,
+                                   "CUDA Sum supports at most {} separate reduced dim groups, x is {}", kMaxSumRank,
+                                   x.ToString());
+                desc.reduced_shape[desc.reduced_rank] = groups[i].first;
+                desc.reduced_stride[desc.reduced_rank] = strides[i];
+                desc.reduced_numel *= groups[i].first;
+                ++desc.reduced_rank;
+            } else {
+                SHARDLINE_CHECK_AS(ShapeError, desc.kept_rank < kMaxSumRank, kOp,
+                                   "CUDA Sum supports at most {} separate kept dim groups, x is {}", kMaxSumRank,
+                                   x.ToString());
+                desc.kept_shape[desc.kept_rank] = groups[i].first;
+                desc.kept_stride[desc.kept_rank] = strides[i];
+                desc.out_numel *= groups[i].first;
+                ++desc.kept_rank;
+            }
+        }
+        SHARDLINE_CHECK_CUDA(LaunchGenericSum(x.data(), xt, desc, args.out.data(), ot, stream));
+    }
+}
+
+} // namespace shardline::kernels::cuda

@@ -132,13 +132,14 @@ Layout::Layout(std::vector<std::vector<int>> dim_mesh_dims, std::map<int, Reduce
                 throw SpmdError(fmt::format("Layout: mesh dim must be >= 0, got {} for tensor dim {}", d, t));
             }
             if (!seen.insert(d).second) {
-                throw SpmdError(fmt::format("Layout: mesh dim {} is used twice (each mesh dim shards at most one tensor "
-                                            "dim once), in {}",
-                                            d, fmt::format("[{}]", fmt::join(dims_[t], ","))));
+                throw SpmdError(
+                    fmt::format("Layout: mesh dim {} is used twice (each mesh dim shards at most one tensor "
+                                "dim once), in {}",
+                                d, fmt::format("[{}]", fmt::join(dims_[t], ","))));
             }
         }
     }
-    for (const auto& [d, op] : partial_) {
+    for (const auto &[d, op] : partial_) {
         if (d < 0) {
             throw SpmdError(fmt::format("Layout: partial mesh dim must be >= 0, got {}", d));
         }
@@ -148,14 +149,16 @@ Layout::Layout(std::vector<std::vector<int>> dim_mesh_dims, std::map<int, Reduce
     }
 }
 
-Layout Layout::Replicated(int tensor_rank) { return Layout(std::vector<std::vector<int>>(tensor_rank)); }
+Layout Layout::Replicated(int tensor_rank) {
+    return Layout(std::vector<std::vector<int>>(tensor_rank));
+}
 
-Layout Layout::FromDimsMapping(const std::vector<int>& dims_mapping, std::map<int, ReduceOp> partial) {
+Layout Layout::FromDimsMapping(const std::vector<int> &dims_mapping, std::map<int, ReduceOp> partial) {
     std::vector<std::vector<int>> dims(dims_mapping.size());
     for (size_t t = 0; t < dims_mapping.size(); ++t) {
         if (dims_mapping[t] < -1) {
-            throw SpmdError(fmt::format("Layout: dims_mapping entries must be -1 or a mesh dim, got {} at tensor dim {}",
-                                        dims_mapping[t], t));
+            throw SpmdError(fmt::format(
+                "Layout: dims_mapping entries must be -1 or a mesh dim, got {} at tensor dim {}", dims_mapping[t], t));
         }
         if (dims_mapping[t] >= 0) {
             dims[t].push_back(dims_mapping[t]);
@@ -164,12 +167,12 @@ Layout Layout::FromDimsMapping(const std::vector<int>& dims_mapping, std::map<in
     return Layout(std::move(dims), std::move(partial));
 }
 
-Layout Layout::FromPlacements(const std::vector<Placement>& placements, int tensor_rank) {
+Layout Layout::FromPlacements(const std::vector<Placement> &placements, int tensor_rank) {
     // Per tensor dim: (order, mesh dim) pairs; explicit orders must all be given or all omitted.
     std::vector<std::vector<std::pair<int, int>>> by_dim(tensor_rank);
     std::map<int, ReduceOp> partial;
     for (size_t d = 0; d < placements.size(); ++d) {
-        const Placement& p = placements[d];
+        const Placement &p = placements[d];
         if (p.kind == Placement::Kind::kShard) {
             if (p.tensor_dim < 0 || p.tensor_dim >= tensor_rank) {
                 throw SpmdError(fmt::format("Layout: placement {} on mesh dim {} names tensor dim {}, out of range for "
@@ -183,11 +186,11 @@ Layout Layout::FromPlacements(const std::vector<Placement>& placements, int tens
     }
     std::vector<std::vector<int>> dims(tensor_rank);
     for (int t = 0; t < tensor_rank; ++t) {
-        auto& entries = by_dim[t];
-        const bool explicit_order = std::any_of(entries.begin(), entries.end(), [](auto& e) { return e.first >= 0; });
+        auto &entries = by_dim[t];
+        const bool explicit_order = std::any_of(entries.begin(), entries.end(), [](auto &e) { return e.first >= 0; });
         if (explicit_order) {
             std::vector<int> orders;
-            for (auto& [order, d] : entries) {
+            for (auto &[order, d] : entries) {
                 orders.push_back(order);
             }
             std::sort(orders.begin(), orders.end());
@@ -200,7 +203,7 @@ Layout Layout::FromPlacements(const std::vector<Placement>& placements, int tens
             }
             std::sort(entries.begin(), entries.end());
         }
-        for (auto& [order, d] : entries) {
+        for (auto &[order, d] : entries) {
             dims[t].push_back(d);
         }
     }
@@ -316,7 +319,7 @@ Layout Layout::Parse(std::string_view raw) {
 }
 
 bool Layout::IsReplicated() const {
-    return partial_.empty() && std::all_of(dims_.begin(), dims_.end(), [](const auto& v) { return v.empty(); });
+    return partial_.empty() && std::all_of(dims_.begin(), dims_.end(), [](const auto &v) { return v.empty(); });
 }
 
 int Layout::TensorDimOf(int mesh_dim) const {
@@ -330,10 +333,10 @@ int Layout::TensorDimOf(int mesh_dim) const {
 
 std::vector<int> Layout::UsedMeshDims() const {
     std::vector<int> used;
-    for (const auto& v : dims_) {
+    for (const auto &v : dims_) {
         used.insert(used.end(), v.begin(), v.end());
     }
-    for (const auto& [d, op] : partial_) {
+    for (const auto &[d, op] : partial_) {
         used.push_back(d);
     }
     std::sort(used.begin(), used.end());
@@ -341,7 +344,7 @@ std::vector<int> Layout::UsedMeshDims() const {
 }
 
 bool Layout::HasCoShard() const {
-    return std::any_of(dims_.begin(), dims_.end(), [](const auto& v) { return v.size() > 1; });
+    return std::any_of(dims_.begin(), dims_.end(), [](const auto &v) { return v.size() > 1; });
 }
 
 std::vector<int> Layout::DimsMapping() const {
@@ -360,8 +363,8 @@ std::vector<int> Layout::DimsMapping() const {
 std::vector<Placement> Layout::ToPlacements(int mesh_ndim) const {
     for (int d : UsedMeshDims()) {
         if (d >= mesh_ndim) {
-            throw SpmdError(fmt::format("Layout {}: mesh dim {} out of range for a mesh of {} dims", ToString(), d,
-                                        mesh_ndim));
+            throw SpmdError(
+                fmt::format("Layout {}: mesh dim {} out of range for a mesh of {} dims", ToString(), d, mesh_ndim));
         }
     }
     std::vector<Placement> placements(mesh_ndim);
@@ -371,13 +374,13 @@ std::vector<Placement> Layout::ToPlacements(int mesh_ndim) const {
             placements[dims_[t][i]] = Placement::Shard(static_cast<int>(t), ascending ? -1 : static_cast<int>(i));
         }
     }
-    for (const auto& [d, op] : partial_) {
+    for (const auto &[d, op] : partial_) {
         placements[d] = Placement::Partial(op);
     }
     return placements;
 }
 
-void Layout::Validate(const ProcessMesh& mesh, int tensor_rank, std::string_view what) const {
+void Layout::Validate(const ProcessMesh &mesh, int tensor_rank, std::string_view what) const {
     if (TensorRank() != tensor_rank) {
         throw SpmdError(fmt::format("{}: layout {} has {} dims, but the tensor has rank {}", what, ToString(),
                                     TensorRank(), tensor_rank));
@@ -390,7 +393,7 @@ void Layout::Validate(const ProcessMesh& mesh, int tensor_rank, std::string_view
     }
 }
 
-Layout Layout::Canonical(const ProcessMesh& mesh) const {
+Layout Layout::Canonical(const ProcessMesh &mesh) const {
     std::vector<std::vector<int>> dims(dims_.size());
     for (size_t t = 0; t < dims_.size(); ++t) {
         for (int d : dims_[t]) {
@@ -400,7 +403,7 @@ Layout Layout::Canonical(const ProcessMesh& mesh) const {
         }
     }
     std::map<int, ReduceOp> partial;
-    for (const auto& [d, op] : partial_) {
+    for (const auto &[d, op] : partial_) {
         if (d >= mesh.NDim() || mesh.DimSize(d) > 1) {
             partial[d] = op;
         }
@@ -410,7 +413,7 @@ Layout Layout::Canonical(const ProcessMesh& mesh) const {
 
 std::string Layout::ToString() const {
     std::vector<std::string> entries;
-    for (const auto& v : dims_) {
+    for (const auto &v : dims_) {
         if (v.empty()) {
             entries.push_back("-1");
         } else if (v.size() == 1) {
@@ -422,7 +425,7 @@ std::string Layout::ToString() const {
     std::string out = fmt::format("[{}]", fmt::join(entries, ","));
     if (!partial_.empty()) {
         std::vector<std::string> parts;
-        for (const auto& [d, op] : partial_) {
+        for (const auto &[d, op] : partial_) {
             parts.push_back(op == ReduceOp::kSum ? std::to_string(d) : fmt::format("{}:{}", d, spmd::ToString(op)));
         }
         out += fmt::format(" partial{{{}}}", fmt::join(parts, ","));
@@ -437,12 +440,12 @@ std::pair<int64_t, int64_t> ChunkRange(int64_t size, int64_t parts, int64_t inde
     return {begin, end - begin};
 }
 
-LocalShard ComputeLocalShard(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape, const Layout& layout,
-                             const std::vector<int64_t>& coord) {
+LocalShard ComputeLocalShard(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &layout,
+                             const std::vector<int64_t> &coord) {
     layout.Validate(mesh, static_cast<int>(global_shape.size()), "ComputeLocalShard");
     if (static_cast<int>(coord.size()) != mesh.NDim()) {
-        throw SpmdError(fmt::format("ComputeLocalShard: coordinate [{}] must have {} entries", fmt::join(coord, ","),
-                                    mesh.NDim()));
+        throw SpmdError(
+            fmt::format("ComputeLocalShard: coordinate [{}] must have {} entries", fmt::join(coord, ","), mesh.NDim()));
     }
     LocalShard shard{global_shape, std::vector<int64_t>(global_shape.size(), 0)};
     for (size_t t = 0; t < global_shape.size(); ++t) {
@@ -455,16 +458,18 @@ LocalShard ComputeLocalShard(const ProcessMesh& mesh, const std::vector<int64_t>
     return shard;
 }
 
-LocalShard ComputeLocalShardOfProcess(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
-                                      const Layout& layout, int64_t process_id) {
+LocalShard ComputeLocalShardOfProcess(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape,
+                                      const Layout &layout, int64_t process_id) {
     return ComputeLocalShard(mesh, global_shape, layout, mesh.CoordinateOf(process_id));
 }
 
-std::vector<int64_t> MaxLocalShape(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
-                                   const Layout& layout) {
+std::vector<int64_t> MaxLocalShape(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape,
+                                   const Layout &layout) {
     return ComputeLocalShard(mesh, global_shape, layout, std::vector<int64_t>(mesh.NDim(), 0)).shape;
 }
 
-std::string ShapeToString(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+std::string ShapeToString(const std::vector<int64_t> &shape) {
+    return fmt::format("[{}]", fmt::join(shape, ","));
+}
 
 } // namespace shardline::spmd

@@ -18,8 +18,8 @@ ProcessMesh::ProcessMesh(std::vector<int64_t> shape, std::vector<std::string> di
     size_ = 1;
     for (int64_t s : shape_) {
         if (s < 1) {
-            throw SpmdError(fmt::format("ProcessMesh: every mesh dim size must be >= 1, got shape [{}]",
-                                        fmt::join(shape_, ",")));
+            throw SpmdError(
+                fmt::format("ProcessMesh: every mesh dim size must be >= 1, got shape [{}]", fmt::join(shape_, ",")));
         }
         size_ *= s;
     }
@@ -57,7 +57,7 @@ int64_t ProcessMesh::DimSize(int mesh_dim) const {
     return shape_[mesh_dim];
 }
 
-int ProcessMesh::DimIndex(const std::string& name) const {
+int ProcessMesh::DimIndex(const std::string &name) const {
     auto it = std::find(dim_names_.begin(), dim_names_.end(), name);
     if (it == dim_names_.end()) {
         throw SpmdError(fmt::format("ProcessMesh: no mesh dim named '{}' in [{}]", name, fmt::join(dim_names_, ",")));
@@ -85,22 +85,23 @@ std::vector<int64_t> ProcessMesh::CoordinateOf(int64_t process_id) const {
     return CoordinateOfIndex(it - process_ids_.begin());
 }
 
-int64_t ProcessMesh::LinearIndex(const std::vector<int64_t>& coord) const {
+int64_t ProcessMesh::LinearIndex(const std::vector<int64_t> &coord) const {
     if (static_cast<int>(coord.size()) != NDim()) {
-        throw SpmdError(fmt::format("ProcessMesh: coordinate [{}] must have {} entries", fmt::join(coord, ","), NDim()));
+        throw SpmdError(
+            fmt::format("ProcessMesh: coordinate [{}] must have {} entries", fmt::join(coord, ","), NDim()));
     }
     int64_t index = 0;
     for (int d = 0; d < NDim(); ++d) {
         if (coord[d] < 0 || coord[d] >= shape_[d]) {
-            throw SpmdError(fmt::format("ProcessMesh: coordinate [{}] out of range for shape [{}]", fmt::join(coord, ","),
-                                        fmt::join(shape_, ",")));
+            throw SpmdError(fmt::format("ProcessMesh: coordinate [{}] out of range for shape [{}]",
+                                        fmt::join(coord, ","), fmt::join(shape_, ",")));
         }
         index = index * shape_[d] + coord[d];
     }
     return index;
 }
 
-std::vector<int64_t> ProcessMesh::Group(const std::vector<int64_t>& coord, int mesh_dim) const {
+std::vector<int64_t> ProcessMesh::Group(const std::vector<int64_t> &coord, int mesh_dim) const {
     std::vector<int64_t> c = coord;
     std::vector<int64_t> group;
     for (int64_t i = 0; i < DimSize(mesh_dim); ++i) {

@@ -25,8 +25,7 @@ double CostModel::Bandwidth(int mesh_dim) const {
 
 double CostModel::Cost(int mesh_dim, int64_t ring_steps, int64_t bytes) const {
     // GB/s = 1e9 B / 1e6 us = 1e3 B/us.
-    return static_cast<double>(ring_steps) * Alpha(mesh_dim) +
-           static_cast<double>(bytes) / (Bandwidth(mesh_dim) * 1e3);
+    return static_cast<double>(ring_steps) * Alpha(mesh_dim) + static_cast<double>(bytes) / (Bandwidth(mesh_dim) * 1e3);
 }
 
 std::string_view ToString(Collective collective) {
@@ -48,23 +47,23 @@ std::string_view ToString(Collective collective) {
 }
 
 int RedistributePlan::NumCollectives() const {
-    return static_cast<int>(std::count_if(steps.begin(), steps.end(), [](const RedistributeStep& s) {
+    return static_cast<int>(std::count_if(steps.begin(), steps.end(), [](const RedistributeStep &s) {
         return s.collective != Collective::kLocalSlice && s.collective != Collective::kLocalPartialize;
     }));
 }
 
 namespace {
 
-int64_t Product(const std::vector<int64_t>& v) {
+int64_t Product(const std::vector<int64_t> &v) {
     return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<>());
 }
 
 class Planner {
 public:
-    Planner(const ProcessMesh& mesh, const std::vector<int64_t>& shape, const Layout& src, const Layout& dst,
-            const PlanOptions& options)
-        : mesh_(mesh), shape_(shape), options_(options), dims_(src.DimsMeshDims()), partial_(src.Partial()),
-          dst_(dst) {}
+    Planner(const ProcessMesh &mesh, const std::vector<int64_t> &shape, const Layout &src, const Layout &dst,
+            const PlanOptions &options)
+        : mesh_(mesh), shape_(shape), options_(options), dims_(src.DimsMeshDims()), partial_(src.Partial()), dst_(dst) {
+    }
 
     RedistributePlan Run() {
         const int rank = static_cast<int>(shape_.size());
@@ -141,7 +140,7 @@ private:
         return it != dst_.Partial().end() && it->second == op;
     }
     bool IsPrefix(int t) const {
-        const auto& want = dst_.MeshDims(t);
+        const auto &want = dst_.MeshDims(t);
         return dims_[t].size() <= want.size() && std::equal(dims_[t].begin(), dims_[t].end(), want.begin());
     }
     bool Ready(int t, int d) const {
@@ -153,7 +152,7 @@ private:
             return false;
         }
         return std::none_of(dims_.begin(), dims_.end(),
-                            [d](const auto& v) { return std::find(v.begin(), v.end(), d) != v.end(); });
+                            [d](const auto &v) { return std::find(v.begin(), v.end(), d) != v.end(); });
     }
 
     void AddReady(int t, bool only_free, bool stop_when_blocked) {
@@ -240,9 +239,9 @@ private:
         plan_.steps.push_back(std::move(step));
     }
 
-    const ProcessMesh& mesh_;
-    const std::vector<int64_t>& shape_;
-    const PlanOptions& options_;
+    const ProcessMesh &mesh_;
+    const std::vector<int64_t> &shape_;
+    const PlanOptions &options_;
     std::vector<std::vector<int>> dims_;
     std::map<int, ReduceOp> partial_;
     Layout dst_;
@@ -251,8 +250,8 @@ private:
 
 } // namespace
 
-RedistributePlan PlanRedistribute(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
-                                  const Layout& src, const Layout& dst, const PlanOptions& options) {
+RedistributePlan PlanRedistribute(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &src,
+                                  const Layout &dst, const PlanOptions &options) {
     const int rank = static_cast<int>(global_shape.size());
     src.Validate(mesh, rank, "redistribute src");
     dst.Validate(mesh, rank, "redistribute dst");
@@ -268,8 +267,8 @@ RedistributePlan PlanRedistribute(const ProcessMesh& mesh, const std::vector<int
     return planner.Run();
 }
 
-double RedistributeCost(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape, const Layout& src,
-                        const Layout& dst, const PlanOptions& options) {
+double RedistributeCost(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &src,
+                        const Layout &dst, const PlanOptions &options) {
     return PlanRedistribute(mesh, global_shape, src, dst, options).cost_us;
 }
 

@@ -25,19 +25,19 @@ struct EinsumOperand {
     std::string labels; ///< one character per tensor dim
     std::vector<int64_t> shape;
     Layout layout;
-    int priority = 0;          ///< lower wins label conflicts; ties go to the earlier operand
-    bool linear = true;        ///< kMultilinear: the op is linear in this operand
+    int priority = 0;           ///< lower wins label conflicts; ties go to the earlier operand
+    bool linear = true;         ///< kMultilinear: the op is linear in this operand
     bool additive_term = false; ///< its gradient is the output gradient alone (bias, add): no other operand enters it
 };
 
 struct EinsumProblem {
     std::string op; ///< for messages
     std::vector<EinsumOperand> inputs;
-    std::string output; ///< output labels; input labels absent here are contracted
+    std::string output;                    ///< output labels; input labels absent here are contracted
     ReduceOp contraction = ReduceOp::kSum; ///< how a sharded contracted label makes the output Partial
     PartialPolicy partial_policy = PartialPolicy::kResolve;
     std::vector<ReduceOp> single_kept_ops; ///< kSingle only
-    std::string unshardable; ///< labels that must stay replicated (e.g. a softmax axis)
+    std::string unshardable;               ///< labels that must stay replicated (e.g. a softmax axis)
 };
 
 /// The decision of a rule: which mesh dims shard each label, which input Partials pass through.
@@ -46,10 +46,10 @@ struct EinsumAssignment {
     struct Kept {
         ReduceOp op = ReduceOp::kSum;
         std::vector<bool> inputs; ///< which inputs are required Partial on this mesh dim
-        bool operator==(const Kept& other) const = default;
+        bool operator==(const Kept &other) const = default;
     };
     std::map<int, Kept> kept_partial; ///< mesh dim -> kept Partial
-    bool operator==(const EinsumAssignment& other) const = default;
+    bool operator==(const EinsumAssignment &other) const = default;
 };
 
 enum class RuleMode {
@@ -78,21 +78,19 @@ struct EinsumGradResult {
 };
 
 /// Label sizes of a problem; throws SpmdError when the operands disagree (sizes other than 1 differ).
-std::map<char, int64_t> EinsumLabelSizes(const EinsumProblem& problem);
+std::map<char, int64_t> EinsumLabelSizes(const EinsumProblem &problem);
 
 /// Forward: input layouts -> required input layouts + output layout.
-EinsumResult InferEinsumForward(const ProcessMesh& mesh, const EinsumProblem& problem,
-                                const RuleOptions& options = {});
+EinsumResult InferEinsumForward(const ProcessMesh &mesh, const EinsumProblem &problem, const RuleOptions &options = {});
 /// Reverse: the output layout -> input layouts (input layouts in `problem` are ignored); the result is the
 /// forward rule applied to those inputs, so it is consistent by construction.
-EinsumResult InferEinsumReverse(const ProcessMesh& mesh, const EinsumProblem& problem, const Layout& output,
-                                const RuleOptions& options = {});
+EinsumResult InferEinsumReverse(const ProcessMesh &mesh, const EinsumProblem &problem, const Layout &output,
+                                const RuleOptions &options = {});
 /// Grad: forward inputs + output gradient -> required inputs, required output gradient, input gradients.
-EinsumGradResult InferEinsumGrad(const ProcessMesh& mesh, const EinsumProblem& problem, const TensorSpec& out_grad,
-                                 const RuleOptions& options = {});
+EinsumGradResult InferEinsumGrad(const ProcessMesh &mesh, const EinsumProblem &problem, const TensorSpec &out_grad,
+                                 const RuleOptions &options = {});
 
 /// Builds the required layouts and the output of `assignment` (used by the rules and the enumeration).
-EinsumResult ApplyAssignment(const ProcessMesh& mesh, const EinsumProblem& problem,
-                             const EinsumAssignment& assignment);
+EinsumResult ApplyAssignment(const ProcessMesh &mesh, const EinsumProblem &problem, const EinsumAssignment &assignment);
 
 } // namespace shardline::spmd

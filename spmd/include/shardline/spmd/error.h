@@ -9,7 +9,7 @@ namespace shardline::spmd {
 /// "matmul: x.shape[1] (32) must equal y.shape[0] (16)".
 class SpmdError : public std::runtime_error {
 public:
-    explicit SpmdError(const std::string& what) : std::runtime_error(what) {}
+    explicit SpmdError(const std::string &what) : std::runtime_error(what) {}
 };
 
 } // namespace shardline::spmd

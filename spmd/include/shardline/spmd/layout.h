@@ -21,9 +21,9 @@ ReduceOp ParseReduceOp(std::string_view text);
 struct Placement {
     enum class Kind { kReplicate, kShard, kPartial };
     Kind kind = Kind::kReplicate;
-    int tensor_dim = -1;         ///< Shard only.
-    int order = -1;              ///< Shard only: position among the mesh dims sharding tensor_dim (major = 0);
-                                 ///< -1 means the default order (ascending mesh dims).
+    int tensor_dim = -1;                 ///< Shard only.
+    int order = -1;                      ///< Shard only: position among the mesh dims sharding tensor_dim (major = 0);
+                                         ///< -1 means the default order (ascending mesh dims).
     ReduceOp reduce_op = ReduceOp::kSum; ///< Partial only.
 
     static Placement Replicate() { return {}; }
@@ -33,7 +33,7 @@ struct Placement {
     /// "R", "S(0)", "S(0)[1]" (explicit co-shard order), "P(sum)", "P(max)".
     std::string ToString() const;
     static Placement Parse(std::string_view text);
-    bool operator==(const Placement& other) const = default;
+    bool operator==(const Placement &other) const = default;
 };
 
 /// The layout of a tensor on a mesh, in one canonical form: for each tensor dim the ordered list of mesh dims
@@ -47,17 +47,17 @@ public:
 
     static Layout Replicated(int tensor_rank);
     /// Paddle dims_mapping: entry i is the mesh dim sharding tensor dim i, or -1.
-    static Layout FromDimsMapping(const std::vector<int>& dims_mapping, std::map<int, ReduceOp> partial = {});
+    static Layout FromDimsMapping(const std::vector<int> &dims_mapping, std::map<int, ReduceOp> partial = {});
     /// Exact inverse of ToPlacements: one placement per mesh dim.
-    static Layout FromPlacements(const std::vector<Placement>& placements, int tensor_rank);
+    static Layout FromPlacements(const std::vector<Placement> &placements, int tensor_rank);
     /// Parses the text form written by ToString, e.g. "[1,-1]", "[[0,1],-1] partial{2}", "[-1] partial{0:max}".
     static Layout Parse(std::string_view text);
 
     int TensorRank() const { return static_cast<int>(dims_.size()); }
     /// Mesh dims sharding `tensor_dim`, major first.
-    const std::vector<int>& MeshDims(int tensor_dim) const { return dims_.at(tensor_dim); }
-    const std::vector<std::vector<int>>& DimsMeshDims() const { return dims_; }
-    const std::map<int, ReduceOp>& Partial() const { return partial_; }
+    const std::vector<int> &MeshDims(int tensor_dim) const { return dims_.at(tensor_dim); }
+    const std::vector<std::vector<int>> &DimsMeshDims() const { return dims_; }
+    const std::map<int, ReduceOp> &Partial() const { return partial_; }
     bool IsPartial() const { return !partial_.empty(); }
     bool IsPartialOn(int mesh_dim) const { return partial_.count(mesh_dim) != 0; }
     /// True when no tensor dim is sharded and nothing is Partial.
@@ -74,16 +74,16 @@ public:
 
     /// Throws SpmdError naming `what` when the layout does not fit the mesh (mesh dim out of range) or the
     /// tensor (rank mismatch).
-    void Validate(const ProcessMesh& mesh, int tensor_rank, std::string_view what = "layout") const;
+    void Validate(const ProcessMesh &mesh, int tensor_rank, std::string_view what = "layout") const;
     /// Drops size-1 mesh dims (they shard nothing and their partial sums have one term).
-    Layout Canonical(const ProcessMesh& mesh) const;
+    Layout Canonical(const ProcessMesh &mesh) const;
 
     Layout WithPartial(std::map<int, ReduceOp> partial) const { return Layout(dims_, std::move(partial)); }
     Layout WithoutPartial() const { return Layout(dims_, {}); }
 
     /// "[1,-1]", "[[0,1],-1]", "[-1,-1] partial{0}", "[0] partial{1:max}".
     std::string ToString() const;
-    bool operator==(const Layout& other) const = default;
+    bool operator==(const Layout &other) const = default;
 
 private:
     std::vector<std::vector<int>> dims_;
@@ -94,7 +94,7 @@ private:
 struct LocalShard {
     std::vector<int64_t> shape;
     std::vector<int64_t> offset;
-    bool operator==(const LocalShard& other) const = default;
+    bool operator==(const LocalShard &other) const = default;
 };
 
 /// Chunk `index` of a dim of size `size` split in `parts` (torch.chunk): the first chunks take ceil(size/parts),
@@ -103,22 +103,22 @@ std::pair<int64_t, int64_t> ChunkRange(int64_t size, int64_t parts, int64_t inde
 
 /// Shape and global offset of the shard held at mesh coordinate `coord`. Co-sharded dims are chunked by the
 /// major mesh dim first, then each chunk by the next (nested torch.chunk, as DTensor).
-LocalShard ComputeLocalShard(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape, const Layout& layout,
-                             const std::vector<int64_t>& coord);
+LocalShard ComputeLocalShard(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &layout,
+                             const std::vector<int64_t> &coord);
 /// The same for the process `process_id`.
-LocalShard ComputeLocalShardOfProcess(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
-                                      const Layout& layout, int64_t process_id);
+LocalShard ComputeLocalShardOfProcess(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape,
+                                      const Layout &layout, int64_t process_id);
 /// The largest local shape over all coordinates (the shard at coordinate 0 in every dim).
-std::vector<int64_t> MaxLocalShape(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
-                                   const Layout& layout);
+std::vector<int64_t> MaxLocalShape(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape,
+                                   const Layout &layout);
 
-std::string ShapeToString(const std::vector<int64_t>& shape);
+std::string ShapeToString(const std::vector<int64_t> &shape);
 
 /// A global shape with its layout: what every rule takes and returns.
 struct TensorSpec {
     std::vector<int64_t> shape;
     Layout layout;
-    bool operator==(const TensorSpec& other) const = default;
+    bool operator==(const TensorSpec &other) const = default;
 };
 
 } // namespace shardline::spmd

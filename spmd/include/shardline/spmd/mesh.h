@@ -18,24 +18,24 @@ public:
     int NDim() const { return static_cast<int>(shape_.size()); }
     int64_t Size() const { return size_; }
     int64_t DimSize(int mesh_dim) const;
-    const std::vector<int64_t>& Shape() const { return shape_; }
-    const std::vector<std::string>& DimNames() const { return dim_names_; }
-    const std::vector<int64_t>& ProcessIds() const { return process_ids_; }
+    const std::vector<int64_t> &Shape() const { return shape_; }
+    const std::vector<std::string> &DimNames() const { return dim_names_; }
+    const std::vector<int64_t> &ProcessIds() const { return process_ids_; }
 
     /// Index of the mesh dim called `name`; throws SpmdError when there is none.
-    int DimIndex(const std::string& name) const;
+    int DimIndex(const std::string &name) const;
     /// Coordinate of the process `process_id`; throws when it is not in the mesh.
     std::vector<int64_t> CoordinateOf(int64_t process_id) const;
     /// Row-major linear index of `coord` (the position in ProcessIds()).
-    int64_t LinearIndex(const std::vector<int64_t>& coord) const;
+    int64_t LinearIndex(const std::vector<int64_t> &coord) const;
     std::vector<int64_t> CoordinateOfIndex(int64_t linear_index) const;
-    int64_t ProcessIdAt(const std::vector<int64_t>& coord) const { return process_ids_[LinearIndex(coord)]; }
+    int64_t ProcessIdAt(const std::vector<int64_t> &coord) const { return process_ids_[LinearIndex(coord)]; }
     /// The process ids that share every coordinate of `coord` except `mesh_dim`, in order along `mesh_dim`:
     /// the group of a collective over that mesh dim.
-    std::vector<int64_t> Group(const std::vector<int64_t>& coord, int mesh_dim) const;
+    std::vector<int64_t> Group(const std::vector<int64_t> &coord, int mesh_dim) const;
 
     std::string ToString() const;
-    bool operator==(const ProcessMesh& other) const = default;
+    bool operator==(const ProcessMesh &other) const = default;
 
 private:
     std::vector<int64_t> shape_;

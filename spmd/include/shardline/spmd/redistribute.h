@@ -44,7 +44,7 @@ struct RedistributeStep {
     double cost_us = 0.0;
     Layout before;
     Layout after;
-    bool operator==(const RedistributeStep& other) const = default;
+    bool operator==(const RedistributeStep &other) const = default;
 };
 
 struct RedistributePlan {
@@ -70,11 +70,11 @@ struct PlanOptions {
 ///   5. all_reduce of the remaining Partial mesh dims (also those whose reduce op changes);
 ///   6. local partialize (R -> P) of dst's new Partial mesh dims.
 /// Throws SpmdError when a layout does not fit the mesh or the tensor.
-RedistributePlan PlanRedistribute(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape,
-                                  const Layout& src, const Layout& dst, const PlanOptions& options = {});
+RedistributePlan PlanRedistribute(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &src,
+                                  const Layout &dst, const PlanOptions &options = {});
 
 /// Cost of the plan only (what the strategy enumeration sums).
-double RedistributeCost(const ProcessMesh& mesh, const std::vector<int64_t>& global_shape, const Layout& src,
-                        const Layout& dst, const PlanOptions& options = {});
+double RedistributeCost(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &src,
+                        const Layout &dst, const PlanOptions &options = {});
 
 } // namespace shardline::spmd

@@ -1,0 +1,167 @@
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <shardline/spmd/einsum.h>
+#include <shardline/spmd/layout.h>
+#include <shardline/spmd/mesh.h>
+#include <shardline/spmd/redistribute.h>
+
+namespace shardline::spmd {
+
+/// A collective an op runs inside its own kernel sequence (vocab-parallel softmax / cross-entropy): not a
+/// redistribution of an input or output, but part of the op's cost.
+struct InternalCollective {
+    Collective collective = Collective::kAllReduce;
+    int mesh_dim = -1;
+    ReduceOp reduce_op = ReduceOp::kSum;
+    std::string what;
+    bool operator==(const InternalCollective &other) const = default;
+};
+
+/// The answer of a rule. forward / reverse: inputs are the required input layouts, outputs the output layouts.
+/// grad: inputs are the required forward inputs followed by the required output gradient(s), outputs the input
+/// gradients (only for differentiable inputs, named "<input>_grad").
+struct SpmdInfo {
+    std::vector<std::string> input_names;
+    std::vector<TensorSpec> inputs;
+    std::vector<std::string> output_names;
+    std::vector<TensorSpec> outputs;
+    std::vector<InternalCollective> internal;
+    /// linear: the output is Partial, so the bias is added once, after the reduction (not by every rank).
+    bool bias_after_reduction = false;
+    double cost_us = 0.0; ///< RuleMode::kCostBased only
+
+    const TensorSpec &Input(const std::string &name) const;
+    const TensorSpec &Output(const std::string &name) const;
+};
+
+// ---- matmul: out = op(x) @ op(y), op = transpose of the last two dims when trans_*; batch dims broadcast. --------
+struct MatmulAttrs {
+    bool trans_x = false;
+    bool trans_y = false;
+};
+/// x [..., m, k] (trans_x: [..., k, m]), y [..., k, n] (trans_y: [..., n, k]) -> out [..., m, n]; a 1-D x is [k],
+/// a 1-D y is [k] (their m / n dim is dropped from the output, as torch.matmul).
+SpmdInfo InferMatmulForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &y,
+                            const MatmulAttrs &attrs = {}, const RuleOptions &options = {});
+SpmdInfo InferMatmulReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &y, const TensorSpec &out,
+                            const MatmulAttrs &attrs = {}, const RuleOptions &options = {});
+SpmdInfo InferMatmulGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &y, const TensorSpec &out_grad,
+                         const MatmulAttrs &attrs = {}, const RuleOptions &options = {});
+
+// ---- linear: y = x @ weight^T + bias, x [..., in], weight [out, in], bias [out]. ---------------------------------
+// Conflicts go to the parameters: weight, then bias, then x ("parameters never move"), so column / row parallel
+// give Megatron's communication (docs/spmd.md).
+SpmdInfo InferLinearForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                            const std::optional<TensorSpec> &bias, const RuleOptions &options = {});
+SpmdInfo InferLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                            const std::optional<TensorSpec> &bias, const TensorSpec &out,
+                            const RuleOptions &options = {});
+SpmdInfo InferLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                         const std::optional<TensorSpec> &bias, const TensorSpec &out_grad,
+                         const RuleOptions &options = {});
+
+// ---- elementwise: unary and n-ary with numpy broadcasting. -----------------------------------------------------
+/// Known ops: add, subtract, multiply, divide, maximum, minimum, pow, where-free binaries; unary relu, gelu, silu,
+/// tanh, sigmoid, exp, log, sqrt, abs, neg, scale, cast, identity, dropout. Throws SpmdError for others.
+bool IsElementwiseOp(const std::string &op);
+int ElementwiseArity(const std::string &op);
+SpmdInfo InferElementwiseForward(const ProcessMesh &mesh, const std::string &op, const std::vector<TensorSpec> &inputs,
+                                 const RuleOptions &options = {});
+SpmdInfo InferElementwiseReverse(const ProcessMesh &mesh, const std::string &op, const std::vector<TensorSpec> &inputs,
+                                 const TensorSpec &out, const RuleOptions &options = {});
+SpmdInfo InferElementwiseGrad(const ProcessMesh &mesh, const std::string &op, const std::vector<TensorSpec> &inputs,
+                              const TensorSpec &out_grad, const RuleOptions &options = {});
+
+// ---- reductions: sum, mean, max, min over axes. ---------------------------------------------------------------
+enum class ReductionKind { kSum, kMean, kMax, kMin };
+struct ReductionAttrs {
+    ReductionKind kind = ReductionKind::kSum;
+    std::vector<int> axes; ///< empty = all; negative counts from the end
+    bool keepdim = false;
+};
+/// A sharded reduced dim makes the output Partial: sum and mean give P(sum) (a mean's local kernel divides by the
+/// global count, so uneven shards stay exact), max P(max), min P(min).
+SpmdInfo InferReductionForward(const ProcessMesh &mesh, const TensorSpec &x, const ReductionAttrs &attrs,
+                               const RuleOptions &options = {});
+SpmdInfo InferReductionReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
+                               const ReductionAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferReductionGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out_grad,
+                            const ReductionAttrs &attrs, const RuleOptions &options = {});
+
+// ---- embedding: out[..., h] = weight[ids[...], h]; weight [vocab, hidden]. -----------------------------------------
+/// A vocab-sharded table gives a P(sum) output (each rank looks up its rows, zeros elsewhere: Megatron's
+/// VocabParallelEmbedding); a hidden-sharded table a hidden-sharded output.
+SpmdInfo InferEmbeddingForward(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                               const RuleOptions &options = {});
+SpmdInfo InferEmbeddingReverse(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                               const TensorSpec &out, const RuleOptions &options = {});
+SpmdInfo InferEmbeddingGrad(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                            const TensorSpec &out_grad, const RuleOptions &options = {});
+
+// ---- softmax / log_softmax along an axis. ---------------------------------------------------------------------
+struct SoftmaxAttrs {
+    int axis = -1;
+    bool log = false;
+    /// Allow the axis to stay sharded: the op then all-reduces the max and the sum of exponentials (internal).
+    bool vocab_parallel = false;
+};
+SpmdInfo InferSoftmaxForward(const ProcessMesh &mesh, const TensorSpec &x, const SoftmaxAttrs &attrs,
+                             const RuleOptions &options = {});
+SpmdInfo InferSoftmaxReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
+                             const SoftmaxAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferSoftmaxGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out_grad,
+                          const SoftmaxAttrs &attrs, const RuleOptions &options = {});
+
+// ---- cross-entropy: loss[...] = logsumexp(logits[..., :]) - logits[..., label[...]]. --------------------------------
+enum class LossReduction { kNone, kMean, kSum };
+struct CrossEntropyAttrs {
+    LossReduction reduction = LossReduction::kNone;
+    /// Megatron's vocab-parallel cross-entropy: logits stay sharded on the class dim; the op all-reduces the max,
+    /// the sum of exponentials and the target logit (internal) and its loss is Replicate on that mesh dim.
+    bool vocab_parallel = false;
+};
+/// logits [..., C], labels [...] (integers, no gradient) -> loss [...] (none) or [] (mean / sum: P(sum) over the
+/// mesh dims sharding the batch dims; mean's local kernel divides by the global count).
+SpmdInfo InferCrossEntropyForward(const ProcessMesh &mesh, const TensorSpec &logits, const TensorSpec &labels,
+                                  const CrossEntropyAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferCrossEntropyReverse(const ProcessMesh &mesh, const TensorSpec &logits, const TensorSpec &labels,
+                                  const TensorSpec &loss, const CrossEntropyAttrs &attrs,
+                                  const RuleOptions &options = {});
+SpmdInfo InferCrossEntropyGrad(const ProcessMesh &mesh, const TensorSpec &logits, const TensorSpec &labels,
+                               const TensorSpec &loss_grad, const CrossEntropyAttrs &attrs,
+                               const RuleOptions &options = {});
+
+// ---- transpose: out.shape[i] = x.shape[perm[i]]. ------------------------------------------------------------------
+SpmdInfo InferTransposeForward(const ProcessMesh &mesh, const TensorSpec &x, const std::vector<int> &perm,
+                               const RuleOptions &options = {});
+SpmdInfo InferTransposeReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
+                               const std::vector<int> &perm, const RuleOptions &options = {});
+SpmdInfo InferTransposeGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out_grad,
+                            const std::vector<int> &perm, const RuleOptions &options = {});
+
+// ---- reshape (row-major view; one -1 allowed in the target shape). -----------------------------------------------
+/// Dims are grouped into runs whose products match. Within a run only the first dim of size > 1 may be sharded,
+/// and only when its size and the first output dim's size of the run are divisible by the shard count (so the
+/// torch.chunk shards of both sides hold the same elements); the sharding moves to that output dim. Everything
+/// else in a run must be Replicate. Partials pass through.
+SpmdInfo InferReshapeForward(const ProcessMesh &mesh, const TensorSpec &x, const std::vector<int64_t> &shape,
+                             const RuleOptions &options = {});
+SpmdInfo InferReshapeReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
+                             const RuleOptions &options = {});
+SpmdInfo InferReshapeGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out_grad,
+                          const std::vector<int64_t> &shape, const RuleOptions &options = {});
+
+// ---- generic einsum ("mk,kn->mn"), the engine as an op. ---------------------------------------------------------
+SpmdInfo InferEinsumOpForward(const ProcessMesh &mesh, const std::string &equation,
+                              const std::vector<TensorSpec> &inputs, const RuleOptions &options = {});
+SpmdInfo InferEinsumOpReverse(const ProcessMesh &mesh, const std::string &equation,
+                              const std::vector<TensorSpec> &inputs, const TensorSpec &out,
+                              const RuleOptions &options = {});
+SpmdInfo InferEinsumOpGrad(const ProcessMesh &mesh, const std::string &equation, const std::vector<TensorSpec> &inputs,
+                           const TensorSpec &out_grad, const RuleOptions &options = {});
+
+} // namespace shardline::spmd

@@ -1,0 +1,539 @@
+#include <algorithm>
+#include <climits>
+#include <numeric>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <shardline/spmd/einsum.h>
+#include <shardline/spmd/error.h>
+
+namespace shardline::spmd {
+
+namespace {
+
+bool IsSumLike(ReduceOp op) {
+    return op == ReduceOp::kSum || op == ReduceOp::kAvg;
+}
+
+void ValidateProblem(const ProcessMesh &mesh, const EinsumProblem &problem) {
+    for (const EinsumOperand &operand : problem.inputs) {
+        const std::string what = fmt::format("{}: {}", problem.op, operand.name);
+        if (operand.labels.size() != operand.shape.size()) {
+            throw SpmdError(fmt::format("{}: einsum labels '{}' have {} dims, but the shape {} has {}", what,
+                                        operand.labels, operand.labels.size(), ShapeToString(operand.shape),
+                                        operand.shape.size()));
+        }
+        if (std::set<char>(operand.labels.begin(), operand.labels.end()).size() != operand.labels.size()) {
+            throw SpmdError(fmt::format("{}: einsum labels '{}' repeat a label (diagonals are not supported)", what,
+                                        operand.labels));
+        }
+        for (int64_t s : operand.shape) {
+            if (s < 0) {
+                throw SpmdError(fmt::format("{}: shape {} has a negative dim", what, ShapeToString(operand.shape)));
+            }
+        }
+        operand.layout.Validate(mesh, static_cast<int>(operand.shape.size()), what);
+    }
+    for (char label : problem.output) {
+        const bool found = std::any_of(problem.inputs.begin(), problem.inputs.end(), [label](const EinsumOperand &o) {
+            return o.labels.find(label) != std::string::npos;
+        });
+        if (!found) {
+            throw SpmdError(fmt::format("{}: output label '{}' appears in no input", problem.op, label));
+        }
+    }
+    if (std::set<char>(problem.output.begin(), problem.output.end()).size() != problem.output.size()) {
+        throw SpmdError(fmt::format("{}: output labels '{}' repeat a label", problem.op, problem.output));
+    }
+}
+
+std::vector<int> PriorityOrder(const EinsumProblem &problem) {
+    std::vector<int> order(problem.inputs.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return problem.inputs[a].priority < problem.inputs[b].priority; });
+    return order;
+}
+
+bool Shardable(const EinsumProblem &problem, const std::map<char, int64_t> &sizes, int i, int j) {
+    const char label = problem.inputs[i].labels[j];
+    if (problem.unshardable.find(label) != std::string::npos) {
+        return false;
+    }
+    const int64_t size = sizes.at(label);
+    return size > 1 && problem.inputs[i].shape[j] == size;
+}
+
+/// Which input Partials on the unclaimed mesh dim `d` pass to the output; inputs >= num_inputs are ignored.
+std::optional<EinsumAssignment::Kept> PartialChoice(const EinsumProblem &problem, int d, size_t num_inputs,
+                                                    bool grad_mode) {
+    std::vector<int> partial_inputs;
+    for (size_t i = 0; i < num_inputs; ++i) {
+        if (problem.inputs[i].layout.IsPartialOn(d)) {
+            partial_inputs.push_back(static_cast<int>(i));
+        }
+    }
+    if (partial_inputs.empty()) {
+        return std::nullopt;
+    }
+    EinsumAssignment::Kept kept;
+    kept.inputs.assign(num_inputs, false);
+    switch (problem.partial_policy) {
+    case PartialPolicy::kResolve:
+        return std::nullopt;
+    case PartialPolicy::kMultilinear:
+        for (int i : PriorityOrder(problem)) {
+            if (static_cast<size_t>(i) >= num_inputs || !problem.inputs[i].layout.IsPartialOn(d)) {
+                continue;
+            }
+            const ReduceOp op = problem.inputs[i].layout.Partial().at(d);
+            if (problem.inputs[i].linear && IsSumLike(op)) {
+                kept.op = op;
+                kept.inputs[i] = true;
+                return kept;
+            }
+        }
+        return std::nullopt;
+    case PartialPolicy::kAdditive: {
+        const ReduceOp op = problem.inputs[partial_inputs[0]].layout.Partial().at(d);
+        for (int i : partial_inputs) {
+            if (problem.inputs[i].layout.Partial().at(d) != op) {
+                return std::nullopt;
+            }
+        }
+        if (!IsSumLike(op)) {
+            return std::nullopt;
+        }
+        kept.op = op;
+        kept.inputs.assign(num_inputs, true);
+        return kept;
+    }
+    case PartialPolicy::kSingle: {
+        if (partial_inputs[0] != 0) {
+            return std::nullopt;
+        }
+        const ReduceOp op = problem.inputs[0].layout.Partial().at(d);
+        const auto &ops = problem.single_kept_ops;
+        if (std::find(ops.begin(), ops.end(), op) == ops.end() || (grad_mode && !IsSumLike(op))) {
+            return std::nullopt;
+        }
+        kept.op = op;
+        kept.inputs[0] = true;
+        return kept;
+    }
+    }
+    return std::nullopt;
+}
+
+/// The deterministic policy: operands in priority order; the first operand that shards a label (on a dim that is
+/// not a size-1 broadcast) gives it its mesh dims, minus those an earlier label claimed. Then unclaimed mesh dims
+/// may keep input Partials (PartialChoice).
+EinsumAssignment Merge(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
+                       size_t num_policy_inputs, bool grad_mode) {
+    EinsumAssignment assignment;
+    std::set<int> claimed;
+    for (int i : PriorityOrder(problem)) {
+        const EinsumOperand &operand = problem.inputs[i];
+        for (int j = 0; j < static_cast<int>(operand.labels.size()); ++j) {
+            const char label = operand.labels[j];
+            if (!Shardable(problem, sizes, i, j) || assignment.labels.count(label) != 0) {
+                continue;
+            }
+            std::vector<int> dims;
+            for (int d : operand.layout.MeshDims(j)) {
+                if (claimed.count(d) == 0) {
+                    dims.push_back(d);
+                }
+            }
+            if (!dims.empty()) {
+                claimed.insert(dims.begin(), dims.end());
+                assignment.labels[label] = std::move(dims);
+            }
+        }
+    }
+    for (int d = 0; d < mesh.NDim(); ++d) {
+        if (claimed.count(d) != 0) {
+            continue;
+        }
+        if (auto kept = PartialChoice(problem, d, num_policy_inputs, grad_mode)) {
+            assignment.kept_partial[d] = *kept;
+        }
+    }
+    return assignment;
+}
+
+std::vector<int> LabelDims(const EinsumAssignment &assignment, char label) {
+    auto it = assignment.labels.find(label);
+    return it == assignment.labels.end() ? std::vector<int>{} : it->second;
+}
+
+EinsumProblem Canonicalized(const ProcessMesh &mesh, const EinsumProblem &problem) {
+    ValidateProblem(mesh, problem);
+    EinsumProblem canonical = problem;
+    for (EinsumOperand &operand : canonical.inputs) {
+        operand.layout = operand.layout.Canonical(mesh);
+    }
+    return canonical;
+}
+
+/// Labels that some operand may shard, in priority order of first appearance.
+std::string ShardableLabels(const EinsumProblem &problem, const std::map<char, int64_t> &sizes) {
+    std::string labels;
+    for (int i : PriorityOrder(problem)) {
+        for (int j = 0; j < static_cast<int>(problem.inputs[i].labels.size()); ++j) {
+            const char label = problem.inputs[i].labels[j];
+            if (Shardable(problem, sizes, i, j) && labels.find(label) == std::string::npos) {
+                labels.push_back(label);
+            }
+        }
+    }
+    return labels;
+}
+
+double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
+                   const CostModel &cost) {
+    double flops = 2.0;
+    for (const auto &[label, size] : sizes) {
+        flops *= static_cast<double>(std::max<int64_t>(size, 1));
+    }
+    double parts = 1.0;
+    for (const auto &[label, dims] : assignment.labels) {
+        for (int d : dims) {
+            parts *= static_cast<double>(mesh.DimSize(d));
+        }
+    }
+    return flops / parts / cost.flops_per_us;
+}
+
+double CandidateCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
+                     const EinsumAssignment &assignment, const RuleOptions &options, EinsumResult *result) {
+    *result = ApplyAssignment(mesh, problem, assignment);
+    double cost = ComputeCost(mesh, sizes, assignment, options.plan.cost);
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        cost += RedistributeCost(mesh, problem.inputs[i].shape, problem.inputs[i].layout, result->inputs[i].layout,
+                                 options.plan);
+    }
+    if (options.output_target) {
+        cost +=
+            RedistributeCost(mesh, result->output.shape, result->output.layout, *options.output_target, options.plan);
+    }
+    return cost;
+}
+
+EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
+                       const EinsumAssignment &deterministic, const RuleOptions &options) {
+    if (options.output_target) {
+        options.output_target->Validate(mesh, static_cast<int>(problem.output.size()),
+                                        fmt::format("{}: output_target", problem.op));
+    }
+    const std::string labels = ShardableLabels(problem, sizes);
+    // Options per mesh dim: -2 = nothing (Partials resolved), -1 = keep the input Partials, k >= 0 = shard labels[k].
+    std::vector<std::vector<int>> choices(mesh.NDim());
+    std::vector<std::optional<EinsumAssignment::Kept>> keeps(mesh.NDim());
+    for (int d = 0; d < mesh.NDim(); ++d) {
+        choices[d].push_back(-2);
+        if (mesh.DimSize(d) == 1) {
+            continue;
+        }
+        keeps[d] = PartialChoice(problem, d, problem.inputs.size(), /*grad_mode=*/false);
+        if (keeps[d]) {
+            choices[d].push_back(-1);
+        }
+        for (int k = 0; k < static_cast<int>(labels.size()); ++k) {
+            choices[d].push_back(k);
+        }
+    }
+    // Co-shard order of a label: as the highest-priority operand that lists the mesh dim orders it, else ascending.
+    auto order_key = [&](char label, int d) {
+        for (int i : PriorityOrder(problem)) {
+            const auto pos = problem.inputs[i].labels.find(label);
+            if (pos == std::string::npos) {
+                continue;
+            }
+            const auto &dims = problem.inputs[i].layout.MeshDims(static_cast<int>(pos));
+            auto it = std::find(dims.begin(), dims.end(), d);
+            if (it != dims.end()) {
+                return static_cast<int>(it - dims.begin());
+            }
+        }
+        return 1000 + d;
+    };
+
+    EinsumResult best;
+    best.cost_us = CandidateCost(mesh, problem, sizes, deterministic, options, &best);
+    best.assignment = deterministic;
+    std::vector<size_t> index(mesh.NDim(), 0);
+    while (true) {
+        EinsumAssignment candidate;
+        for (int d = 0; d < mesh.NDim(); ++d) {
+            const int c = choices[d][index[d]];
+            if (c == -1) {
+                candidate.kept_partial[d] = *keeps[d];
+            } else if (c >= 0) {
+                candidate.labels[labels[c]].push_back(d);
+            }
+        }
+        for (auto &[label, dims] : candidate.labels) {
+            std::stable_sort(dims.begin(), dims.end(),
+                             [&, l = label](int a, int b) { return order_key(l, a) < order_key(l, b); });
+        }
+        EinsumResult result;
+        const double cost = CandidateCost(mesh, problem, sizes, candidate, options, &result);
+        if (cost < best.cost_us - 1e-9) {
+            best = std::move(result);
+            best.cost_us = cost;
+            best.assignment = candidate;
+        }
+        int d = 0;
+        for (; d < mesh.NDim(); ++d) {
+            if (++index[d] < choices[d].size()) {
+                break;
+            }
+            index[d] = 0;
+        }
+        if (d == mesh.NDim()) {
+            break;
+        }
+    }
+    return best;
+}
+
+} // namespace
+
+std::map<char, int64_t> EinsumLabelSizes(const EinsumProblem &problem) {
+    std::map<char, int64_t> sizes;
+    std::map<char, std::string> where;
+    for (const EinsumOperand &operand : problem.inputs) {
+        for (size_t j = 0; j < operand.labels.size() && j < operand.shape.size(); ++j) {
+            const char label = operand.labels[j];
+            const int64_t size = operand.shape[j];
+            auto it = sizes.find(label);
+            if (it == sizes.end() || it->second == 1) {
+                sizes[label] = size;
+                where[label] = operand.name;
+            } else if (size != 1 && size != it->second) {
+                throw SpmdError(fmt::format("{}: dim '{}' has size {} in {} but {} in {} (sizes must match or be 1)",
+                                            problem.op, label, it->second, where[label], size, operand.name));
+            }
+        }
+    }
+    return sizes;
+}
+
+EinsumResult ApplyAssignment(const ProcessMesh &mesh, const EinsumProblem &problem,
+                             const EinsumAssignment &assignment) {
+    const auto sizes = EinsumLabelSizes(problem);
+    EinsumResult result;
+    result.assignment = assignment;
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        const EinsumOperand &operand = problem.inputs[i];
+        std::vector<std::vector<int>> dims(operand.labels.size());
+        for (int j = 0; j < static_cast<int>(operand.labels.size()); ++j) {
+            if (Shardable(problem, sizes, static_cast<int>(i), j)) {
+                dims[j] = LabelDims(assignment, operand.labels[j]);
+            }
+        }
+        std::map<int, ReduceOp> partial;
+        for (const auto &[d, kept] : assignment.kept_partial) {
+            if (i < kept.inputs.size() && kept.inputs[i]) {
+                partial[d] = kept.op;
+            }
+        }
+        result.inputs.push_back({operand.shape, Layout(std::move(dims), std::move(partial))});
+    }
+    std::vector<std::vector<int>> out_dims;
+    std::vector<int64_t> out_shape;
+    for (char label : problem.output) {
+        out_dims.push_back(LabelDims(assignment, label));
+        out_shape.push_back(sizes.at(label));
+    }
+    std::map<int, ReduceOp> out_partial;
+    for (const auto &[label, dims] : assignment.labels) {
+        if (problem.output.find(label) == std::string::npos) {
+            for (int d : dims) {
+                out_partial[d] = problem.contraction;
+            }
+        }
+    }
+    for (const auto &[d, kept] : assignment.kept_partial) {
+        out_partial[d] = kept.op;
+    }
+    result.output = {out_shape, Layout(std::move(out_dims), std::move(out_partial))};
+    (void)mesh;
+    return result;
+}
+
+EinsumResult InferEinsumForward(const ProcessMesh &mesh, const EinsumProblem &raw, const RuleOptions &options) {
+    const EinsumProblem problem = Canonicalized(mesh, raw);
+    const auto sizes = EinsumLabelSizes(problem);
+    const EinsumAssignment deterministic = Merge(mesh, problem, sizes, problem.inputs.size(), /*grad_mode=*/false);
+    if (options.mode == RuleMode::kCostBased) {
+        return Enumerate(mesh, problem, sizes, deterministic, options);
+    }
+    return ApplyAssignment(mesh, problem, deterministic);
+}
+
+EinsumResult InferEinsumReverse(const ProcessMesh &mesh, const EinsumProblem &raw, const Layout &output_layout,
+                                const RuleOptions &options) {
+    EinsumProblem problem = raw;
+    for (EinsumOperand &operand : problem.inputs) {
+        operand.layout = Layout::Replicated(static_cast<int>(operand.shape.size()));
+    }
+    problem = Canonicalized(mesh, problem);
+    output_layout.Validate(mesh, static_cast<int>(problem.output.size()), fmt::format("{}: output", problem.op));
+    const Layout output = output_layout.Canonical(mesh);
+    const auto sizes = EinsumLabelSizes(problem);
+
+    std::vector<std::vector<std::vector<int>>> dims(problem.inputs.size());
+    std::vector<std::map<int, ReduceOp>> partial(problem.inputs.size());
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        const EinsumOperand &operand = problem.inputs[i];
+        dims[i].resize(operand.labels.size());
+        for (int j = 0; j < static_cast<int>(operand.labels.size()); ++j) {
+            const auto pos = problem.output.find(operand.labels[j]);
+            if (pos != std::string::npos && Shardable(problem, sizes, static_cast<int>(i), j)) {
+                dims[i][j] = output.MeshDims(static_cast<int>(pos));
+            }
+        }
+    }
+    // A Partial output comes from a sharded contracted label (the first one) or from a kept input Partial.
+    std::string contracted;
+    for (char label : ShardableLabels(problem, sizes)) {
+        if (problem.output.find(label) == std::string::npos) {
+            contracted.push_back(label);
+        }
+    }
+    for (const auto &[d, op] : output.Partial()) {
+        if (op == problem.contraction && !contracted.empty()) {
+            for (size_t i = 0; i < problem.inputs.size(); ++i) {
+                const auto pos = problem.inputs[i].labels.find(contracted[0]);
+                if (pos != std::string::npos && Shardable(problem, sizes, static_cast<int>(i), static_cast<int>(pos))) {
+                    dims[i][pos].push_back(d);
+                }
+            }
+            continue;
+        }
+        switch (problem.partial_policy) {
+        case PartialPolicy::kMultilinear:
+            if (IsSumLike(op)) {
+                for (int i : PriorityOrder(problem)) {
+                    if (problem.inputs[i].linear) {
+                        partial[i][d] = op;
+                        break;
+                    }
+                }
+            }
+            break;
+        case PartialPolicy::kAdditive:
+            if (IsSumLike(op)) {
+                for (auto &p : partial) {
+                    p[d] = op;
+                }
+            }
+            break;
+        case PartialPolicy::kSingle: {
+            const auto &ops = problem.single_kept_ops;
+            if (std::find(ops.begin(), ops.end(), op) != ops.end()) {
+                partial[0][d] = op;
+            }
+            break;
+        }
+        case PartialPolicy::kResolve:
+            break;
+        }
+    }
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        problem.inputs[i].layout = Layout(dims[i], partial[i]);
+    }
+    return InferEinsumForward(mesh, problem, options);
+}
+
+EinsumGradResult InferEinsumGrad(const ProcessMesh &mesh, const EinsumProblem &raw, const TensorSpec &out_grad,
+                                 const RuleOptions &options) {
+    const EinsumProblem problem = Canonicalized(mesh, raw);
+    const auto sizes = EinsumLabelSizes(problem);
+    std::vector<int64_t> out_shape;
+    for (char label : problem.output) {
+        out_shape.push_back(sizes.at(label));
+    }
+    if (out_grad.shape != out_shape) {
+        throw SpmdError(fmt::format("{}: out_grad shape {} must equal the output shape {}", problem.op,
+                                    ShapeToString(out_grad.shape), ShapeToString(out_shape)));
+    }
+    out_grad.layout.Validate(mesh, static_cast<int>(out_shape.size()), fmt::format("{}: out_grad", problem.op));
+    const Layout grad_layout = out_grad.layout.Canonical(mesh);
+
+    // The output gradient joins the merge with the lowest priority: it may shard labels no input claims.
+    EinsumProblem extended = problem;
+    extended.inputs.push_back({.name = "out_grad",
+                               .labels = problem.output,
+                               .shape = out_shape,
+                               .layout = grad_layout,
+                               .priority = INT_MAX,
+                               .linear = true,
+                               .additive_term = false});
+    const EinsumAssignment assignment = Merge(mesh, extended, sizes, problem.inputs.size(), /*grad_mode=*/true);
+    (void)options;
+
+    std::set<int> claimed;
+    for (const auto &[label, dims] : assignment.labels) {
+        claimed.insert(dims.begin(), dims.end());
+    }
+    std::map<int, ReduceOp> grad_partial;
+    for (const auto &[d, op] : grad_layout.Partial()) {
+        if (claimed.count(d) == 0 && assignment.kept_partial.count(d) == 0 && IsSumLike(op)) {
+            grad_partial[d] = op;
+        }
+    }
+
+    const EinsumResult forward = ApplyAssignment(mesh, problem, assignment);
+    EinsumGradResult result;
+    result.assignment = assignment;
+    result.inputs = forward.inputs;
+    result.out_grad = {out_shape, Layout(forward.output.layout.WithoutPartial().DimsMeshDims(), grad_partial)};
+
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        const EinsumOperand &operand = problem.inputs[i];
+        // The operands of this gradient's einsum: the output gradient and, for a product term, the other inputs.
+        const bool product_term = !operand.additive_term && problem.partial_policy != PartialPolicy::kAdditive;
+        std::string grad_labels = problem.output;
+        std::vector<size_t> others;
+        if (product_term) {
+            for (size_t j = 0; j < problem.inputs.size(); ++j) {
+                if (j != i) {
+                    grad_labels += problem.inputs[j].labels;
+                    others.push_back(j);
+                }
+            }
+        }
+        std::string own;
+        for (int j = 0; j < static_cast<int>(operand.labels.size()); ++j) {
+            if (Shardable(problem, sizes, static_cast<int>(i), j)) {
+                own.push_back(operand.labels[j]);
+            }
+        }
+        std::map<int, ReduceOp> partial = grad_partial;
+        for (const auto &[label, dims] : assignment.labels) {
+            if (grad_labels.find(label) != std::string::npos && own.find(label) == std::string::npos) {
+                for (int d : dims) {
+                    partial[d] = ReduceOp::kSum;
+                }
+            }
+        }
+        if (problem.partial_policy == PartialPolicy::kMultilinear) {
+            for (const auto &[d, kept] : assignment.kept_partial) {
+                for (size_t j : others) {
+                    if (kept.inputs[j]) {
+                        partial[d] = kept.op;
+                    }
+                }
+            }
+        }
+        result.input_grads.push_back({operand.shape, Layout(forward.inputs[i].layout.DimsMeshDims(), partial)});
+    }
+    return result;
+}
+
+} // namespace shardline::spmd

@@ -43,8 +43,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     gpus="$(printf '%s\n' "$gpu_list" | head -n 1) (x$gpu_count)"
   fi
 fi
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [[ -n "$(git -C "$root" status --porcelain 2>/dev/null)" ]]; then
+# The device copy of the tree may carry no .git: GPU_CHECK_COMMIT names the commit then.
+commit="${GPU_CHECK_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+if [[ -z "${GPU_CHECK_COMMIT:-}" && -n "$(git -C "$root" status --porcelain 2>/dev/null)" ]]; then
   commit="$commit+dirty"
 fi
 say "== shardline GPU check =="
@@ -98,7 +99,8 @@ run_label() { # $1: row name, rest: ctest selection arguments
     return
   fi
   local total failed skipped passed status
-  total="$(sed -n 's/.* tests* failed out of \([0-9][0-9]*\).*/\1/p' "$log" | tail -n 1)"
+  # CMake 3.25 prints "100% tests passed, 0 tests failed out of N"; CMake 4.x drops the failed part when it is 0.
+  total="$(sed -n 's/.*tests* passed.* out of \([0-9][0-9]*\).*/\1/p' "$log" | tail -n 1)"
   failed="$(sed -n 's/.*, \([0-9][0-9]*\) tests* failed out of.*/\1/p' "$log" | tail -n 1)"
   skipped="$(grep -c '\*\*\*Skipped\|Not Run' "$log")"
   total="${total:-0}"

@@ -1,0 +1,2 @@
+// Placeholder until the DistTensor implementation lands.
+#include <shardline/dist/dist_tensor.h>

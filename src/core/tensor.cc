@@ -95,14 +95,8 @@ Tensor Tensor::Empty(Shape shape, DType dtype, Device device) {
         SHARDLINE_CHECK_AS(ShapeError, d >= 0, "Tensor::Empty", "dims must be >= 0, got shape {}",
                            ShapeToString(shape));
     }
-    Tensor t;
-    t.storage_ = Storage::Allocate(static_cast<std::size_t>(Numel(shape)) * ElementSize(dtype), device);
-    t.strides_ = ContiguousStrides(shape);
-    t.shape_ = std::move(shape);
-    t.dtype_ = dtype;
-    t.device_ = device;
-    t.defined_ = true;
-    return t;
+    auto storage = Storage::Allocate(static_cast<std::size_t>(Numel(shape)) * ElementSize(dtype), device);
+    return Contiguous(std::move(storage), std::move(shape), dtype);
 }
 
 Tensor Tensor::Zeros(Shape shape, DType dtype, Device device) { return Full(std::move(shape), 0.0, dtype, device); }
@@ -125,12 +119,17 @@ Tensor Tensor::FromVector(const std::vector<double>& values, Shape shape, DType 
 }
 
 Tensor Tensor::FromBlob(void* data, Shape shape, DType dtype, Device device) {
+    auto storage = Storage::Borrow(data, static_cast<std::size_t>(Numel(shape)) * ElementSize(dtype), device);
+    return Contiguous(std::move(storage), std::move(shape), dtype);
+}
+
+Tensor Tensor::Contiguous(std::shared_ptr<Storage> storage, Shape shape, DType dtype) {
     Tensor t;
-    t.storage_ = Storage::Borrow(data, static_cast<std::size_t>(Numel(shape)) * ElementSize(dtype), device);
+    t.device_ = storage->device();
+    t.storage_ = std::move(storage);
     t.strides_ = ContiguousStrides(shape);
     t.shape_ = std::move(shape);
     t.dtype_ = dtype;
-    t.device_ = device;
     t.defined_ = true;
     return t;
 }

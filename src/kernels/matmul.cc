@@ -139,44 +139,39 @@ void DefaultMatmulForward(const MatmulForwardArgs& args) {
     RunMatmul(args.a, args.trans_a, args.b, args.trans_b, args.out);
 }
 
-void DefaultMatmulBackwardInput(const MatmulBackwardInputArgs& args) {
-    const Shape batch = BatchDims(args.dout.shape());
-    // d op(A) = dC·op(B)ᵀ; op(B)ᵀ is b read with the opposite transpose flag. With trans_a, dA = (d op(A))ᵀ =
-    // op(B)·dCᵀ.
-    const std::int64_t rows = args.da.size(-2);
-    const std::int64_t cols = args.da.size(-1);
-    Shape full_shape = batch;
-    full_shape.push_back(rows);
-    full_shape.push_back(cols);
-    Tensor full = full_shape == args.da.shape() ? args.da : Tensor::Empty(full_shape, args.da.dtype(),
-                                                                          args.da.device());
-    if (!args.trans_a) {
-        RunMatmul(args.dout, false, args.b, !args.trans_b, full);
-    } else {
-        RunMatmul(args.b, args.trans_b, args.dout, true, full);
+/// Runs op(x)·op(y) over the broadcast batch of `dout` and leaves the result in `grad` (an operand's shape), summed
+/// over the batch dims that operand was broadcast along. Writes straight into `grad` when no reduction is needed.
+void MatmulIntoOperandGrad(const Tensor& dout, const Tensor& x, bool trans_x, const Tensor& y, bool trans_y,
+                           const Tensor& grad) {
+    Shape full_shape = BatchDims(dout.shape());
+    full_shape.push_back(grad.size(-2));
+    full_shape.push_back(grad.size(-1));
+    Tensor out = grad;
+    if (full_shape == grad.shape()) {
+        RunMatmul(x, trans_x, y, trans_y, out);
+        return;
     }
-    if (full.data() != args.da.data()) {
-        Tensor da = args.da;
-        ReduceToOperand(full, da);
+    Tensor full = Tensor::Empty(full_shape, grad.dtype(), grad.device());
+    RunMatmul(x, trans_x, y, trans_y, full);
+    ReduceToOperand(full, out);
+}
+
+void DefaultMatmulBackwardInput(const MatmulBackwardInputArgs& args) {
+    // d op(A) = dC·op(B)ᵀ, and op(B)ᵀ is b read with the opposite transpose flag. With trans_a,
+    // dA = (d op(A))ᵀ = op(B)·dCᵀ.
+    if (!args.trans_a) {
+        MatmulIntoOperandGrad(args.dout, args.dout, false, args.b, !args.trans_b, args.da);
+    } else {
+        MatmulIntoOperandGrad(args.dout, args.b, args.trans_b, args.dout, true, args.da);
     }
 }
 
 void DefaultMatmulBackwardOther(const MatmulBackwardOtherArgs& args) {
-    const Shape batch = BatchDims(args.dout.shape());
     // d op(B) = op(A)ᵀ·dC; with trans_b, dB = (d op(B))ᵀ = dCᵀ·op(A).
-    Shape full_shape = batch;
-    full_shape.push_back(args.db.size(-2));
-    full_shape.push_back(args.db.size(-1));
-    Tensor full = full_shape == args.db.shape() ? args.db : Tensor::Empty(full_shape, args.db.dtype(),
-                                                                          args.db.device());
     if (!args.trans_b) {
-        RunMatmul(args.a, !args.trans_a, args.dout, false, full);
+        MatmulIntoOperandGrad(args.dout, args.a, !args.trans_a, args.dout, false, args.db);
     } else {
-        RunMatmul(args.dout, true, args.a, args.trans_a, full);
-    }
-    if (full.data() != args.db.data()) {
-        Tensor db = args.db;
-        ReduceToOperand(full, db);
+        MatmulIntoOperandGrad(args.dout, args.dout, true, args.a, args.trans_a, args.db);
     }
 }
 

@@ -101,6 +101,8 @@ public:
     std::string ToString() const;
 
 private:
+    /// A row-major contiguous tensor over the whole of `storage`.
+    static Tensor Contiguous(std::shared_ptr<Storage> storage, Shape shape, DType dtype);
     void CheckDType(DType expected) const;
 
     std::shared_ptr<Storage> storage_;

@@ -31,6 +31,7 @@ EinsumProblem CrossEntropyProblem(const ProcessMesh &mesh, const TensorSpec &log
     logits_labels.push_back('v');
     problem.inputs.push_back(detail::Operand("logits", logits_labels, logits, 0, /*linear=*/false));
     problem.inputs.push_back(detail::Operand("labels", batch, labels, 1, /*linear=*/false));
+    problem.inputs.back().differentiable = false;
     problem.output = batch;
     problem.partial_policy = PartialPolicy::kResolve;
     if (!attrs.vocab_parallel) {

@@ -192,6 +192,24 @@ std::string ShardableLabels(const EinsumProblem &problem, const std::map<char, i
     return labels;
 }
 
+/// Labels of the einsum computing input i's gradient: the output gradient and, for a product term, the other
+/// inputs (whose indices go to `others`). A bias or an `add` operand is an additive term: the output gradient only.
+std::string GradEinsumLabels(const EinsumProblem &problem, size_t i, std::vector<size_t> *others) {
+    const bool product_term = !problem.inputs[i].additive_term && problem.partial_policy != PartialPolicy::kAdditive;
+    std::string labels = problem.output;
+    if (product_term) {
+        for (size_t j = 0; j < problem.inputs.size(); ++j) {
+            if (j != i) {
+                labels += problem.inputs[j].labels;
+                if (others != nullptr) {
+                    others->push_back(j);
+                }
+            }
+        }
+    }
+    return labels;
+}
+
 double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
                    const CostModel &cost) {
     double flops = 2.0;
@@ -222,12 +240,14 @@ double CandidateCost(const ProcessMesh &mesh, const EinsumProblem &problem, cons
     return cost;
 }
 
-EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
-                       const EinsumAssignment &deterministic, const RuleOptions &options) {
-    if (options.output_target) {
-        options.output_target->Validate(mesh, static_cast<int>(problem.output.size()),
-                                        fmt::format("{}: output_target", problem.op));
-    }
+/// Walks every candidate assignment of the cost-based mode: per mesh dim of size > 1, nothing (its Partials are
+/// resolved), keep the input Partials (when the policy allows) or shard one shardable label. `price` returns a
+/// candidate's cost; the first candidate (the deterministic answer, priced by the caller) wins ties.
+template <typename Price>
+EinsumAssignment EnumerateAssignments(const ProcessMesh &mesh, const EinsumProblem &problem,
+                                      const std::map<char, int64_t> &sizes, size_t num_policy_inputs, bool grad_mode,
+                                      const EinsumAssignment &deterministic, double deterministic_cost, Price price,
+                                      double *best_cost) {
     const std::string labels = ShardableLabels(problem, sizes);
     // Options per mesh dim: -2 = nothing (Partials resolved), -1 = keep the input Partials, k >= 0 = shard labels[k].
     std::vector<std::vector<int>> choices(mesh.NDim());
@@ -237,7 +257,7 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
         if (mesh.DimSize(d) == 1) {
             continue;
         }
-        keeps[d] = PartialChoice(problem, d, problem.inputs.size(), /*grad_mode=*/false);
+        keeps[d] = PartialChoice(problem, d, num_policy_inputs, grad_mode);
         if (keeps[d]) {
             choices[d].push_back(-1);
         }
@@ -261,9 +281,8 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
         return 1000 + d;
     };
 
-    EinsumResult best;
-    best.cost_us = CandidateCost(mesh, problem, sizes, deterministic, options, &best);
-    best.assignment = deterministic;
+    EinsumAssignment best = deterministic;
+    *best_cost = deterministic_cost;
     std::vector<size_t> index(mesh.NDim(), 0);
     while (true) {
         EinsumAssignment candidate;
@@ -279,12 +298,10 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
             std::stable_sort(dims.begin(), dims.end(),
                              [&, l = label](int a, int b) { return order_key(l, a) < order_key(l, b); });
         }
-        EinsumResult result;
-        const double cost = CandidateCost(mesh, problem, sizes, candidate, options, &result);
-        if (cost < best.cost_us - 1e-9) {
-            best = std::move(result);
-            best.cost_us = cost;
-            best.assignment = candidate;
+        const double cost = price(candidate);
+        if (cost < *best_cost - 1e-9) {
+            best = std::move(candidate);
+            *best_cost = cost;
         }
         int d = 0;
         for (; d < mesh.NDim(); ++d) {
@@ -298,6 +315,112 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
         }
     }
     return best;
+}
+
+/// Forward (and reverse) enumeration: input redistributions + compute (+ output -> output_target).
+EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
+                       const EinsumAssignment &deterministic, const RuleOptions &options) {
+    if (options.output_target) {
+        options.output_target->Validate(mesh, static_cast<int>(problem.output.size()),
+                                        fmt::format("{}: output_target", problem.op));
+    }
+    auto price = [&](const EinsumAssignment &candidate) {
+        EinsumResult result;
+        return CandidateCost(mesh, problem, sizes, candidate, options, &result);
+    };
+    double cost = 0.0;
+    const EinsumAssignment best =
+        EnumerateAssignments(mesh, problem, sizes, problem.inputs.size(), /*grad_mode=*/false, deterministic,
+                             price(deterministic), price, &cost);
+    EinsumResult result = ApplyAssignment(mesh, problem, best);
+    result.cost_us = cost;
+    return result;
+}
+
+/// The gradient answer of `assignment` (rule 4 of docs/spmd.md); `problem` is canonical.
+EinsumGradResult BuildGrad(const ProcessMesh &mesh, const EinsumProblem &problem, const std::vector<int64_t> &out_shape,
+                           const Layout &grad_layout, const EinsumAssignment &assignment) {
+    std::set<int> claimed;
+    for (const auto &[label, dims] : assignment.labels) {
+        claimed.insert(dims.begin(), dims.end());
+    }
+    std::map<int, ReduceOp> grad_partial;
+    for (const auto &[d, op] : grad_layout.Partial()) {
+        if (claimed.count(d) == 0 && assignment.kept_partial.count(d) == 0 && IsSumLike(op)) {
+            grad_partial[d] = op;
+        }
+    }
+    const auto sizes = EinsumLabelSizes(problem);
+    const EinsumResult forward = ApplyAssignment(mesh, problem, assignment);
+    EinsumGradResult result;
+    result.assignment = assignment;
+    result.inputs = forward.inputs;
+    result.out_grad = {out_shape, Layout(forward.output.layout.WithoutPartial().DimsMeshDims(), grad_partial)};
+
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        const EinsumOperand &operand = problem.inputs[i];
+        std::vector<size_t> others;
+        const std::string grad_labels = GradEinsumLabels(problem, i, &others);
+        std::string own;
+        for (int j = 0; j < static_cast<int>(operand.labels.size()); ++j) {
+            if (Shardable(problem, sizes, static_cast<int>(i), j)) {
+                own.push_back(operand.labels[j]);
+            }
+        }
+        std::map<int, ReduceOp> partial = grad_partial;
+        for (const auto &[label, dims] : assignment.labels) {
+            if (grad_labels.find(label) != std::string::npos && own.find(label) == std::string::npos) {
+                for (int d : dims) {
+                    partial[d] = ReduceOp::kSum;
+                }
+            }
+        }
+        if (problem.partial_policy == PartialPolicy::kMultilinear) {
+            for (const auto &[d, kept] : assignment.kept_partial) {
+                for (size_t j : others) {
+                    if (kept.inputs[j]) {
+                        partial[d] = kept.op;
+                    }
+                }
+            }
+        }
+        result.input_grads.push_back({operand.shape, Layout(forward.inputs[i].layout.DimsMeshDims(), partial)});
+    }
+    return result;
+}
+
+/// Cost of a gradient answer: moving the saved inputs and the output gradient to the required layouts, the
+/// gradient einsums of the differentiable inputs, and bringing every such gradient back to its input's layout
+/// (without Partials: the gradient of a Partial value is Replicate there) -- the op's whole backward communication.
+double GradCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
+                const Layout &grad_layout, const EinsumGradResult &grad, const RuleOptions &options) {
+    double cost = RedistributeCost(mesh, grad.out_grad.shape, grad_layout, grad.out_grad.layout, options.plan);
+    for (size_t i = 0; i < problem.inputs.size(); ++i) {
+        const EinsumOperand &operand = problem.inputs[i];
+        cost += RedistributeCost(mesh, operand.shape, operand.layout, grad.inputs[i].layout, options.plan);
+        if (!operand.differentiable) {
+            continue;
+        }
+        cost += RedistributeCost(mesh, operand.shape, grad.input_grads[i].layout, operand.layout.WithoutPartial(),
+                                 options.plan);
+        const std::string grad_labels = GradEinsumLabels(problem, i, nullptr);
+        double flops = 2.0;
+        double parts = 1.0;
+        for (const auto &[label, size] : sizes) {
+            if (grad_labels.find(label) == std::string::npos) {
+                continue;
+            }
+            flops *= static_cast<double>(std::max<int64_t>(size, 1));
+            auto it = grad.assignment.labels.find(label);
+            if (it != grad.assignment.labels.end()) {
+                for (int d : it->second) {
+                    parts *= static_cast<double>(mesh.DimSize(d));
+                }
+            }
+        }
+        cost += flops / parts / options.plan.cost.flops_per_us;
+    }
+    return cost;
 }
 
 } // namespace
@@ -444,10 +567,25 @@ EinsumResult InferEinsumReverse(const ProcessMesh &mesh, const EinsumProblem &ra
             break;
         }
     }
+    const EinsumProblem replicated = problem;
     for (size_t i = 0; i < problem.inputs.size(); ++i) {
         problem.inputs[i].layout = Layout(dims[i], partial[i]);
     }
-    return InferEinsumForward(mesh, problem, options);
+    if (options.mode != RuleMode::kCostBased) {
+        return InferEinsumForward(mesh, problem, options);
+    }
+    if (options.output_target) {
+        throw SpmdError(fmt::format("{}: output_target is a forward option; a reverse rule's target is its given "
+                                    "output",
+                                    problem.op));
+    }
+    // Nothing is given on the inputs (every candidate slices them from Replicate for free): price the compute and
+    // moving the candidate's output to the given output. Ties keep the deterministic reverse answer.
+    const EinsumAssignment deterministic =
+        Merge(mesh, Canonicalized(mesh, problem), sizes, problem.inputs.size(), /*grad_mode=*/false);
+    RuleOptions priced = options;
+    priced.output_target = output;
+    return Enumerate(mesh, replicated, sizes, deterministic, priced);
 }
 
 EinsumGradResult InferEinsumGrad(const ProcessMesh &mesh, const EinsumProblem &raw, const TensorSpec &out_grad,
@@ -474,65 +612,27 @@ EinsumGradResult InferEinsumGrad(const ProcessMesh &mesh, const EinsumProblem &r
                                .priority = INT_MAX,
                                .linear = true,
                                .additive_term = false});
-    const EinsumAssignment assignment = Merge(mesh, extended, sizes, problem.inputs.size(), /*grad_mode=*/true);
-    (void)options;
-
-    std::set<int> claimed;
-    for (const auto &[label, dims] : assignment.labels) {
-        claimed.insert(dims.begin(), dims.end());
+    const EinsumAssignment deterministic =
+        Merge(mesh, extended, sizes, problem.inputs.size(), /*grad_mode=*/true);
+    if (options.mode != RuleMode::kCostBased) {
+        return BuildGrad(mesh, problem, out_shape, grad_layout, deterministic);
     }
-    std::map<int, ReduceOp> grad_partial;
-    for (const auto &[d, op] : grad_layout.Partial()) {
-        if (claimed.count(d) == 0 && assignment.kept_partial.count(d) == 0 && IsSumLike(op)) {
-            grad_partial[d] = op;
-        }
+    if (options.output_target) {
+        throw SpmdError(fmt::format("{}: output_target is a forward option; a grad rule prices bringing each "
+                                    "gradient back to its input's layout",
+                                    problem.op));
     }
-
-    const EinsumResult forward = ApplyAssignment(mesh, problem, assignment);
-    EinsumGradResult result;
-    result.assignment = assignment;
-    result.inputs = forward.inputs;
-    result.out_grad = {out_shape, Layout(forward.output.layout.WithoutPartial().DimsMeshDims(), grad_partial)};
-
-    for (size_t i = 0; i < problem.inputs.size(); ++i) {
-        const EinsumOperand &operand = problem.inputs[i];
-        // The operands of this gradient's einsum: the output gradient and, for a product term, the other inputs.
-        const bool product_term = !operand.additive_term && problem.partial_policy != PartialPolicy::kAdditive;
-        std::string grad_labels = problem.output;
-        std::vector<size_t> others;
-        if (product_term) {
-            for (size_t j = 0; j < problem.inputs.size(); ++j) {
-                if (j != i) {
-                    grad_labels += problem.inputs[j].labels;
-                    others.push_back(j);
-                }
-            }
-        }
-        std::string own;
-        for (int j = 0; j < static_cast<int>(operand.labels.size()); ++j) {
-            if (Shardable(problem, sizes, static_cast<int>(i), j)) {
-                own.push_back(operand.labels[j]);
-            }
-        }
-        std::map<int, ReduceOp> partial = grad_partial;
-        for (const auto &[label, dims] : assignment.labels) {
-            if (grad_labels.find(label) != std::string::npos && own.find(label) == std::string::npos) {
-                for (int d : dims) {
-                    partial[d] = ReduceOp::kSum;
-                }
-            }
-        }
-        if (problem.partial_policy == PartialPolicy::kMultilinear) {
-            for (const auto &[d, kept] : assignment.kept_partial) {
-                for (size_t j : others) {
-                    if (kept.inputs[j]) {
-                        partial[d] = kept.op;
-                    }
-                }
-            }
-        }
-        result.input_grads.push_back({operand.shape, Layout(forward.inputs[i].layout.DimsMeshDims(), partial)});
-    }
+    // The same candidates as the forward (the output gradient may shard labels too); Partials kept only sum-like.
+    auto price = [&](const EinsumAssignment &candidate) {
+        return GradCost(mesh, problem, sizes, grad_layout,
+                        BuildGrad(mesh, problem, out_shape, grad_layout, candidate), options);
+    };
+    double cost = 0.0;
+    const EinsumAssignment best = EnumerateAssignments(mesh, extended, sizes, problem.inputs.size(),
+                                                       /*grad_mode=*/true, deterministic, price(deterministic), price,
+                                                       &cost);
+    EinsumGradResult result = BuildGrad(mesh, problem, out_shape, grad_layout, best);
+    result.cost_us = cost;
     return result;
 }
 

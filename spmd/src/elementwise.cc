@@ -98,6 +98,14 @@ bool IsElementwiseOp(const std::string &op) {
     return Kinds().count(op) != 0;
 }
 
+std::vector<std::string> ElementwiseOpNames() {
+    std::vector<std::string> names;
+    for (const auto &[name, kind] : Kinds()) {
+        names.push_back(name);
+    }
+    return names;
+}
+
 int ElementwiseArity(const std::string &op) {
     return Kind(op).arity;
 }

@@ -21,6 +21,7 @@ EinsumProblem EmbeddingProblem(const ProcessMesh &mesh, const TensorSpec &ids, c
     EinsumProblem problem;
     problem.op = "embedding";
     problem.inputs.push_back(detail::Operand("ids", batch, ids, 1, /*linear=*/false));
+    problem.inputs.back().differentiable = false;
     problem.inputs.push_back(detail::Operand("weight", "vh", weight, 0));
     problem.output = batch + "h";
     problem.partial_policy = PartialPolicy::kMultilinear;

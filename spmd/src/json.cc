@@ -167,7 +167,8 @@ Layout LayoutFromJson(const json &j, const ProcessMesh &mesh, int tensor_rank, s
                 placements.push_back(Placement::Parse(detail::AsString(list[d], detail::Index(where, d))));
             }
             if (j.contains("partial")) {
-                throw SpmdError(fmt::format("{}: with placements, write Partial as P(op), not a partial field", field));
+                where = detail::Field(field, "partial");
+                throw SpmdError(fmt::format("{}: with placements, write Partial as P(op), not a partial field", where));
             }
             layout = Layout::FromPlacements(placements, tensor_rank);
         } else if (j.contains("layout")) {

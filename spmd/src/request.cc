@@ -1,6 +1,6 @@
 // shardline-spmd requests: one JSON object in, one JSON answer out (docs/spmd.md has the schema).
 
-#include <functional>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -8,6 +8,7 @@
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/json.h>
+#include <shardline/spmd/rule_cache.h>
 #include <shardline/spmd/rules.h>
 
 #include "json_util.h"
@@ -18,266 +19,114 @@ using nlohmann::json;
 
 namespace {
 
-enum class Direction { kForward, kReverse, kGrad };
-
-struct Context {
-    std::string op;
-    Direction direction = Direction::kForward;
-    ProcessMesh mesh;
-    std::vector<TensorSpec> inputs;
-    std::optional<TensorSpec> out;      // reverse
-    std::optional<TensorSpec> out_grad; // grad
-    json attrs = json::object();
-    RuleOptions options;
-};
-
-class Attrs {
+/// The request's "attrs" object, checked against the op's known attributes; typed getters name the field.
+class AttrReader {
 public:
-    Attrs(const Context &ctx, std::set<std::string> known) : ctx_(ctx) {
-        if (!ctx.attrs.is_object()) {
-            throw SpmdError(fmt::format("attrs: expected an object, got {}", ctx.attrs.type_name()));
+    AttrReader(const json &attrs, const std::string &op, const std::set<std::string> &known) : attrs_(attrs) {
+        if (!attrs.is_object()) {
+            throw SpmdError(fmt::format("attrs: expected an object, got {}", attrs.type_name()));
         }
-        for (const auto &[key, value] : ctx.attrs.items()) {
+        for (const auto &[key, value] : attrs.items()) {
             if (known.count(key) == 0) {
-                throw SpmdError(fmt::format("attrs.{}: unknown attribute for {} (known: [{}])", key, ctx.op,
+                throw SpmdError(fmt::format("attrs.{}: unknown attribute for {} (known: [{}])", key, op,
                                             fmt::join(known, ",")));
             }
         }
     }
     bool Bool(const std::string &key, bool fallback) const {
-        return ctx_.attrs.contains(key) ? detail::AsBool(ctx_.attrs[key], "attrs." + key) : fallback;
+        return attrs_.contains(key) ? detail::AsBool(attrs_[key], "attrs." + key) : fallback;
     }
     int Int(const std::string &key, int fallback) const {
-        return ctx_.attrs.contains(key) ? static_cast<int>(detail::AsInt(ctx_.attrs[key], "attrs." + key)) : fallback;
+        return attrs_.contains(key) ? static_cast<int>(detail::AsInt(attrs_[key], "attrs." + key)) : fallback;
     }
     std::string String(const std::string &key, const std::string &fallback) const {
-        return ctx_.attrs.contains(key) ? detail::AsString(ctx_.attrs[key], "attrs." + key) : fallback;
+        return attrs_.contains(key) ? detail::AsString(attrs_[key], "attrs." + key) : fallback;
     }
     std::vector<int64_t> IntList(const std::string &key) const {
-        return ctx_.attrs.contains(key) ? detail::AsIntList(ctx_.attrs[key], "attrs." + key) : std::vector<int64_t>{};
+        return attrs_.contains(key) ? detail::AsIntList(attrs_[key], "attrs." + key) : std::vector<int64_t>{};
     }
-    bool Has(const std::string &key) const { return ctx_.attrs.contains(key); }
+    bool Has(const std::string &key) const { return attrs_.contains(key); }
 
 private:
-    const Context &ctx_;
+    const json &attrs_;
 };
-
-void ExpectInputs(const Context &ctx, size_t min_count, size_t max_count, std::string_view names) {
-    if (ctx.inputs.size() < min_count || ctx.inputs.size() > max_count) {
-        throw SpmdError(fmt::format("inputs: {} expects {} input(s) ({}), got {}", ctx.op,
-                                    min_count == max_count ? std::to_string(min_count)
-                                                           : fmt::format("{} to {}", min_count, max_count),
-                                    names, ctx.inputs.size()));
-    }
-}
-
-const TensorSpec &Out(const Context &ctx) {
-    return *ctx.out;
-}
-const TensorSpec &OutGrad(const Context &ctx) {
-    return *ctx.out_grad;
-}
 
 std::vector<int> ToIntVector(const std::vector<int64_t> &v) {
     return std::vector<int>(v.begin(), v.end());
 }
 
-SpmdInfo RunMatmul(const Context &ctx) {
-    ExpectInputs(ctx, 2, 2, "x, y");
-    const Attrs a(ctx, {"trans_x", "trans_y"});
-    const MatmulAttrs attrs{.trans_x = a.Bool("trans_x", false), .trans_y = a.Bool("trans_y", false)};
-    const auto &x = ctx.inputs[0];
-    const auto &y = ctx.inputs[1];
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferMatmulForward(ctx.mesh, x, y, attrs, ctx.options);
-    case Direction::kReverse:
-        return InferMatmulReverse(ctx.mesh, x, y, Out(ctx), attrs, ctx.options);
-    case Direction::kGrad:
-        return InferMatmulGrad(ctx.mesh, x, y, OutGrad(ctx), attrs, ctx.options);
-    }
-    return {};
-}
+/// JSON attrs -> RuleAttrs for the ops that take attributes; every other op takes none (std::monostate). The op
+/// name, not these attrs, decides a reduction's kind and softmax's `log` (InferRule).
+struct AttrsSchema {
+    std::set<std::string> known;
+    RuleAttrs (*parse)(const AttrReader &, RuleDirection);
+};
 
-SpmdInfo RunLinear(const Context &ctx) {
-    ExpectInputs(ctx, 2, 3, "x, weight, optional bias");
-    const Attrs a(ctx, {});
-    std::optional<TensorSpec> bias;
-    if (ctx.inputs.size() == 3) {
-        bias = ctx.inputs[2];
-    }
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferLinearForward(ctx.mesh, ctx.inputs[0], ctx.inputs[1], bias, ctx.options);
-    case Direction::kReverse:
-        return InferLinearReverse(ctx.mesh, ctx.inputs[0], ctx.inputs[1], bias, Out(ctx), ctx.options);
-    case Direction::kGrad:
-        return InferLinearGrad(ctx.mesh, ctx.inputs[0], ctx.inputs[1], bias, OutGrad(ctx), ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunElementwise(const Context &ctx) {
-    const size_t arity = static_cast<size_t>(ElementwiseArity(ctx.op));
-    ExpectInputs(ctx, arity, arity, arity == 1 ? "x" : "x, y");
-    const Attrs a(ctx, {});
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferElementwiseForward(ctx.mesh, ctx.op, ctx.inputs, ctx.options);
-    case Direction::kReverse:
-        return InferElementwiseReverse(ctx.mesh, ctx.op, ctx.inputs, Out(ctx), ctx.options);
-    case Direction::kGrad:
-        return InferElementwiseGrad(ctx.mesh, ctx.op, ctx.inputs, OutGrad(ctx), ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunReduction(const Context &ctx, ReductionKind kind) {
-    ExpectInputs(ctx, 1, 1, "x");
-    const Attrs a(ctx, {"axes", "keepdim"});
-    const ReductionAttrs attrs{
-        .kind = kind, .axes = ToIntVector(a.IntList("axes")), .keepdim = a.Bool("keepdim", false)};
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferReductionForward(ctx.mesh, ctx.inputs[0], attrs, ctx.options);
-    case Direction::kReverse:
-        return InferReductionReverse(ctx.mesh, ctx.inputs[0], Out(ctx), attrs, ctx.options);
-    case Direction::kGrad:
-        return InferReductionGrad(ctx.mesh, ctx.inputs[0], OutGrad(ctx), attrs, ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunEmbedding(const Context &ctx) {
-    ExpectInputs(ctx, 2, 2, "ids, weight");
-    const Attrs a(ctx, {});
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferEmbeddingForward(ctx.mesh, ctx.inputs[0], ctx.inputs[1], ctx.options);
-    case Direction::kReverse:
-        return InferEmbeddingReverse(ctx.mesh, ctx.inputs[0], ctx.inputs[1], Out(ctx), ctx.options);
-    case Direction::kGrad:
-        return InferEmbeddingGrad(ctx.mesh, ctx.inputs[0], ctx.inputs[1], OutGrad(ctx), ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunSoftmax(const Context &ctx, bool log) {
-    ExpectInputs(ctx, 1, 1, "x");
-    const Attrs a(ctx, {"axis", "vocab_parallel"});
-    const SoftmaxAttrs attrs{.axis = a.Int("axis", -1), .log = log, .vocab_parallel = a.Bool("vocab_parallel", false)};
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferSoftmaxForward(ctx.mesh, ctx.inputs[0], attrs, ctx.options);
-    case Direction::kReverse:
-        return InferSoftmaxReverse(ctx.mesh, ctx.inputs[0], Out(ctx), attrs, ctx.options);
-    case Direction::kGrad:
-        return InferSoftmaxGrad(ctx.mesh, ctx.inputs[0], OutGrad(ctx), attrs, ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunCrossEntropy(const Context &ctx) {
-    ExpectInputs(ctx, 2, 2, "logits, labels");
-    const Attrs a(ctx, {"reduction", "vocab_parallel"});
-    const std::string reduction = a.String("reduction", "none");
-    CrossEntropyAttrs attrs{.reduction = LossReduction::kNone, .vocab_parallel = a.Bool("vocab_parallel", false)};
-    if (reduction == "mean") {
-        attrs.reduction = LossReduction::kMean;
-    } else if (reduction == "sum") {
-        attrs.reduction = LossReduction::kSum;
-    } else if (reduction != "none") {
-        throw SpmdError(fmt::format("attrs.reduction: expected none, mean or sum, got '{}'", reduction));
-    }
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferCrossEntropyForward(ctx.mesh, ctx.inputs[0], ctx.inputs[1], attrs, ctx.options);
-    case Direction::kReverse:
-        return InferCrossEntropyReverse(ctx.mesh, ctx.inputs[0], ctx.inputs[1], Out(ctx), attrs, ctx.options);
-    case Direction::kGrad:
-        return InferCrossEntropyGrad(ctx.mesh, ctx.inputs[0], ctx.inputs[1], OutGrad(ctx), attrs, ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunTranspose(const Context &ctx) {
-    ExpectInputs(ctx, 1, 1, "x");
-    const Attrs a(ctx, {"perm"});
-    if (!a.Has("perm")) {
-        throw SpmdError("attrs.perm: transpose needs a permutation, e.g. [1,0]");
-    }
-    const std::vector<int> perm = ToIntVector(a.IntList("perm"));
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferTransposeForward(ctx.mesh, ctx.inputs[0], perm, ctx.options);
-    case Direction::kReverse:
-        return InferTransposeReverse(ctx.mesh, ctx.inputs[0], Out(ctx), perm, ctx.options);
-    case Direction::kGrad:
-        return InferTransposeGrad(ctx.mesh, ctx.inputs[0], OutGrad(ctx), perm, ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunReshape(const Context &ctx) {
-    ExpectInputs(ctx, 1, 1, "x");
-    const Attrs a(ctx, {"shape"});
-    if (ctx.direction != Direction::kReverse && !a.Has("shape")) {
-        throw SpmdError("attrs.shape: reshape needs the target shape, e.g. [-1, 64]");
-    }
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferReshapeForward(ctx.mesh, ctx.inputs[0], a.IntList("shape"), ctx.options);
-    case Direction::kReverse:
-        return InferReshapeReverse(ctx.mesh, ctx.inputs[0], Out(ctx), ctx.options);
-    case Direction::kGrad:
-        return InferReshapeGrad(ctx.mesh, ctx.inputs[0], OutGrad(ctx), a.IntList("shape"), ctx.options);
-    }
-    return {};
-}
-
-SpmdInfo RunEinsum(const Context &ctx) {
-    const Attrs a(ctx, {"equation"});
-    if (!a.Has("equation")) {
-        throw SpmdError("attrs.equation: einsum needs an equation, e.g. \"mk,kn->mn\"");
-    }
-    const std::string equation = a.String("equation", "");
-    switch (ctx.direction) {
-    case Direction::kForward:
-        return InferEinsumOpForward(ctx.mesh, equation, ctx.inputs, ctx.options);
-    case Direction::kReverse:
-        return InferEinsumOpReverse(ctx.mesh, equation, ctx.inputs, Out(ctx), ctx.options);
-    case Direction::kGrad:
-        return InferEinsumOpGrad(ctx.mesh, equation, ctx.inputs, OutGrad(ctx), ctx.options);
-    }
-    return {};
-}
-
-using Handler = std::function<SpmdInfo(const Context &)>;
-
-const std::map<std::string, Handler> &Handlers() {
-    static const std::map<std::string, Handler> handlers = [] {
-        std::map<std::string, Handler> h;
-        h["matmul"] = RunMatmul;
-        h["linear"] = RunLinear;
-        h["embedding"] = RunEmbedding;
-        h["softmax"] = [](const Context &c) { return RunSoftmax(c, false); };
-        h["log_softmax"] = [](const Context &c) { return RunSoftmax(c, true); };
-        h["cross_entropy"] = RunCrossEntropy;
-        h["transpose"] = RunTranspose;
-        h["reshape"] = RunReshape;
-        h["einsum"] = RunEinsum;
-        h["sum"] = [](const Context &c) { return RunReduction(c, ReductionKind::kSum); };
-        h["mean"] = [](const Context &c) { return RunReduction(c, ReductionKind::kMean); };
-        h["max"] = [](const Context &c) { return RunReduction(c, ReductionKind::kMax); };
-        h["min"] = [](const Context &c) { return RunReduction(c, ReductionKind::kMin); };
-        for (const char *name :
-             {"add", "subtract", "multiply", "divide", "maximum", "minimum", "pow", "relu",  "sigmoid", "tanh",
-              "exp", "log",      "sqrt",     "gelu",   "silu",    "abs",     "neg", "scale", "cast",    "identity"}) {
-            h[name] = RunElementwise;
+const std::map<std::string, AttrsSchema> &AttrsSchemas() {
+    static const std::map<std::string, AttrsSchema> schemas = [] {
+        std::map<std::string, AttrsSchema> s;
+        s["matmul"] = {{"trans_x", "trans_y"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                           return MatmulAttrs{.trans_x = a.Bool("trans_x", false), .trans_y = a.Bool("trans_y", false)};
+                       }};
+        const AttrsSchema reduction = {{"axes", "keepdim"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                                           return ReductionAttrs{.kind = ReductionKind::kSum,
+                                                                 .axes = ToIntVector(a.IntList("axes")),
+                                                                 .keepdim = a.Bool("keepdim", false)};
+                                       }};
+        for (const char *name : {"sum", "mean", "max", "min"}) {
+            s[name] = reduction;
         }
-        return h;
+        const AttrsSchema softmax = {{"axis", "vocab_parallel"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                                         return SoftmaxAttrs{.axis = a.Int("axis", -1),
+                                                             .log = false,
+                                                             .vocab_parallel = a.Bool("vocab_parallel", false)};
+                                     }};
+        s["softmax"] = softmax;
+        s["log_softmax"] = softmax;
+        s["cross_entropy"] = {
+            {"reduction", "vocab_parallel"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                const std::string reduction = a.String("reduction", "none");
+                CrossEntropyAttrs attrs{.reduction = LossReduction::kNone,
+                                        .vocab_parallel = a.Bool("vocab_parallel", false)};
+                if (reduction == "mean") {
+                    attrs.reduction = LossReduction::kMean;
+                } else if (reduction == "sum") {
+                    attrs.reduction = LossReduction::kSum;
+                } else if (reduction != "none") {
+                    throw SpmdError(fmt::format("attrs.reduction: expected none, mean or sum, got '{}'", reduction));
+                }
+                return attrs;
+            }};
+        s["transpose"] = {{"perm"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                              if (!a.Has("perm")) {
+                                  throw SpmdError("attrs.perm: transpose needs a permutation, e.g. [1,0]");
+                              }
+                              return TransposeAttrs{.perm = ToIntVector(a.IntList("perm"))};
+                          }};
+        s["reshape"] = {{"shape"}, [](const AttrReader &a, RuleDirection direction) -> RuleAttrs {
+                            if (direction != RuleDirection::kReverse && !a.Has("shape")) {
+                                throw SpmdError("attrs.shape: reshape needs the target shape, e.g. [-1, 64]");
+                            }
+                            return ReshapeAttrs{.shape = a.IntList("shape")};
+                        }};
+        s["einsum"] = {{"equation"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                           if (!a.Has("equation")) {
+                               throw SpmdError("attrs.equation: einsum needs an equation, e.g. \"mk,kn->mn\"");
+                           }
+                           return EinsumAttrs{.equation = a.String("equation", "")};
+                       }};
+        return s;
     }();
-    return handlers;
+    return schemas;
+}
+
+RuleAttrs AttrsFromJson(const json &attrs, const std::string &op, RuleDirection direction) {
+    auto it = AttrsSchemas().find(op);
+    if (it == AttrsSchemas().end()) {
+        const AttrReader check(attrs, op, {});
+        return std::monostate{};
+    }
+    return it->second.parse(AttrReader(attrs, op, it->second.known), direction);
 }
 
 PlanOptions PlanOptionsFromJson(const json &request) {
@@ -391,70 +240,69 @@ json HandleRequest(const json &request) {
     if (op == "redistribute") {
         return HandleRedistribute(request, mesh, plan_options);
     }
-    auto handler = Handlers().find(op);
-    if (handler == Handlers().end()) {
+    if (!IsRuleOp(op)) {
         std::vector<std::string> names = {"redistribute"};
-        for (const auto &[name, h] : Handlers()) {
-            names.push_back(name);
-        }
+        names.insert(names.end(), RuleOpNames().begin(), RuleOpNames().end());
         throw SpmdError(fmt::format("op: unknown op '{}' (known: [{}])", op, fmt::join(names, ",")));
     }
-    Context ctx;
-    ctx.op = op;
-    ctx.mesh = mesh;
-    ctx.options.plan = plan_options;
+    RuleRequest rule;
+    rule.op = op;
+    rule.mesh = mesh;
+    rule.options.plan = plan_options;
     const std::string direction =
         request.contains("direction") ? detail::AsString(request["direction"], "direction") : std::string("forward");
     if (direction == "forward") {
-        ctx.direction = Direction::kForward;
+        rule.direction = RuleDirection::kForward;
     } else if (direction == "reverse") {
-        ctx.direction = Direction::kReverse;
+        rule.direction = RuleDirection::kReverse;
     } else if (direction == "grad") {
-        ctx.direction = Direction::kGrad;
+        rule.direction = RuleDirection::kGrad;
     } else {
         throw SpmdError(fmt::format("direction: expected forward, reverse or grad, got '{}'", direction));
     }
     const std::string mode =
         request.contains("mode") ? detail::AsString(request["mode"], "mode") : std::string("deterministic");
     if (mode == "cost") {
-        ctx.options.mode = RuleMode::kCostBased;
+        rule.options.mode = RuleMode::kCostBased;
     } else if (mode != "deterministic") {
         throw SpmdError(fmt::format("mode: expected deterministic or cost, got '{}'", mode));
     }
     const json &inputs = detail::AsArray(detail::Require(request, "inputs", ""), "inputs");
-    std::vector<std::string> given_names;
     for (size_t i = 0; i < inputs.size(); ++i) {
-        ctx.inputs.push_back(TensorFromJson(inputs[i], mesh, detail::Index("inputs", i)));
-        given_names.push_back(inputs[i].contains("name")
-                                  ? detail::AsString(inputs[i]["name"], detail::Index("inputs", i) + ".name")
-                                  : std::string());
+        rule.inputs.push_back(TensorFromJson(inputs[i], mesh, detail::Index("inputs", i)));
+        if (inputs[i].contains("name")) {
+            detail::AsString(inputs[i]["name"], detail::Index("inputs", i) + ".name");
+        }
     }
-    std::vector<std::optional<Layout>> output_targets;
     if (request.contains("outputs")) {
         const json &outputs = detail::AsArray(request["outputs"], "outputs");
         if (outputs.size() != 1) {
             throw SpmdError(fmt::format("outputs: every op here has one output, got {}", outputs.size()));
         }
-        ctx.out = TensorFromJson(outputs[0], mesh, "outputs[0]");
+        rule.out = TensorFromJson(outputs[0], mesh, "outputs[0]");
     }
-    if (ctx.direction == Direction::kReverse && !ctx.out) {
+    if (rule.direction == RuleDirection::kReverse && !rule.out) {
         throw SpmdError("outputs: a reverse request needs \"outputs\": [{the output's shape and layout}]");
     }
-    if (ctx.direction == Direction::kGrad) {
-        ctx.out_grad = TensorFromJson(detail::Require(request, "out_grad", ""), mesh, "out_grad");
+    if (rule.direction == RuleDirection::kGrad) {
+        rule.out_grad = TensorFromJson(detail::Require(request, "out_grad", ""), mesh, "out_grad");
     }
-    if (request.contains("attrs")) {
-        ctx.attrs = request["attrs"];
-    }
+    const json attrs = request.contains("attrs") ? request["attrs"] : json::object();
     if (request.contains("output_target")) {
         const json &target = request["output_target"];
         if (!target.is_object() || !target.contains("shape")) {
             throw SpmdError("output_target: expected an object with the output's shape and layout");
         }
-        ctx.options.output_target = TensorFromJson(target, mesh, "output_target").layout;
+        rule.options.output_target = TensorFromJson(target, mesh, "output_target").layout;
     }
+    rule.attrs = AttrsFromJson(attrs, op, rule.direction);
 
-    const SpmdInfo info = Handlers().at(op)(ctx);
+    // A forward request's "outputs" is where the caller wants the output (planned below), not a rule input.
+    const std::optional<TensorSpec> wanted_output = rule.out;
+    if (rule.direction != RuleDirection::kReverse) {
+        rule.out.reset();
+    }
+    const SpmdInfo info = InferRule(rule);
 
     json answer;
     answer["op"] = op;
@@ -464,11 +312,11 @@ json HandleRequest(const json &request) {
     json in = json::array();
     for (size_t i = 0; i < info.inputs.size(); ++i) {
         std::optional<TensorSpec> from;
-        if (ctx.direction != Direction::kReverse) {
-            if (i < ctx.inputs.size() && info.input_names[i] != "out") {
-                from = ctx.inputs[i];
+        if (rule.direction != RuleDirection::kReverse) {
+            if (i < rule.inputs.size() && info.input_names[i] != "out") {
+                from = rule.inputs[i];
             } else if (info.input_names[i] == "out_grad" || info.input_names[i] == "loss_grad") {
-                from = ctx.out_grad;
+                from = rule.out_grad;
             }
         }
         if (from && from->shape != info.inputs[i].shape) {
@@ -480,15 +328,15 @@ json HandleRequest(const json &request) {
     json out = json::array();
     for (size_t o = 0; o < info.outputs.size(); ++o) {
         std::optional<Layout> to;
-        if (ctx.direction == Direction::kForward && ctx.out && ctx.out->shape == info.outputs[o].shape) {
-            to = ctx.out->layout; // forward with "outputs": where the caller wants the output
+        if (rule.direction == RuleDirection::kForward && wanted_output && wanted_output->shape == info.outputs[o].shape) {
+            to = wanted_output->layout; // forward with "outputs": where the caller wants the output
         }
-        if (ctx.direction == Direction::kGrad) {
+        if (rule.direction == RuleDirection::kGrad) {
             // A gradient goes back to its input's layout: that is the backward communication of the op.
             const std::string name = info.output_names[o].substr(0, info.output_names[o].size() - 5);
-            for (size_t i = 0; i < info.input_names.size() && i < ctx.inputs.size(); ++i) {
+            for (size_t i = 0; i < info.input_names.size() && i < rule.inputs.size(); ++i) {
                 if (info.input_names[i] == name) {
-                    to = ctx.inputs[i].layout.Canonical(mesh);
+                    to = rule.inputs[i].layout.Canonical(mesh);
                 }
             }
         }
@@ -506,7 +354,7 @@ json HandleRequest(const json &request) {
     if (op == "linear") {
         answer["bias_after_reduction"] = info.bias_after_reduction;
     }
-    if (ctx.options.mode == RuleMode::kCostBased) {
+    if (rule.options.mode == RuleMode::kCostBased) {
         answer["cost_us"] = info.cost_us;
     }
     return answer;

@@ -62,6 +62,7 @@ inline SpmdInfo FromGrad(const EinsumGradResult &result, const EinsumProblem &pr
         info.input_names.push_back(operand.name);
     }
     info.inputs = result.inputs;
+    info.cost_us = result.cost_us;
     info.input_names.push_back("out_grad");
     info.inputs.push_back(result.out_grad);
     for (size_t i = 0; i < problem.inputs.size(); ++i) {

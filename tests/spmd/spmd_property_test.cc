@@ -2,6 +2,7 @@
 // Partials), every rank simulated in one process on integer-valued float64 data. Seeded: a failure prints the
 // case index and reproduces exactly.
 
+#include <algorithm>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -68,6 +69,31 @@ std::map<char, int64_t> Sizes(const std::vector<std::string> &labels, const std:
     return sizes;
 }
 
+/// Executes `plan` on every simulated rank from `src` and checks each rank ends with exactly its `dst` shard.
+void ExpectPlanReachesDestination(const ProcessMesh &mesh, const std::vector<int64_t> &shape, const Layout &src,
+                                  const Layout &dst, const RedistributePlan &plan, std::mt19937 &rng) {
+    const Dense global = testing::RandomDense(shape, rng);
+    Shards shards = Distribute(mesh, global, src, rng);
+    ASSERT_TRUE(ShardsMatch(mesh, shards, global, src));
+    Layout state = src.Canonical(mesh);
+    double cost = 0.0;
+    for (size_t s = 0; s < plan.steps.size(); ++s) {
+        const RedistributeStep &step = plan.steps[s];
+        ASSERT_EQ(step.before, state) << "step " << s;
+        state = step.after;
+        cost += step.cost_us;
+        testing::Execute(mesh, step, shards);
+        // Never all_reduce and then slice the same mesh dim: that is a reduce_scatter.
+        if (s > 0 && step.collective == Collective::kLocalSlice) {
+            const RedistributeStep &prev = plan.steps[s - 1];
+            EXPECT_FALSE(prev.collective == Collective::kAllReduce && prev.mesh_dim == step.mesh_dim);
+        }
+    }
+    EXPECT_DOUBLE_EQ(plan.cost_us, cost);
+    ASSERT_EQ(state, dst.Canonical(mesh));
+    ASSERT_TRUE(ShardsMatch(mesh, shards, global, dst));
+}
+
 TEST(RedistributePropertyTest, ExecutingThePlanYieldsExactlyTheDestinationShards) {
     std::mt19937 rng(20240601);
     for (int c = 0; c < kCases * 2; ++c) {
@@ -80,25 +106,46 @@ TEST(RedistributePropertyTest, ExecutingThePlanYieldsExactlyTheDestinationShards
         const Layout dst = testing::RandomLayout(mesh, rank, rng, true, c % 3 == 0 ? RandomOp(rng) : src_op);
         SCOPED_TRACE(::testing::Message() << mesh.ToString() << " shape " << ShapeToString(shape) << " "
                                           << src.ToString() << " -> " << dst.ToString());
-        const Dense global = testing::RandomDense(shape, rng);
-        Shards shards = Distribute(mesh, global, src, rng);
-        ASSERT_TRUE(ShardsMatch(mesh, shards, global, src));
-        const RedistributePlan plan = PlanRedistribute(mesh, shape, src, dst);
-        Layout state = src.Canonical(mesh);
-        for (size_t s = 0; s < plan.steps.size(); ++s) {
-            const RedistributeStep &step = plan.steps[s];
-            ASSERT_EQ(step.before, state) << "step " << s;
-            state = step.after;
-            testing::Execute(mesh, step, shards);
-            // Never all_reduce and then slice the same mesh dim: that is a reduce_scatter.
-            if (s > 0 && step.collective == Collective::kLocalSlice) {
-                const RedistributeStep &prev = plan.steps[s - 1];
-                EXPECT_FALSE(prev.collective == Collective::kAllReduce && prev.mesh_dim == step.mesh_dim);
-            }
-        }
-        ASSERT_EQ(state, dst.Canonical(mesh));
-        ASSERT_TRUE(ShardsMatch(mesh, shards, global, dst));
+        ExpectPlanReachesDestination(mesh, shape, src, dst, PlanRedistribute(mesh, shape, src, dst), rng);
     }
+}
+
+// Bandwidth-bound cost models (alpha 0 or tiny, per-dim bandwidths) make the searched plans win often: each is
+// executed, costs no more than the ordered plan (options.search = false), and some must be strictly cheaper.
+TEST(RedistributePropertyTest, SearchedPlansReachTheDestinationAndNeverCostMore) {
+    std::mt19937 rng(20241121);
+    int cheaper = 0;
+    int with_all_to_all = 0;
+    for (int c = 0; c < kCases * 2; ++c) {
+        SCOPED_TRACE(::testing::Message() << "case " << c);
+        const ProcessMesh mesh = testing::RandomMesh(rng);
+        const int rank = std::uniform_int_distribution<int>(1, 3)(rng);
+        const std::vector<int64_t> shape = RandomShape(rng, rank, 9);
+        const ReduceOp src_op = RandomOp(rng);
+        const Layout src = testing::RandomLayout(mesh, rank, rng, true, src_op);
+        const Layout dst = testing::RandomLayout(mesh, rank, rng, true, c % 3 == 0 ? RandomOp(rng) : src_op);
+        PlanOptions options;
+        options.cost.alpha_us = c % 2 == 0 ? 0.0 : 1e-4;
+        for (int d = 0; d < mesh.NDim(); ++d) {
+            options.cost.bandwidth_gb_per_s_per_dim.push_back(rng() % 2 == 0 ? 1.0 : 4.0);
+        }
+        SCOPED_TRACE(::testing::Message() << mesh.ToString() << " shape " << ShapeToString(shape) << " "
+                                          << src.ToString() << " -> " << dst.ToString());
+        const RedistributePlan plan = PlanRedistribute(mesh, shape, src, dst, options);
+        PlanOptions ordered_options = options;
+        ordered_options.search = false;
+        const RedistributePlan ordered = PlanRedistribute(mesh, shape, src, dst, ordered_options);
+        EXPECT_LE(plan.cost_us, ordered.cost_us);
+        if (plan.cost_us < ordered.cost_us) {
+            ++cheaper;
+            with_all_to_all += std::any_of(plan.steps.begin(), plan.steps.end(), [](const RedistributeStep &s) {
+                return s.collective == Collective::kAllToAll;
+            });
+        }
+        ExpectPlanReachesDestination(mesh, shape, src, dst, plan, rng);
+    }
+    EXPECT_GE(cheaper, 10);
+    EXPECT_GE(with_all_to_all, 10);
 }
 
 struct MatmulCase {
@@ -185,7 +232,9 @@ TEST(MatmulPropertyTest, ShardedGradsEqualDenseGrads) {
         const TensorSpec x{c.x_shape, testing::RandomLayout(mesh, static_cast<int>(c.x_shape.size()), rng, true)};
         const TensorSpec y{c.y_shape, testing::RandomLayout(mesh, static_cast<int>(c.y_shape.size()), rng, true)};
         const TensorSpec dy{out_shape, testing::RandomLayout(mesh, static_cast<int>(out_shape.size()), rng, true)};
-        const SpmdInfo info = InferMatmulGrad(mesh, x, y, dy, c.attrs);
+        RuleOptions options; // odd cases: the cost-based grad enumeration must be exact too
+        options.mode = i % 2 == 0 ? RuleMode::kDeterministic : RuleMode::kCostBased;
+        const SpmdInfo info = InferMatmulGrad(mesh, x, y, dy, c.attrs, options);
         SCOPED_TRACE(::testing::Message()
                      << "x " << x.layout.ToString() << " y " << y.layout.ToString() << " dy " << dy.layout.ToString()
                      << " -> dx " << info.outputs[0].layout.ToString() << " dy " << info.outputs[1].layout.ToString());
@@ -257,7 +306,9 @@ TEST(LinearPropertyTest, ShardedForwardAndGradsEqualDense) {
                         fwd.bias_after_reduction ? fwd.outputs[0].layout.WithoutPartial() : fwd.outputs[0].layout));
 
         // Grads: dx = dy W, dW = dy^T x, db = sum dy.
-        const SpmdInfo grad = InferLinearGrad(mesh, x, w, b, dy);
+        RuleOptions options; // odd cases: the cost-based grad enumeration must be exact too
+        options.mode = i % 2 == 0 ? RuleMode::kDeterministic : RuleMode::kCostBased;
+        const SpmdInfo grad = InferLinearGrad(mesh, x, w, b, dy, options);
         SCOPED_TRACE(::testing::Message()
                      << "dy " << dy.layout.ToString() << " -> dx " << grad.Output("x_grad").layout.ToString() << " dW "
                      << grad.Output("weight_grad").layout.ToString() << " db "

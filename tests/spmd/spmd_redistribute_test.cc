@@ -1,5 +1,7 @@
 // Planner cases: src -> dst on a mesh, the steps and their bytes (fp32 unless said).
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include "spmd_test_util.h"
@@ -173,6 +175,56 @@ TEST(RedistributeTest, SwappingTwoMeshDimsIsValid) {
     ASSERT_FALSE(plan.steps.empty());
     EXPECT_EQ(plan.steps.back().after, L("[1,0]"));
     EXPECT_GE(plan.NumCollectives(), 2);
+}
+
+// [0,1] -> [1,0] on 4x2, 8x8: gather the size-2 mesh dim (32 B), all_to_all the size-4 one (3 * 2x2 * 4 B), slice;
+// the ordered plan gathers the size-4 dim first (96 B) and all_to_alls the other (64 B)
+TEST(RedistributeTest, SwapGathersTheCheaperMeshDimAndAllToAllsTheOther) {
+    const ProcessMesh mesh({4, 2});
+    const auto plan = PlanRedistribute(mesh, {8, 8}, L("[0,1]"), L("[1,0]"));
+    ExpectSteps(plan, {{Collective::kAllGather, 1, 1, 1 * 2 * 4 * 4},
+                       {Collective::kAllToAll, 0, 0, 3 * 2 * 2 * 4},
+                       {Collective::kLocalSlice, 1, 0, 0}});
+    EXPECT_EQ(plan.steps[1].to_tensor_dim, 1);
+    PlanOptions ordered;
+    ordered.search = false;
+    const auto fixed = PlanRedistribute(mesh, {8, 8}, L("[0,1]"), L("[1,0]"), ordered);
+    ExpectSteps(fixed, {{Collective::kAllGather, 0, 0, 3 * 2 * 4 * 4},
+                        {Collective::kAllToAll, 1, 1, 1 * 4 * 4 * 4},
+                        {Collective::kLocalSlice, 0, 1, 0}});
+    EXPECT_LT(plan.cost_us, fixed.cost_us);
+}
+
+// [[0,1],-1] -> [[1,0],-1] on 2x2, 4096x1024 fp32 (4 MiB shards): the ordered plan gathers both (4 + 8 MiB);
+// moving through dim 1 costs one more latency but 4 + 4 + 2 MiB with two all_to_alls
+TEST(RedistributeTest, CoShardOrderChangeUsesAllToAllsWhenBandwidthBound) {
+    const ProcessMesh mesh({2, 2});
+    const int64_t mib = 1 << 20;
+    const auto plan = PlanRedistribute(mesh, {4096, 1024}, L("[[0,1],-1]"), L("[[1,0],-1]"));
+    EXPECT_EQ(plan.steps.back().after, L("[[1,0],-1]"));
+    EXPECT_EQ(plan.bytes_per_rank, 10 * mib);
+    EXPECT_EQ(plan.NumCollectives(), 3);
+    EXPECT_EQ(std::count_if(plan.steps.begin(), plan.steps.end(),
+                            [](const RedistributeStep &s) { return s.collective == Collective::kAllToAll; }),
+              2);
+    EXPECT_DOUBLE_EQ(plan.cost_us, 3 * 10.0 + 10.0 * mib / 1e5);
+    PlanOptions ordered;
+    ordered.search = false;
+    const auto fixed = PlanRedistribute(mesh, {4096, 1024}, L("[[0,1],-1]"), L("[[1,0],-1]"), ordered);
+    ExpectSteps(fixed, {{Collective::kAllGather, 1, 0, 4 * mib},
+                        {Collective::kAllGather, 0, 0, 8 * mib},
+                        {Collective::kLocalSlice, 1, 0, 0},
+                        {Collective::kLocalSlice, 0, 0, 0}});
+}
+
+// the same change on a small tensor is latency-bound: two all-gathers (2 alpha) beat three collectives
+TEST(RedistributeTest, CoShardOrderChangeGathersWhenLatencyBound) {
+    const ProcessMesh mesh({2, 2});
+    const auto plan = PlanRedistribute(mesh, {8, 8}, L("[[0,1],-1]"), L("[[1,0],-1]"));
+    ExpectSteps(plan, {{Collective::kAllGather, 1, 0, 2 * 8 * 4},
+                       {Collective::kAllGather, 0, 0, 4 * 8 * 4},
+                       {Collective::kLocalSlice, 1, 0, 0},
+                       {Collective::kLocalSlice, 0, 0, 0}});
 }
 
 // 3-D mesh: [[0,2],1] -> [2,[0,1]]

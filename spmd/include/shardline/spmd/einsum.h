@@ -28,6 +28,7 @@ struct EinsumOperand {
     int priority = 0;           ///< lower wins label conflicts; ties go to the earlier operand
     bool linear = true;         ///< kMultilinear: the op is linear in this operand
     bool additive_term = false; ///< its gradient is the output gradient alone (bias, add): no other operand enters it
+    bool differentiable = true; ///< kCostBased grad: its gradient (compute and communication) is priced
 };
 
 struct EinsumProblem {
@@ -54,13 +55,18 @@ struct EinsumAssignment {
 
 enum class RuleMode {
     kDeterministic, ///< the merge policy of docs/spmd.md: predictable, Paddle-like
-    kCostBased,     ///< enumerate assignments, price input redistributions + compute (+ output target), take the min
+    /// Enumerate assignments and take the cheapest (ties keep the deterministic answer). forward: input
+    /// redistributions + compute (+ output -> output_target); reverse: compute + output -> the given output;
+    /// grad: saved inputs and output gradient -> required, gradient einsums, each gradient -> its input's layout.
+    /// reshape has no alternatives to price and answers deterministically in every mode (docs/spmd.md 2.2).
+    kCostBased,
 };
 
 struct RuleOptions {
     RuleMode mode = RuleMode::kDeterministic;
     PlanOptions plan;                    ///< element size and alpha-beta model for kCostBased
-    std::optional<Layout> output_target; ///< kCostBased: also price moving the output there
+    std::optional<Layout> output_target; ///< kCostBased forward: also price moving the output there (an error in
+                                         ///< reverse and grad, whose targets are the given output / input layouts)
 };
 
 struct EinsumResult {
@@ -75,6 +81,7 @@ struct EinsumGradResult {
     std::vector<TensorSpec> inputs;      ///< required forward inputs (as saved by the forward)
     TensorSpec out_grad;                 ///< required output gradient
     std::vector<TensorSpec> input_grads; ///< one per input, Partial(sum) on mesh dims of labels reduced away
+    double cost_us = 0.0;                ///< kCostBased: the chosen candidate's cost
 };
 
 /// Label sizes of a problem; throws SpmdError when the operands disagree (sizes other than 1 differ).

@@ -58,6 +58,9 @@ struct RedistributePlan {
 struct PlanOptions {
     int64_t element_size = 4; ///< bytes per element
     CostModel cost;
+    /// When the ordered plan gathers a mesh dim that dst shards again, also search every step sequence for a
+    /// strictly cheaper plan (all_to_alls instead of all_gather + re-slice; see PlanRedistribute).
+    bool search = true;
 };
 
 /// Plans src -> dst for a tensor of `global_shape` on `mesh`, one mesh dim per step, in this order:
@@ -69,6 +72,10 @@ struct PlanOptions {
 ///      local slice for a free one;
 ///   5. all_reduce of the remaining Partial mesh dims (also those whose reduce op changes);
 ///   6. local partialize (R -> P) of dst's new Partial mesh dims.
+/// When that plan all-gathers a mesh dim that dst shards again (a swap of mesh dims between tensor dims, a co-shard
+/// order change) and options.search is set, a shortest-path search over all single-mesh-dim step sequences runs
+/// (bounded; it gives up on meshes too large to enumerate) and its plan replaces the ordered one if strictly cheaper
+/// under options.cost, e.g. [[0,1],-1] -> [[1,0],-1] by all_to_alls through dim 1 instead of two all-gathers.
 /// Throws SpmdError when a layout does not fit the mesh or the tensor.
 RedistributePlan PlanRedistribute(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &src,
                                   const Layout &dst, const PlanOptions &options = {});

@@ -65,9 +65,11 @@ SpmdInfo InferLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const Ten
                          const RuleOptions &options = {});
 
 // ---- elementwise: unary and n-ary with numpy broadcasting. -----------------------------------------------------
-/// Known ops: add, subtract, multiply, divide, maximum, minimum, pow, where-free binaries; unary relu, gelu, silu,
-/// tanh, sigmoid, exp, log, sqrt, abs, neg, scale, cast, identity, dropout. Throws SpmdError for others.
+/// Known ops: binary add, subtract, multiply, divide, maximum, minimum, pow; unary relu, gelu, silu, tanh, sigmoid,
+/// exp, log, sqrt, abs, neg, scale, cast, identity. Throws SpmdError for others.
 bool IsElementwiseOp(const std::string &op);
+/// The known elementwise op names, sorted.
+std::vector<std::string> ElementwiseOpNames();
 int ElementwiseArity(const std::string &op);
 SpmdInfo InferElementwiseForward(const ProcessMesh &mesh, const std::string &op, const std::vector<TensorSpec> &inputs,
                                  const RuleOptions &options = {});

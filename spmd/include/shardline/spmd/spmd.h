@@ -7,4 +7,5 @@
 #include <shardline/spmd/layout.h>
 #include <shardline/spmd/mesh.h>
 #include <shardline/spmd/redistribute.h>
+#include <shardline/spmd/rule_cache.h>
 #include <shardline/spmd/rules.h>

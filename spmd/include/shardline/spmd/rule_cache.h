@@ -1,0 +1,140 @@
+#pragma once
+
+// A rule request as one value, one entry point for every op (`InferRule`), and a thread-safe cache of the answers.
+// Rule inference runs once per layer configuration; the module hot path only looks the answer up:
+//
+//     // init, once per layer:
+//     key_ = RuleKey(RuleRequest{.op = "linear", .mesh = mesh, .inputs = {x, weight, bias}});
+//     const auto rule = cache.GetOrInfer(key_);          // infers on the first call, shares afterwards
+//     // every step:
+//     const auto rule = cache.Lookup(key_);              // hashes nothing, allocates nothing
+//
+// A RuleKey encodes the request (op, direction, mesh shape, layouts, shapes, attrs, options) as a few integers and
+// hashes them once, when it is built; a lookup compares the precomputed hash and then those integers.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include <shardline/spmd/einsum.h>
+#include <shardline/spmd/layout.h>
+#include <shardline/spmd/mesh.h>
+#include <shardline/spmd/redistribute.h>
+#include <shardline/spmd/rules.h>
+
+namespace shardline::spmd {
+
+enum class RuleDirection { kForward, kReverse, kGrad };
+
+struct TransposeAttrs {
+    std::vector<int> perm{};
+};
+struct ReshapeAttrs {
+    std::vector<int64_t> shape{}; ///< forward and grad: the target shape (one -1 allowed)
+};
+struct EinsumAttrs {
+    std::string equation{}; ///< "mk,kn->mn"
+};
+
+/// The attributes of a request; std::monostate means the op's defaults. The op name decides a reduction's kind
+/// (sum, mean, max, min: ReductionAttrs::kind is ignored) and softmax's `log` (softmax, log_softmax).
+using RuleAttrs = std::variant<std::monostate, MatmulAttrs, ReductionAttrs, SoftmaxAttrs, CrossEntropyAttrs,
+                               TransposeAttrs, ReshapeAttrs, EinsumAttrs>;
+
+/// One rule request, as the shardline-spmd JSON request (docs/spmd.md 5) but typed.
+struct RuleRequest {
+    std::string op{}; ///< matmul, linear, embedding, softmax, log_softmax, cross_entropy, transpose, reshape, einsum,
+                    ///< sum, mean, max, min, or an elementwise name
+    RuleDirection direction = RuleDirection::kForward;
+    ProcessMesh mesh{};
+    std::vector<TensorSpec> inputs{};   ///< positional, as the Infer* functions take them (linear: x, weight[, bias])
+    std::optional<TensorSpec> out{};      ///< reverse: the output
+    std::optional<TensorSpec> out_grad{}; ///< grad: the output gradient (cross_entropy: the loss gradient)
+    RuleAttrs attrs{};
+    RuleOptions options{};
+};
+
+/// The ops InferRule knows, sorted.
+const std::vector<std::string> &RuleOpNames();
+bool IsRuleOp(const std::string &op);
+
+/// Dispatches `request` to the op's Infer{Forward,Reverse,Grad}; throws SpmdError naming the op for an unknown op,
+/// a wrong input count (the message starts with "inputs:"), attrs of another op, or a missing out ("outputs:") /
+/// out_grad ("out_grad:").
+SpmdInfo InferRule(const RuleRequest &request);
+
+/// An answer with the plans a module executes.
+struct CachedRule {
+    SpmdInfo info;
+    /// One per info.inputs: the given layout -> the required one (forward and grad; in grad the output gradient
+    /// too). Empty plans in reverse, and where the required tensor was not given (softmax grad's `out`).
+    std::vector<RedistributePlan> input_plans;
+    /// One per info.outputs. grad: the gradient -> its input's given layout without Partials (the op's backward
+    /// communication); forward: the output -> options.output_target when set; empty otherwise.
+    std::vector<RedistributePlan> output_plans;
+};
+
+/// Infers `request` and plans its redistributions (CachedRule's fields).
+CachedRule InferRuleWithPlans(const RuleRequest &request);
+
+/// The identity of a request: built once (it encodes and hashes the request), compared cheaply. Two keys are equal
+/// exactly when their requests give the same answer by construction: same op, direction, mesh shape (names and
+/// process ids do not change an answer), input / out / out_grad shapes and layouts, attrs and options.
+class RuleKey {
+public:
+    RuleKey() = default;
+    explicit RuleKey(RuleRequest request);
+
+    const RuleRequest &Request() const { return request_; }
+    uint64_t Hash() const { return hash_; }
+    /// The encoded request (for tests and diagnostics).
+    const std::vector<int64_t> &Words() const { return words_; }
+
+    bool operator==(const RuleKey &other) const { return hash_ == other.hash_ && words_ == other.words_; }
+
+private:
+    RuleRequest request_;
+    std::vector<int64_t> words_;
+    uint64_t hash_ = 0;
+};
+
+struct RuleKeyHash {
+    size_t operator()(const RuleKey &key) const noexcept { return static_cast<size_t>(key.Hash()); }
+};
+
+/// A thread-safe map RuleKey -> CachedRule. Lookups take a shared lock; a miss infers outside the lock, so two
+/// threads missing on one key may both infer, and the first insertion wins (both get the same answer). Entries stay
+/// until Clear(); a returned pointer keeps its entry alive after Clear().
+class RuleCache {
+public:
+    struct Stats {
+        uint64_t hits = 0;
+        uint64_t misses = 0;
+        size_t size = 0;
+    };
+
+    /// The cached answer, or nullptr (counted as a miss). Allocates nothing.
+    std::shared_ptr<const CachedRule> Lookup(const RuleKey &key) const;
+    /// The cached answer, inferring and inserting it on a miss; inference errors propagate and cache nothing.
+    std::shared_ptr<const CachedRule> GetOrInfer(const RuleKey &key);
+    std::shared_ptr<const CachedRule> GetOrInfer(const RuleRequest &request) { return GetOrInfer(RuleKey(request)); }
+
+    Stats GetStats() const;
+    void Clear();
+
+private:
+    std::shared_ptr<const CachedRule> Find(const RuleKey &key) const;
+
+    mutable std::shared_mutex mutex_;
+    std::unordered_map<RuleKey, std::shared_ptr<const CachedRule>, RuleKeyHash> entries_;
+    mutable std::atomic<uint64_t> hits_{0};
+    mutable std::atomic<uint64_t> misses_{0};
+};
+
+} // namespace shardline::spmd

@@ -1,0 +1,137 @@
+// Faults, each with its observed outcome: a job started with shardline-run on the CPU (MPI backend) where one rank
+//   exits mid-step               → the job ends non-zero within 5 s of the exit;
+//   skips a collective / SIGSTOPs → the healthy ranks raise CommError (op, seq, count, group, elapsed) within the
+//                                   timeout + 5 s (SHARDLINE_COMM_TIMEOUT_S=5), and the job ends non-zero;
+//   passes another count under SHARDLINE_COMM_CHECK=1 → every rank reports the mismatch.
+// Times are measured from the faulty rank's "FAULT_AT <unix ms>" line to the exit of shardline-run (mpirun).
+
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <string>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "process.h"
+
+namespace shardline::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct FaultRun {
+    ProcessResult result;
+    double seconds_after_fault = -1; ///< job end minus the fault's time stamp
+    int faulty_pid = -1;
+};
+
+FaultRun RunFault(int np, const std::string &scenario, std::vector<std::string> env) {
+    env.emplace_back("SHARDLINE_LOG_LEVEL=warn");
+    FaultRun run;
+    // mpirun --timeout 60 is the last resort; the deadline here kills everything if even that fails.
+    run.result = RunProcess({SHARDLINE_RUN_EXE, "-n", std::to_string(np), "--cpu", "--timeout", "60", "--",
+                             SHARDLINE_DIST_HELPER_EXE, scenario},
+                            env, std::chrono::seconds(80));
+    std::smatch m;
+    if (std::regex_search(run.result.output, m, std::regex("FAULT_AT ([0-9]+) PID ([0-9]+)"))) {
+        run.seconds_after_fault = static_cast<double>(run.result.end_unix_ms - std::stoll(m[1].str())) / 1000.0;
+        run.faulty_pid = std::stoi(m[2].str());
+    }
+    std::printf("[ measured ] %s np=%d: exit %d, %.2f s after the fault, %.2f s in all\n", scenario.c_str(), np,
+                run.result.exit_code, run.seconds_after_fault, run.result.seconds);
+    return run;
+}
+
+// The stopped rank must not outlive the job; if it does, it is reported and killed (it is this test's own child).
+void ExpectFaultyRankGone(const FaultRun &run) {
+    if (run.faulty_pid <= 0) {
+        return;
+    }
+    bool alive = false;
+    for (int i = 0; i < 50 && (alive = kill(run.faulty_pid, 0) == 0); ++i) {
+        usleep(100 * 1000);
+    }
+    if (alive) {
+        kill(run.faulty_pid, SIGKILL);
+    }
+    EXPECT_FALSE(alive) << "the faulty rank (pid " << run.faulty_pid << ") outlived the job by 5 s";
+}
+
+// The healthy ranks' CommError: op, sequence number, count, group and elapsed time of a 5 s timeout.
+void ExpectTimeoutReport(const FaultRun &run, int np) {
+    const std::string &out = run.result.output;
+    std::smatch m;
+    ASSERT_TRUE(
+        std::regex_search(out, m,
+                          std::regex("\\[rank ([0-9]+)/([0-9]+)\\] mpi_communicator\\.cc:[0-9]+ MPI all_reduce: "
+                                     "seq 2 \\(count 1024 float32\\) on group 'world' \\([0-9]+ ranks\\) did "
+                                     "not complete within the timeout of 5\\.0 s \\(elapsed ([0-9.]+) s\\)")))
+        << out;
+    EXPECT_NE(std::stoi(m[1].str()), np - 1) << "the report must come from a healthy rank";
+    const double elapsed = std::stod(m[3].str());
+    EXPECT_GE(elapsed, 5.0);
+    EXPECT_LT(elapsed, 10.0);
+    EXPECT_THAT(out, Not(HasSubstr("all_reduce completed")));
+}
+
+class FaultTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FaultTest, RankExitingMidStepEndsTheJobNonZeroWithinFiveSeconds) {
+    const int np = GetParam();
+    const auto run = RunFault(np, "exit", {"SHARDLINE_COMM_TIMEOUT_S=60"});
+    EXPECT_FALSE(run.result.timed_out) << run.result.output;
+    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
+    EXPECT_LT(run.seconds_after_fault, 5.0) << run.result.output;
+    EXPECT_THAT(run.result.output, Not(HasSubstr("all_reduce completed")));
+}
+
+TEST_P(FaultTest, RankSkippingACollectiveMakesTheOthersRaiseCommErrorAfterTheTimeout) {
+    const int np = GetParam();
+    const auto run = RunFault(np, "skip", {"SHARDLINE_COMM_TIMEOUT_S=5"});
+    EXPECT_FALSE(run.result.timed_out) << run.result.output;
+    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
+    EXPECT_GE(run.seconds_after_fault, 4.5) << run.result.output;
+    EXPECT_LT(run.seconds_after_fault, 10.0) << run.result.output;
+    ExpectTimeoutReport(run, np);
+    ExpectFaultyRankGone(run);
+}
+
+TEST_P(FaultTest, StoppedRankMakesTheOthersRaiseCommErrorAfterTheTimeout) {
+    const int np = GetParam();
+    const auto run = RunFault(np, "stop", {"SHARDLINE_COMM_TIMEOUT_S=5"});
+    EXPECT_FALSE(run.result.timed_out) << run.result.output;
+    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
+    EXPECT_GE(run.seconds_after_fault, 4.5) << run.result.output;
+    EXPECT_LT(run.seconds_after_fault, 10.0) << run.result.output;
+    ExpectTimeoutReport(run, np);
+    ExpectFaultyRankGone(run);
+}
+
+TEST_P(FaultTest, CountMismatchUnderTheDebugCheckIsReportedByEveryRank) {
+    const int np = GetParam();
+    const auto run = RunFault(np, "mismatch", {"SHARDLINE_COMM_CHECK=1", "SHARDLINE_COMM_TIMEOUT_S=30"});
+    EXPECT_FALSE(run.result.timed_out) << run.result.output;
+    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+    const std::string &out = run.result.output;
+    for (int r = 0; r < np; ++r) {
+        EXPECT_THAT(out, HasSubstr(fmt::format("CAUGHT [rank {}/{}]", r, np))) << out;
+    }
+    EXPECT_THAT(out, HasSubstr(fmt::format("rank {}: all_reduce seq 2 count 1025 float32 op sum", np - 1)));
+    EXPECT_THAT(out, HasSubstr("rank 0: all_reduce seq 2 count 1024 float32 op sum"));
+    EXPECT_THAT(out, HasSubstr(fmt::format("mismatching ranks: {}", np - 1)));
+    EXPECT_THAT(out, Not(HasSubstr("NO ERROR")));
+    EXPECT_LT(run.result.seconds, 30.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, FaultTest, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int> &info) { return fmt::format("np{}", info.param); });
+
+} // namespace
+} // namespace shardline::testing

@@ -1,0 +1,253 @@
+// shardline-comm-bench: all_reduce, all_gather, reduce_scatter through shardline's NCCL communicator, one rank per
+// GPU (mpirun -n N shardline-comm-bench [options]).
+//
+// Sizes follow nccl-tests: `bytes` is the larger buffer (all_reduce: the tensor; all_gather: the gathered output;
+// reduce_scatter: the input). algbw = bytes / t; busbw = algbw · 2(n-1)/n (all_reduce) or (n-1)/n (all_gather,
+// reduce_scatter). Each iteration is timed with CUDA events on the compute stream around the call and its
+// Wait(host=false), which is what a layer pays; the per-iteration time is the max over ranks, then median and p90.
+//
+// Options: --min-bytes B (8) --max-bytes B (1073741824) --factor F (2) --warmup W (10) --iters I (50)
+//          --ops all_reduce,all_gather,reduce_scatter --dtype bf16 --json PATH (JSON lines, appended)
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <shardline/comm/communicator.h>
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/random.h>
+#include <shardline/core/tensor.h>
+#include <shardline/launch/bootstrap.h>
+
+namespace {
+
+using namespace shardline;
+
+struct Options {
+    std::int64_t min_bytes = 8;
+    std::int64_t max_bytes = std::int64_t{1} << 30;
+    std::int64_t factor = 2;
+    int warmup = 10;
+    int iters = 50;
+    std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter"};
+    DType dtype = DType::kBFloat16;
+    std::string json;
+};
+
+std::vector<std::string> SplitList(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    for (std::string item; std::getline(ss, item, ',');) {
+        if (!item.empty()) {
+            out.push_back(item);
+        }
+    }
+    return out;
+}
+
+Options ParseOptions(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&]() -> std::string {
+            SHARDLINE_CHECK(i + 1 < argc, "shardline-comm-bench", "{} needs a value", arg);
+            return argv[++i];
+        };
+        if (arg == "--min-bytes") {
+            o.min_bytes = std::stoll(value());
+        } else if (arg == "--max-bytes") {
+            o.max_bytes = std::stoll(value());
+        } else if (arg == "--factor") {
+            o.factor = std::stoll(value());
+        } else if (arg == "--warmup") {
+            o.warmup = std::stoi(value());
+        } else if (arg == "--iters") {
+            o.iters = std::stoi(value());
+        } else if (arg == "--ops") {
+            o.ops = SplitList(value());
+        } else if (arg == "--dtype") {
+            o.dtype = ParseDType(value());
+        } else if (arg == "--json") {
+            o.json = value();
+        } else {
+            SHARDLINE_THROW(Error, "shardline-comm-bench", "unknown option '{}' (see the header of comm_bench.cc)", arg);
+        }
+    }
+    SHARDLINE_CHECK(o.factor >= 2 && o.min_bytes > 0 && o.max_bytes >= o.min_bytes && o.iters >= 1 && o.warmup >= 0,
+                    "shardline-comm-bench", "expected factor >= 2, 0 < min-bytes <= max-bytes, iters >= 1, got {} {} {} {}",
+                    o.factor, o.min_bytes, o.max_bytes, o.iters);
+    return o;
+}
+
+std::string Commit() {
+    if (const char* env = std::getenv("SHARDLINE_COMMIT"); env != nullptr && *env != '\0') {
+        return env;
+    }
+    std::string out;
+    if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r"); pipe != nullptr) {
+        char buf[64];
+        while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
+            out += buf;
+        }
+        ::pclose(pipe);
+    }
+    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) {
+        out.pop_back();
+    }
+    return out.empty() ? "unknown" : out;
+}
+
+std::string Today() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+double BusFactor(const std::string& op, int n) {
+    return op == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
+}
+
+double Percentile(std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    const double pos = q * static_cast<double>(v.size() - 1);
+    const auto lo = static_cast<std::size_t>(pos);
+    const std::size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+struct Result {
+    double median_us;
+    double p90_us;
+};
+
+Result Measure(launch::Environment& env, const Options& o, const std::string& op, std::int64_t bytes) {
+    comm::Communicator& world = env.world();
+    const int n = world.size();
+    const std::size_t elem = ElementSize(o.dtype);
+    // Elements of the larger buffer, a multiple of n so every op splits it evenly.
+    std::int64_t count = std::max<std::int64_t>(bytes / static_cast<std::int64_t>(elem), n);
+    count = count / n * n;
+    const Device gpu = env.device();
+    Tensor big = Tensor::Empty({count}, o.dtype, gpu);
+    Tensor small = Tensor::Empty({count / n}, o.dtype, gpu);
+    FillRandom(big, RandomSpec{.seed = 7, .name = "comm_bench/big"});
+    FillRandom(small, RandomSpec{.seed = 7, .name = "comm_bench/small"});
+
+    auto run = [&]() -> comm::WorkHandle {
+        if (op == "all_reduce") {
+            return world.AllReduce(big, comm::ReduceOp::kSum);
+        }
+        if (op == "all_gather") {
+            return world.AllGather(small, big);
+        }
+        if (op == "reduce_scatter") {
+            return world.ReduceScatter(big, small, comm::ReduceOp::kSum);
+        }
+        SHARDLINE_THROW(Error, "shardline-comm-bench", "unknown op '{}'", op);
+    };
+
+    cudaStream_t stream = CudaContext::Get(gpu.index).stream();
+    for (int i = 0; i < o.warmup; ++i) {
+        run()->Wait();
+    }
+    std::vector<cudaEvent_t> events(static_cast<std::size_t>(2 * o.iters));
+    for (auto& e : events) {
+        SHARDLINE_CHECK_CUDA(cudaEventCreate(&e));
+    }
+    world.Barrier()->Wait(true);
+    for (int i = 0; i < o.iters; ++i) {
+        SHARDLINE_CHECK_CUDA(cudaEventRecord(events[2 * i], stream));
+        run()->Wait(/*host=*/false);
+        SHARDLINE_CHECK_CUDA(cudaEventRecord(events[2 * i + 1], stream));
+    }
+    SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::vector<double> times(static_cast<std::size_t>(o.iters));
+    for (int i = 0; i < o.iters; ++i) {
+        float ms = 0;
+        SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
+        times[i] = ms * 1000.0;
+    }
+    for (auto& e : events) {
+        SHARDLINE_CHECK_CUDA(cudaEventDestroy(e));
+    }
+    // The slowest rank sets each iteration's time.
+    Tensor mine = Tensor::FromBlob(times.data(), {o.iters}, DType::kFloat64, Device::CPU());
+    env.host_world().AllReduce(mine, comm::ReduceOp::kMax)->Wait(true);
+    return Result{Percentile(times, 0.5), Percentile(times, 0.9)};
+}
+
+int Run(launch::Environment& env, int argc, char** argv) {
+    const Options o = ParseOptions(argc, argv);
+    SHARDLINE_CHECK_AS(DeviceError, env.device().is_cuda(), "shardline-comm-bench",
+                       "needs one GPU per rank (the world communicator is '{}')", env.world().backend());
+    const int n = env.world_size();
+    const bool rank0 = env.rank() == 0;
+    cudaDeviceProp prop{};
+    SHARDLINE_CHECK_CUDA(cudaGetDeviceProperties(&prop, env.device().index));
+    const std::string device = prop.name;
+    const std::string commit = Commit();
+    const std::string date = Today();
+    const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+
+    std::ofstream json;
+    if (rank0 && !o.json.empty()) {
+        json.open(o.json, std::ios::app);
+        SHARDLINE_CHECK(json.good(), "shardline-comm-bench", "cannot open {} for appending", o.json);
+    }
+    if (rank0) {
+        std::printf("# shardline NCCL backend, %d ranks, %s, %s, commit %s, %s, NCCL_NVLS_ENABLE=%s\n", n,
+                    device.c_str(), std::string(DTypeName(o.dtype)).c_str(), commit.c_str(), date.c_str(),
+                    nvls != nullptr ? nvls : "(unset)");
+        std::printf("%-15s %12s %12s %12s %10s %10s\n", "op", "bytes", "median_us", "p90_us", "algbw", "busbw");
+    }
+    for (const std::string& op : o.ops) {
+        for (std::int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
+            const Result r = Measure(env, o, op, bytes);
+            const double algbw = static_cast<double>(bytes) / (r.median_us * 1e-6) / 1e9;
+            const double busbw = algbw * BusFactor(op, n);
+            if (!rank0) {
+                continue;
+            }
+            std::printf("%-15s %12lld %12.2f %12.2f %10.2f %10.2f\n", op.c_str(), static_cast<long long>(bytes),
+                        r.median_us, r.p90_us, algbw, busbw);
+            std::fflush(stdout);
+            if (json.is_open()) {
+                nlohmann::json rec = {{"impl", "shardline"},
+                                      {"device", device},
+                                      {"date", date},
+                                      {"commit", commit},
+                                      {"ranks", n},
+                                      {"dtype", std::string(DTypeName(o.dtype))},
+                                      {"op", op},
+                                      {"bytes", bytes},
+                                      {"median_us", r.median_us},
+                                      {"p90_us", r.p90_us},
+                                      {"algbw", algbw},
+                                      {"busbw", busbw}};
+                json << rec.dump() << '\n';
+            }
+        }
+    }
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    return shardline::launch::RunMain(&argc, &argv, {.backend = shardline::launch::BackendChoice::kCuda},
+                                      [&](shardline::launch::Environment& env) { return Run(env, argc, argv); });
+}

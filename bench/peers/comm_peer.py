@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""torch.distributed (NCCL) peer of shardline-comm-bench: all_reduce, all_gather_into_tensor, reduce_scatter_tensor at
+the same sizes, with the same timing and the same JSON-lines schema (impl "torch").
+
+Launch with torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or mpirun (OMPI_COMM_WORLD_*; MASTER_ADDR/MASTER_PORT default to
+127.0.0.1:29533). bytes is the larger buffer, as in nccl-tests; algbw = bytes / t, busbw = algbw * 2(n-1)/n for
+all_reduce and (n-1)/n for all_gather and reduce_scatter. Each iteration is timed with CUDA events on the current
+stream around the (synchronous-to-the-stream) call; the per-iteration time is the max over ranks; median and p90.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+# NVLink multicast can put shared GPUs out of service: never let NCCL use it, whatever the environment says.
+if os.environ.get("NCCL_NVLS_ENABLE") != "0":
+    if "NCCL_NVLS_ENABLE" in os.environ:
+        print(f"comm_peer: NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']} overridden to 0", file=sys.stderr)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def rank_env():
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        return rank, size, local
+    sys.exit("comm_peer.py: launch with torchrun or mpirun (no RANK / OMPI_COMM_WORLD_RANK in the environment)")
+
+
+def commit():
+    if os.environ.get("SHARDLINE_COMMIT"):
+        return os.environ["SHARDLINE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip() or "unknown"
+    except Exception:  # noqa: BLE001 - no git, no repository: still a benchmark
+        return "unknown"
+
+
+def percentile(values, q):
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def bus_factor(op, n):
+    return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def measure(op, nbytes, n, dtype, warmup, iters, device):
+    elem = torch.tensor([], dtype=dtype).element_size()
+    count = max(nbytes // elem, n)
+    count = count // n * n
+    big = torch.randn(count, dtype=dtype, device=device)
+    small = torch.randn(count // n, dtype=dtype, device=device)
+
+    if op == "all_reduce":
+        def run():
+            dist.all_reduce(big, op=dist.ReduceOp.SUM)
+    elif op == "all_gather":
+        def run():
+            dist.all_gather_into_tensor(big, small)
+    elif op == "reduce_scatter":
+        def run():
+            dist.reduce_scatter_tensor(small, big, op=dist.ReduceOp.SUM)
+    else:
+        raise ValueError(f"unknown op {op}")
+
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize(device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    dist.barrier(device_ids=[device.index])
+    torch.cuda.synchronize(device)
+    for start, stop in events:
+        start.record()
+        run()
+        stop.record()
+    torch.cuda.synchronize(device)
+    times = torch.tensor([s.elapsed_time(e) * 1000.0 for s, e in events], dtype=torch.float64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets each iteration's time
+    times = times.cpu().tolist()
+    return percentile(times, 0.5), percentile(times, 0.9)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--min-bytes", type=int, default=8)
+    parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    parser.add_argument("--factor", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+
+    rank, size, local = rank_env()
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=size, device_id=device)
+    dtype = DTYPES[args.dtype]
+    dtype_name = str(dtype).replace("torch.", "")
+    name = torch.cuda.get_device_name(device)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rev = commit()
+    out = open(args.json, "a") if (rank == 0 and args.json) else None
+    if rank == 0:
+        print(f"# torch {torch.__version__} NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, {size} ranks, "
+              f"{name}, {dtype_name}, commit {rev}, {date}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
+        print(f"{'op':15s} {'bytes':>12s} {'median_us':>12s} {'p90_us':>12s} {'algbw':>10s} {'busbw':>10s}")
+    for op in [o for o in args.ops.split(",") if o]:
+        nbytes = args.min_bytes
+        while nbytes <= args.max_bytes:
+            median, p90 = measure(op, nbytes, size, dtype, args.warmup, args.iters, device)
+            algbw = nbytes / (median * 1e-6) / 1e9
+            busbw = algbw * bus_factor(op, size)
+            if rank == 0:
+                print(f"{op:15s} {nbytes:12d} {median:12.2f} {p90:12.2f} {algbw:10.2f} {busbw:10.2f}", flush=True)
+                if out:
+                    out.write(json.dumps({"impl": "torch", "device": name, "date": date, "commit": rev,
+                                          "ranks": size, "dtype": dtype_name, "op": op, "bytes": nbytes,
+                                          "median_us": median, "p90_us": p90, "algbw": algbw,
+                                          "busbw": busbw}) + "\n")
+                    out.flush()
+            nbytes *= args.factor
+    if out:
+        out.close()
+    dist.barrier(device_ids=[device.index])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,2 +1,61 @@
-// Placeholder until the DistTensor implementation lands.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <shardline/core/error.h>
 #include <shardline/dist/dist_tensor.h>
+
+#include "block_copy.h"
+#include "dist_internal.h"
+
+namespace shardline::dist {
+
+DistTensor::DistTensor(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh &mesh)
+    : local_(std::move(local)), global_shape_(std::move(global_shape)), layout_(std::move(layout)), mesh_(&mesh) {
+    constexpr const char *kOp = "DistTensor";
+    SHARDLINE_CHECK(local_.defined(), kOp, "the local shard is undefined (global shape {}, layout {})",
+                    ShapeToString(global_shape_), layout_.ToString());
+    SHARDLINE_CHECK_AS(ShapeError, local_.is_contiguous(), kOp, "the local shard must be contiguous, got {}",
+                       local_.ToString());
+    const spmd::ProcessMesh pm = detail::ToProcessMesh(mesh);
+    const spmd::LocalShard shard =
+        SHARDLINE_DIST_SPMD(kOp, spmd::ComputeLocalShard(pm, global_shape_, layout_, mesh.coordinate()));
+    SHARDLINE_CHECK_AS(ShapeError, shard.shape == local_.shape(), kOp,
+                       "layout {} of global shape {} on mesh [{}] gives coordinate [{}] a local shape {}, got {}",
+                       layout_.ToString(), ShapeToString(global_shape_), fmt::join(mesh.shape(), ", "),
+                       fmt::join(mesh.coordinate(), ", "), ShapeToString(shard.shape), local_.ToString());
+}
+
+DistTensor DistTensor::FromFull(const Tensor &full, const spmd::Layout &layout, comm::DeviceMesh &mesh) {
+    constexpr const char *kOp = "DistTensor::FromFull";
+    SHARDLINE_CHECK(full.defined(), kOp, "the full tensor is undefined (layout {})", layout.ToString());
+    const spmd::ProcessMesh pm = detail::ToProcessMesh(mesh);
+    const spmd::LocalShard shard =
+        SHARDLINE_DIST_SPMD(kOp, spmd::ComputeLocalShard(pm, full.shape(), layout, mesh.coordinate()));
+    // One narrow per sharded dim; the first copy also detaches the shard from the caller's tensor.
+    Tensor local = full.Contiguous();
+    bool copied = false;
+    for (int t = 0; t < full.rank(); ++t) {
+        if (shard.shape[t] != local.size(t)) {
+            local = detail::NarrowCopy(local, t, shard.offset[t], shard.shape[t]);
+            copied = true;
+        }
+    }
+    if (!copied) {
+        local = local.Clone();
+    }
+    // Partial: the global value is op over the mesh dim's locals. For sum only coordinate 0 keeps the value; for
+    // avg/max/min every coordinate keeps it (op over equal values is the value).
+    for (const auto &[mesh_dim, op] : layout.Partial()) {
+        if (op == spmd::ReduceOp::kSum && mesh.coordinate()[static_cast<std::size_t>(mesh_dim)] != 0) {
+            local.Fill(0.0);
+        }
+    }
+    return DistTensor(std::move(local), full.shape(), layout, mesh);
+}
+
+Tensor DistTensor::FullTensor() const {
+    SHARDLINE_CHECK(mesh_ != nullptr, "DistTensor::FullTensor", "called on a default-constructed DistTensor");
+    return Redistribute(spmd::Layout::Replicated(static_cast<int>(global_shape_.size()))).local();
+}
+
+} // namespace shardline::dist

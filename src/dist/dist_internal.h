@@ -1,0 +1,47 @@
+#pragma once
+
+// Glue between spmd/ (layouts, planner) and comm/ (meshes, collectives), private to dist/.
+
+#include <string_view>
+#include <utility>
+
+#include <shardline/comm/device_mesh.h>
+#include <shardline/core/error.h>
+#include <shardline/spmd/error.h>
+#include <shardline/spmd/layout.h>
+#include <shardline/spmd/mesh.h>
+
+namespace shardline::dist::detail {
+
+/// The spmd view of a DeviceMesh (same shape and names; process id = world rank).
+inline spmd::ProcessMesh ToProcessMesh(const comm::DeviceMesh &mesh) {
+    return spmd::ProcessMesh(mesh.shape(), mesh.dim_names());
+}
+
+inline comm::ReduceOp ToCommOp(spmd::ReduceOp op) {
+    switch (op) {
+    case spmd::ReduceOp::kSum:
+        return comm::ReduceOp::kSum;
+    case spmd::ReduceOp::kAvg:
+        return comm::ReduceOp::kAvg;
+    case spmd::ReduceOp::kMax:
+        return comm::ReduceOp::kMax;
+    case spmd::ReduceOp::kMin:
+        return comm::ReduceOp::kMin;
+    }
+    return comm::ReduceOp::kSum;
+}
+
+/// Runs an spmd call, turning its SpmdError into a shardline::Error (with file, line and rank) naming `op`.
+template <class F> auto CallSpmd(const char *file, int line, std::string_view op, F &&f) -> decltype(f()) {
+    try {
+        return std::forward<F>(f)();
+    } catch (const spmd::SpmdError &e) {
+        throw Error(shardline::detail::FormatError(file, line, op, e.what()));
+    }
+}
+
+#define SHARDLINE_DIST_SPMD(op, ...)                                                                                   \
+    ::shardline::dist::detail::CallSpmd(__FILE__, __LINE__, (op), [&] { return __VA_ARGS__; })
+
+} // namespace shardline::dist::detail

@@ -1,0 +1,25 @@
+# DeviceMesh and DistTensor tests (included by tests/dist/CMakeLists.txt). Each executable runs on 2 and 4 ranks:
+# BACKEND cpu moves CPU tensors over MPI (CI); BACKEND cuda moves CUDA tensors over NCCL on the GPU hosts (skips
+# without GPUs).
+foreach(_shardline_backend IN ITEMS cpu cuda)
+  if(_shardline_backend STREQUAL "cuda" AND NOT SHARDLINE_WITH_NCCL)
+    continue()
+  endif()
+  # Every test builds its own mesh, and NCCL communicator splits take ~1 s on 4 ranks (78 cases: ~80 s on 4xH200).
+  if(_shardline_backend STREQUAL "cuda")
+    set(_shardline_timeout 300)
+  else()
+    set(_shardline_timeout 180)
+  endif()
+  shardline_add_dist_test(NAME shardline_dist_mesh_tests_${_shardline_backend}
+                          SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_device_mesh_test.cc
+                          NP 2 4 BACKEND ${_shardline_backend} TIMEOUT 120)
+  shardline_add_dist_test(NAME shardline_dist_tensor_tests_${_shardline_backend}
+                          SOURCES ${CMAKE_CURRENT_LIST_DIR}/dist_redistribute_test.cc
+                                  ${CMAKE_CURRENT_LIST_DIR}/dist_tensor_test.cc
+                          NP 2 4 BACKEND ${_shardline_backend} TIMEOUT ${_shardline_timeout})
+  if(_shardline_backend STREQUAL "cuda")
+    target_compile_definitions(shardline_dist_mesh_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
+    target_compile_definitions(shardline_dist_tensor_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
+  endif()
+endforeach()

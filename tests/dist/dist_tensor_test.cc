@@ -1,0 +1,186 @@
+// DistTensor itself: FromFull's shards and Partial convention, the constructor's shape check, errors raised on
+// every rank before any collective, and redistribution in the backend's other dtypes.
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <shardline/comm/device_mesh.h>
+#include <shardline/core/error.h>
+#include <shardline/dist/dist_tensor.h>
+
+#include "dist_tensor_test_util.h"
+
+namespace shardline {
+namespace {
+
+using comm::DeviceMesh;
+using dist::DistTensor;
+using dist_test::ParsePlacements;
+using dist_test::RandomFull;
+using dist_test::SameValues;
+using dist_test::TestDevice;
+using dist_test::World;
+
+/// Total collective calls on the world and on every group of `mesh` (creating the groups).
+std::int64_t AllCalls(DeviceMesh &mesh) {
+    std::int64_t calls = mesh.world().Counts().TotalCalls();
+    for (int d = 0; d < mesh.ndim(); ++d) {
+        calls += mesh.group(d).Counts().TotalCalls();
+    }
+    return calls;
+}
+
+TEST(DistTensorTest, FromFullKeepsTheTorchChunkOfThisRank) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    // 5 rows on 4 ranks: 2,2,1,0 (on 2 ranks: 3,2).
+    const int w = World().size();
+    DeviceMesh mesh(World(), {w});
+    const Tensor full = RandomFull({5, 3}, "x");
+    const DistTensor x = DistTensor::FromFull(full, ParsePlacements("S(0)", 2), mesh);
+    const std::int64_t chunk = (5 + w - 1) / w;
+    const std::int64_t begin = std::min<std::int64_t>(5, chunk * World().rank());
+    const std::int64_t end = std::min<std::int64_t>(5, begin + chunk);
+    const std::vector<double> all = full.ToDoubleVector();
+    const std::vector<double> want(all.begin() + begin * 3, all.begin() + end * 3);
+    EXPECT_EQ(x.local().shape(), (Shape{end - begin, 3}));
+    EXPECT_EQ(x.local().ToDoubleVector(), want);
+    EXPECT_EQ(x.local().device(), TestDevice());
+    EXPECT_NE(x.local().storage(), full.storage()) << "the shard does not alias the caller's tensor";
+}
+
+TEST(DistTensorTest, FromFullPartialSumKeepsTheValueAtCoordinateZeroOnly) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh mesh(World(), {World().size()});
+    const Tensor full = RandomFull({4, 3}, "x");
+    const DistTensor x = DistTensor::FromFull(full, ParsePlacements("P(sum)", 2), mesh);
+    if (mesh.coordinate()[0] == 0) {
+        EXPECT_TRUE(SameValues(x.local(), full));
+    } else {
+        EXPECT_EQ(x.local().ToDoubleVector(), std::vector<double>(12, 0.0));
+    }
+    EXPECT_TRUE(SameValues(x.FullTensor(), full));
+}
+
+TEST(DistTensorTest, FromFullPartialMaxAvgMinKeepTheValueEverywhere) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh mesh(World(), {World().size()});
+    const Tensor full = RandomFull({4, 3}, "x");
+    for (const char *placement : {"P(max)", "P(avg)", "P(min)"}) {
+        SCOPED_TRACE(placement);
+        const DistTensor x = DistTensor::FromFull(full, ParsePlacements(placement, 2), mesh);
+        EXPECT_TRUE(SameValues(x.local(), full));
+        EXPECT_TRUE(SameValues(x.FullTensor(), full));
+    }
+}
+
+TEST(DistTensorTest, ConstructorRejectsALocalShapeTheLayoutDoesNotGive) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh mesh(World(), {World().size()});
+    const spmd::Layout s0 = ParsePlacements("S(0)", 2);
+    // 8 rows on w ranks: every rank holds 8/w rows, never 8 (w >= 2).
+    const Tensor wrong = Tensor::Zeros({8, 3}, DType::kFloat32, TestDevice());
+    try {
+        DistTensor x(wrong, {8, 3}, s0, mesh);
+        FAIL() << "a local shape [8, 3] for S(0) must throw";
+    } catch (const ShapeError &e) {
+        EXPECT_NE(std::string(e.what()).find("DistTensor"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("[8, 3]"), std::string::npos) << e.what();
+    }
+}
+
+TEST(DistTensorTest, LayoutMismatchRaisesBeforeAnyCollective) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh mesh(World(), {1, World().size()});
+    const Tensor full = RandomFull({6, 4}, "x");
+    const DistTensor x = DistTensor::FromFull(full, ParsePlacements("R,S(0)", 2), mesh);
+    const std::int64_t before = AllCalls(mesh);
+    // Mesh dim 2 does not exist; a rank-3 layout does not fit a rank-2 tensor.
+    EXPECT_THROW((void)x.Redistribute(spmd::Layout::FromDimsMapping({2, -1})), Error);
+    EXPECT_THROW((void)x.Redistribute(spmd::Layout::Replicated(3)), Error);
+    EXPECT_THROW((void)DistTensor::FromFull(full, spmd::Layout::FromDimsMapping({-1, -1, 0}), mesh), Error);
+    EXPECT_EQ(AllCalls(mesh), before) << "no collective ran";
+    // The ranks are still in step.
+    EXPECT_TRUE(SameValues(x.FullTensor(), full));
+}
+
+TEST(DistTensorTest, TensorOnAnotherDeviceThanTheCommunicatorsRaisesBeforeAnyCollective) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    // A CPU shard on an NCCL mesh, or a CUDA shard on an MPI mesh (where this host has a GPU).
+    Device other = Device::CPU();
+    if (TestDevice().is_cpu()) {
+        if (CudaDeviceCount() == 0) {
+            GTEST_SKIP() << "an MPI mesh needs a CUDA tensor for this check, and no GPU is visible";
+        }
+        other = Device::CUDA(0);
+    }
+    DeviceMesh mesh(World(), {World().size()});
+    const Tensor full = RandomFull({4, 3}, "x").To(other);
+    const DistTensor x = DistTensor::FromFull(full, ParsePlacements("S(0)", 2), mesh);
+    EXPECT_EQ(x.local().device(), other) << "FromFull keeps the full tensor's device";
+    const std::int64_t before = AllCalls(mesh);
+    try {
+        (void)x.Redistribute(ParsePlacements("R", 2));
+        FAIL() << "a " << ToString(other) << " shard on a " << mesh.world().backend() << " mesh must throw";
+    } catch (const DeviceError &e) {
+        EXPECT_NE(std::string(e.what()).find("DistTensor::Redistribute"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(AllCalls(mesh), before) << "no collective ran";
+    // A plan of local steps needs no communicator: it runs on any device.
+    const DistTensor r = DistTensor::FromFull(full, ParsePlacements("R", 2), mesh);
+    EXPECT_TRUE(SameValues(r.Redistribute(ParsePlacements("S(0)", 2)).local(), x.local()));
+    EXPECT_EQ(AllCalls(mesh), before);
+}
+
+TEST(DistTensorTest, DefaultConstructedRedistributeIsAnError) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const DistTensor x;
+    EXPECT_THROW((void)x.Redistribute(spmd::Layout::Replicated(1)), Error);
+    EXPECT_THROW((void)x.FullTensor(), Error);
+}
+
+TEST(DistTensorTest, RedistributesTheBackendsOtherDtypeBitwise) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    // MPI moves float64 as well, NCCL bfloat16 and float16; integers in [-8, 8] are exact in all of them.
+    const std::vector<DType> dtypes = TestDevice().is_cpu() ? std::vector<DType>{DType::kFloat64}
+                                                            : std::vector<DType>{DType::kBFloat16, DType::kFloat16};
+    DeviceMesh mesh(World(), {World().size()});
+    for (DType dtype : dtypes) {
+        SCOPED_TRACE(DTypeName(dtype));
+        const Tensor full = RandomFull({5, 3}, "x", dtype);
+        const DistTensor x = DistTensor::FromFull(full, ParsePlacements("S(0)", 2), mesh);
+        const DistTensor y = x.Redistribute(ParsePlacements("S(1)", 2));
+        EXPECT_EQ(y.local().dtype(), dtype);
+        EXPECT_TRUE(SameValues(y.local(), DistTensor::FromFull(full, ParsePlacements("S(1)", 2), mesh).local()));
+        EXPECT_TRUE(SameValues(y.FullTensor(), full));
+    }
+}
+
+TEST(DistTensorTest, RepeatedRoundTripsReturnTheSameTensor) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    // R -> S(0) -> S(1) -> P(sum) -> S(0) -> R on a dp x tp mesh when the world is even, else 1-D.
+    const int w = World().size();
+    const std::vector<std::int64_t> shape =
+        w % 2 == 0 && w > 2 ? std::vector<std::int64_t>{2, w / 2} : std::vector<std::int64_t>{w};
+    DeviceMesh mesh(World(), shape);
+    const Tensor full = RandomFull({6, 10}, "x");
+    const int n = mesh.ndim();
+    DistTensor x = DistTensor::FromFull(full, spmd::Layout::Replicated(2), mesh);
+    for (const char *dims : {"S(0)", "S(1)", "P(sum)", "S(0)", "R"}) {
+        std::string placements = dims;
+        for (int d = 1; d < n; ++d) {
+            placements += std::string(",") + dims;
+        }
+        if (std::string(dims) == "S(1)" && n == 2) {
+            placements = "S(1),S(0)";
+        }
+        SCOPED_TRACE(placements);
+        x = x.Redistribute(ParsePlacements(placements, 2));
+        EXPECT_TRUE(SameValues(x.FullTensor(), full));
+    }
+    EXPECT_TRUE(SameValues(x.local(), full));
+}
+
+} // namespace
+} // namespace shardline

@@ -57,6 +57,13 @@ protected:
     }
 
     static void HostBarrier() { Env().host_world().Barrier()->Wait(true); }
+    /// The skipping rank reaches the host barrier at once while the others first sit out their NCCL timeout: its wait
+    /// must outlast timeout + slack, or the host world itself times out and aborts.
+    static void SkipperHostBarrier() {
+        comm::SetCommTimeout(kTimeout + kSlack + std::chrono::seconds(10));
+        HostBarrier();
+        comm::SetCommTimeout(kTimeout);
+    }
     static int Skipper() { return Env().world_size() - 1; }
 
     std::unique_ptr<comm::Communicator> comm_;
@@ -85,7 +92,7 @@ TEST_F(NcclFaultTest, SkippedCollectiveRaisesCommErrorThroughHostWait) {
         HostBarrier();
     } else {
         // The skipping rank leaves only once the others have raised, so nothing but the timeout ended their wait.
-        HostBarrier();
+        SkipperHostBarrier();
         c.Abort();
         EXPECT_TRUE(c.aborted());
         EXPECT_THROW(c.Barrier(), CommError);
@@ -120,7 +127,7 @@ TEST_F(NcclFaultTest, WatchdogAbortsHungCollectiveWithoutHostWait) {
         Synchronize(MyGpu());
         HostBarrier();
     } else {
-        HostBarrier();
+        SkipperHostBarrier();
         c.Abort();
     }
 }

@@ -49,6 +49,7 @@ void LoadEnvironment(Selection& s) {
 }
 
 thread_local std::string_view t_current_provider;
+std::atomic<std::uint64_t> g_selection_generation{1};
 
 } // namespace
 
@@ -89,6 +90,7 @@ void SetProvider(std::string_view provider) {
     Selection& s = TheSelection();
     std::lock_guard lock(s.mutex);
     s.global = std::string(provider);
+    detail::BumpSelectionGeneration();
 }
 
 void SetOpProvider(std::string_view op, std::string_view provider) {
@@ -96,6 +98,7 @@ void SetOpProvider(std::string_view op, std::string_view provider) {
     Selection& s = TheSelection();
     std::lock_guard lock(s.mutex);
     s.per_op[std::string(op)] = std::string(provider);
+    detail::BumpSelectionGeneration();
 }
 
 void ResetProviderSelection() {
@@ -103,6 +106,7 @@ void ResetProviderSelection() {
     Selection& s = TheSelection();
     std::lock_guard lock(s.mutex);
     LoadEnvironment(s);
+    detail::BumpSelectionGeneration();
 }
 
 std::string SelectedProvider(std::string_view op) {
@@ -125,6 +129,9 @@ std::vector<KernelInfo> RegisteredKernels() {
 namespace detail {
 
 std::string_view CurrentProvider() { return t_current_provider; }
+
+std::uint64_t SelectionGeneration() { return g_selection_generation.load(std::memory_order_acquire); }
+void BumpSelectionGeneration() { g_selection_generation.fetch_add(1, std::memory_order_acq_rel); }
 
 ProviderScope::ProviderScope(std::string_view provider) : previous_(t_current_provider) {
     t_current_provider = provider;

@@ -17,6 +17,7 @@
 // of ops, and one that registers only Gemm serves Linear, Matmul and Outer through the default compositions.
 // The provider serving each (op, device, provider choice) is logged once at info level.
 
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -66,6 +67,9 @@ public:
 private:
     std::string_view previous_;
 };
+/// Bumped by every change of selection or registration; cached resolutions of an older generation are stale.
+std::uint64_t SelectionGeneration();
+void BumpSelectionGeneration();
 void RecordKernel(std::string_view op, DeviceType device, std::string_view provider);
 void ForgetProvider(std::string_view provider);
 /// Chooses the provider name for `op` per the rules above; `has(p)` says whether provider p has the kernel.
@@ -98,11 +102,13 @@ public:
             Entries().push_back(Entry{device, std::string(provider), fn});
         }
         detail::RecordKernel(Op::kName, device, provider);
+        detail::BumpSelectionGeneration();
     }
 
     static void Unregister(std::string_view provider) {
         std::lock_guard lock(Mutex());
         std::erase_if(Entries(), [&](const Entry& e) { return e.provider == provider; });
+        detail::BumpSelectionGeneration();
     }
 
     /// The kernel for `device` from the selected provider (see the rules above). `caller_provider` is the provider
@@ -110,6 +116,15 @@ public:
     static Resolved<Op> Resolve(DeviceType device, std::string_view caller_provider = {}) {
         EnsureBuiltinKernels();
         std::lock_guard lock(Mutex());
+        // The hot path: the same (device, caller provider) under an unchanged selection resolves from the cache,
+        // without the selection rules or the log bookkeeping.
+        const std::uint64_t generation = detail::SelectionGeneration();
+        for (const CacheEntry& c : Cache()) {
+            if (c.generation == generation && c.device == device && c.caller == caller_provider) {
+                return c.resolved;
+            }
+        }
+        std::erase_if(Cache(), [&](const CacheEntry& c) { return c.generation != generation; });
         std::string requested;
         const std::string provider = detail::ChooseProvider(
             Op::kName, device, caller_provider, [&](std::string_view p) { return Find(device, p) != nullptr; },
@@ -119,7 +134,9 @@ public:
             SHARDLINE_THROW(::shardline::Error, Op::kName, "no kernel registered for device {} (provider {})",
                             DeviceTypeName(device), provider);
         }
-        return Resolved<Op>{fn, provider, std::move(requested)};
+        Resolved<Op> resolved{fn, provider, std::move(requested)};
+        Cache().push_back(CacheEntry{generation, device, std::string(caller_provider), resolved});
+        return resolved;
     }
 
 private:
@@ -143,6 +160,16 @@ private:
     static std::vector<Entry>& Entries() {
         static std::vector<Entry> entries;
         return entries;
+    }
+    struct CacheEntry {
+        std::uint64_t generation;
+        DeviceType device;
+        std::string caller;
+        Resolved<Op> resolved;
+    };
+    static std::vector<CacheEntry>& Cache() {
+        static std::vector<CacheEntry> cache;
+        return cache;
     }
 };
 

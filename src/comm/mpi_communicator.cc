@@ -224,6 +224,7 @@ public:
         // Dropped while in flight: MPI still owns the request and the buffers, so they must outlive this handle.
         // The communicator reaps them at its next call; on an aborted communicator they are leaked on purpose.
         try {
+            op_->finish = std::move(finish_); // the result is still owed to whoever reads the buffer
             std::lock_guard lock(state_->mutex);
             state_->orphans.push_back(std::move(op_));
         } catch (...) {
@@ -316,6 +317,9 @@ MpiGroupState::~MpiGroupState() {
         int flag = 0;
         if (!aborted && MPI_Test(&op->request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag != 0) {
             pending -= 1;
+            if (op->finish) {
+                op->finish();
+            }
             op.reset();
         } else {
             // Still in flight: MPI may write these buffers later, so they are leaked, never freed.
@@ -352,6 +356,9 @@ void MpiCommunicator::ReapOrphans() {
         int flag = 0;
         if (MPI_Test(&op->request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag != 0) {
             state_->pending -= 1;
+            if (op->finish) {
+                op->finish();
+            }
             return true;
         }
         return false;

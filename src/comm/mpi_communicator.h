@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,8 @@ struct MpiPendingOp {
     MPI_Request request = MPI_REQUEST_NULL;
     std::vector<Tensor> buffers;
     std::vector<int> ints;
+    /// Runs once the request completed (avg: divide the sum by the group size), also for an orphaned op.
+    std::function<void()> finish;
 };
 
 /// Shared by a communicator and its Work handles, so a handle may outlive its communicator.

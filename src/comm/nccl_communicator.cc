@@ -673,7 +673,10 @@ NcclCommunicator::~NcclCommunicator() {
         }
         {
             std::unique_lock lock(s.nccl_mutex);
-            bool in_flight = false;
+            // Work still running is the normal state after Wait(host=false): finalize lets it complete (bounded
+            // below). Only overdue work, or an abort already asked for, ends in ncclCommAbort.
+            bool overdue = false;
+            const auto now = Clock::now();
             for (auto& op : ops) {
                 const cudaError_t q = cudaEventQuery(op->done);
                 if (q == cudaSuccess) {
@@ -681,12 +684,12 @@ NcclCommunicator::~NcclCommunicator() {
                     op->status.compare_exchange_strong(expected, NcclOp::kDone);
                 } else {
                     (void)cudaGetLastError();
-                    in_flight = in_flight || op->status == NcclOp::kPending;
+                    overdue = overdue || (op->status == NcclOp::kPending && now - op->issued > CommTimeout());
                 }
             }
             if (s.comm != nullptr) {
-                if (in_flight || s.abort_requested) {
-                    s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with work in flight", s.name));
+                if (overdue || s.abort_requested) {
+                    s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name));
                     s.AbortLocked();
                 } else {
                     // Orderly: flush, wait (bounded) for NCCL to quiesce, free. A peer that never arrives ends in abort.
@@ -713,8 +716,11 @@ NcclCommunicator::~NcclCommunicator() {
                 }
             }
             for (auto& op : ops) {
+                // After a finalize the work completed; after an abort whatever had not finished failed.
+                const cudaError_t q = cudaEventQuery(op->done);
+                (void)cudaGetLastError();
                 int expected = NcclOp::kPending;
-                op->status.compare_exchange_strong(expected, NcclOp::kFailed);
+                op->status.compare_exchange_strong(expected, q == cudaSuccess ? NcclOp::kDone : NcclOp::kFailed);
             }
         }
         s.NoteAbort(fmt::format("NCCL communicator '{}' was destroyed", s.name)); // for handles that outlive it
@@ -972,10 +978,25 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
                         throw;
                     }
                     const ncclResult_t end = ncclGroupEnd();
-                    WaitLeftInProgress(s, {s.comm}, first_error != ncclSuccess ? first_error : end, issue.api,
-                                       op->Describe(), op->issued);
+                    try {
+                        WaitLeftInProgress(s, {s.comm}, first_error != ncclSuccess ? first_error : end, issue.api,
+                                           op->Describe(), op->issued);
+                    } catch (...) {
+                        // Kernels may already be queued on s.stream and still touch the kept tensors: track the op
+                        // as failed so the watchdog releases them only once its done-event has fired (after the
+                        // abort this failure leads to).
+                        (void)cudaEventRecord(op->done, s.stream);
+                        op->status = NcclOp::kFailed;
+                        std::lock_guard track(s.mutex);
+                        s.outstanding.push_back(op);
+                        throw;
+                    }
                 }
                 SHARDLINE_CHECK_CUDA(cudaEventRecord(op->done, s.stream));
+                // Registered before nccl_mutex is released: an abort carried out by NcclLock's destructor must see
+                // this op, or it would stay pending and be reported done once the aborted kernel's event fires.
+                std::lock_guard track(s.mutex);
+                s.outstanding.push_back(op);
             }
         } catch (const CommError& e) {
             s.NoteAbort(e.what());
@@ -988,10 +1009,6 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
         }
     }
     SHARDLINE_CHECK_AS(CommError, mismatch.empty(), issue.api, "{}", mismatch);
-    {
-        std::lock_guard lock(s.mutex);
-        s.outstanding.push_back(op);
-    }
     s.wake.notify_one();
     return std::make_shared<NcclWork>(std::move(op));
 }

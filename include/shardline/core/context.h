@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 
 #include <shardline/config.h>
@@ -26,8 +27,9 @@ public:
     static CudaContext& Current();
 
     int device() const { return device_; }
-    cudaStream_t stream() const { return stream_; }
-    /// Uses `stream` for compute from now on (e.g. an embedding trainer's own stream); nullptr restores ours.
+    cudaStream_t stream() const { return stream_.load(std::memory_order_acquire); }
+    /// Uses `stream` for compute from now on (e.g. an embedding trainer's own stream); nullptr restores ours. The new
+    /// stream is ordered after the old one.
     void SetStream(cudaStream_t stream);
     cublasLtHandle_t lt_handle() const { return lt_handle_; }
     cublasHandle_t cublas_handle();
@@ -48,7 +50,7 @@ private:
     explicit CudaContext(int device);
     int device_;
     cudaStream_t own_stream_ = nullptr;
-    cudaStream_t stream_ = nullptr;
+    std::atomic<cudaStream_t> stream_{nullptr};
     cublasLtHandle_t lt_handle_ = nullptr;
     cublasHandle_t cublas_handle_ = nullptr;
     void* workspace_ = nullptr;

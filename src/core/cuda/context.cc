@@ -185,9 +185,20 @@ CudaContext::~CudaContext() {
 
 void CudaContext::SetStream(cudaStream_t stream) {
     std::lock_guard lock(CublasMutex());
-    stream_ = stream != nullptr ? stream : own_stream_;
+    const cudaStream_t next = stream != nullptr ? stream : own_stream_;
+    const cudaStream_t previous = stream_.load();
+    if (next != previous) {
+        // The new stream must follow the old one: the cuBLASLt workspace is shared, and tensors last used on the old
+        // stream are freed (stream-ordered) on the new one.
+        cudaEvent_t handoff = nullptr;
+        SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&handoff, cudaEventDisableTiming));
+        SHARDLINE_CHECK_CUDA(cudaEventRecord(handoff, previous));
+        SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(next, handoff, 0));
+        SHARDLINE_CHECK_CUDA(cudaEventDestroy(handoff));
+    }
+    stream_.store(next);
     if (cublas_handle_ != nullptr) {
-        BindCublas(cublas_handle_, stream_, workspace_, workspace_bytes_);
+        BindCublas(cublas_handle_, next, workspace_, workspace_bytes_);
     }
 }
 
@@ -202,7 +213,7 @@ cublasHandle_t CudaContext::cublas_handle() {
         cublasHandle_t handle = nullptr;
         SHARDLINE_CHECK_CUBLAS(cublasCreate(&handle));
         try {
-            BindCublas(handle, stream_, workspace_, workspace_bytes_);
+            BindCublas(handle, stream_.load(), workspace_, workspace_bytes_);
         } catch (...) {
             cublasDestroy(handle);
             throw;

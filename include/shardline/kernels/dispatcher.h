@@ -96,6 +96,7 @@ public:
             for (Entry& e : Entries()) {
                 if (e.device == device && e.provider == provider) {
                     e.fn = fn;
+                    detail::BumpSelectionGeneration(); // cached resolutions hold the old pointer
                     return;
                 }
             }

@@ -33,8 +33,12 @@ public:
     void SetStream(cudaStream_t stream);
     cublasLtHandle_t lt_handle() const { return lt_handle_; }
     cublasHandle_t cublas_handle();
-    void* workspace() const { return workspace_; }
-    std::size_t workspace_bytes() const { return workspace_bytes_; }
+    /// The cuBLASLt workspace: ours, or the one SetWorkspace installed.
+    void* workspace() const { return active_workspace_; }
+    std::size_t workspace_bytes() const { return active_workspace_bytes_; }
+    /// Gives cuBLASLt `workspace` (`bytes`, device memory of this device) from now on; nullptr restores ours. The
+    /// legacy provider's cuBLAS handle keeps ours.
+    void SetWorkspace(void* workspace, std::size_t bytes);
     /// Whether fp32 GEMMs may use TF32 (SHARDLINE_ALLOW_TF32=1, read once; or SetAllowTf32).
     bool allow_tf32() const { return allow_tf32_; }
     void SetAllowTf32(bool allow) { allow_tf32_ = allow; }
@@ -55,9 +59,32 @@ private:
     cublasHandle_t cublas_handle_ = nullptr;
     void* workspace_ = nullptr;
     std::size_t workspace_bytes_ = 0;
+    void* active_workspace_ = nullptr;
+    std::size_t active_workspace_bytes_ = 0;
     bool allow_tf32_ = false;
     int compute_capability_ = 0;
     int multiprocessors_ = 0;
+};
+
+/// A caller's stream and cuBLASLt workspace for the length of a scope (the functional API's explicit arguments): on
+/// entry the context computes on `stream`, ordered after its previous stream as SetStream orders it, and cuBLASLt
+/// uses `workspace`; on exit both are restored and the previous stream is ordered after `stream`. A null stream or
+/// workspace keeps the current one. Scopes nest. Like SetStream it changes the device's context for every thread, so
+/// no other shardline work may run on the device meanwhile.
+class ScopedCudaOverride {
+public:
+    ScopedCudaOverride(CudaContext& ctx, cudaStream_t stream, void* workspace, std::size_t workspace_bytes);
+    ~ScopedCudaOverride();
+    ScopedCudaOverride(const ScopedCudaOverride&) = delete;
+    ScopedCudaOverride& operator=(const ScopedCudaOverride&) = delete;
+
+private:
+    CudaContext& ctx_;
+    cudaStream_t previous_stream_ = nullptr;
+    void* previous_workspace_ = nullptr;
+    std::size_t previous_workspace_bytes_ = 0;
+    bool stream_set_ = false;
+    bool workspace_set_ = false;
 };
 #endif
 

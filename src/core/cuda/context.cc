@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string_view>
 
@@ -145,6 +146,8 @@ CudaContext::CudaContext(int device) : device_(device) {
         if (workspace_bytes_ > 0) {
             SHARDLINE_CHECK_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
         }
+        active_workspace_ = workspace_;
+        active_workspace_bytes_ = workspace_bytes_;
     } catch (...) {
         if (workspace_ != nullptr) {
             cudaFree(workspace_);
@@ -199,6 +202,44 @@ void CudaContext::SetStream(cudaStream_t stream) {
     stream_.store(next);
     if (cublas_handle_ != nullptr) {
         BindCublas(cublas_handle_, next, workspace_, workspace_bytes_);
+    }
+}
+
+void CudaContext::SetWorkspace(void *workspace, std::size_t bytes) {
+    // No ordering is needed: work already queued keeps the workspace it was given, later work takes the new one, and
+    // the two never share memory.
+    std::lock_guard lock(CublasMutex());
+    active_workspace_ = workspace != nullptr ? workspace : workspace_;
+    active_workspace_bytes_ = workspace != nullptr ? bytes : workspace_bytes_;
+}
+
+ScopedCudaOverride::ScopedCudaOverride(CudaContext &ctx, cudaStream_t stream, void *workspace,
+                                       std::size_t workspace_bytes)
+    : ctx_(ctx), previous_stream_(ctx.stream()), previous_workspace_(ctx.workspace()),
+      previous_workspace_bytes_(ctx.workspace_bytes()) {
+    if (stream != nullptr && stream != previous_stream_) {
+        ctx_.SetStream(stream);
+        stream_set_ = true;
+    }
+    if (workspace != nullptr) {
+        ctx_.SetWorkspace(workspace, workspace_bytes);
+        workspace_set_ = true;
+    }
+}
+
+ScopedCudaOverride::~ScopedCudaOverride() {
+    // A destructor must not throw: a failure to restore is logged (the CUDA error is sticky and the next call raises).
+    try {
+        if (workspace_set_) {
+            // previous_workspace_ is ours or an outer scope's; SetWorkspace(nullptr) would drop an outer override.
+            ctx_.SetWorkspace(previous_workspace_, previous_workspace_bytes_);
+        }
+        if (stream_set_) {
+            ctx_.SetStream(previous_stream_);
+        }
+    } catch (const std::exception &e) {
+        Logger().log(spdlog::level::err, fmt::format("ScopedCudaOverride: restoring cuda:{} failed: {}", ctx_.device(),
+                                                     e.what()));
     }
 }
 

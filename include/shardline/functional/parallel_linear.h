@@ -1,0 +1,201 @@
+#pragma once
+
+// Column- and row-parallel Linear layers as functions on caller-owned memory: the functional layer under shardline's
+// modules, for a trainer that has its own tensors and its own autograd (docs/functional.md).
+//
+// Every call takes
+//   - the layer's options (global sizes and Megatron's flags),
+//   - the tensors as TensorViews of the caller's memory (device memory of the current CUDA device when the mesh moves
+//     CUDA tensors over NCCL, host memory when it moves CPU tensors over MPI), each with its *local* shape,
+//   - the tensor-parallel group (a DeviceMesh and the mesh dim that is TP, so a dp x tp mesh works), and
+//   - on CUDA the stream and the cuBLASLt workspace of the call.
+// shardline keeps no pointer after a call returns and frees nothing of the caller's.
+//
+// The collectives are not written here: each call gives the linear SPMD rule (spmd::InferLinearForward / Grad) the
+// layouts of the caller's tensors, and the redistribute planner's plans move them (DESIGN.md §6), with W [out, in]:
+//
+//   layer                                   forward                          backward
+//   column                                  none                             all-reduce dx (none without dx)
+//   column, sequence_parallel               all-gather x                     reduce-scatter dx (+ all-gather x
+//                                                                            again for dweight unless x_total kept)
+//   column, gather_output                   + all-gather y                   + a local slice of dy (no collective)
+//   row, input_is_parallel                  all-reduce y, then + bias once   none
+//   row, input not parallel                 local slice of x, all-reduce y   all-gather dx (none without dx)
+//   row, sequence_parallel                  reduce-scatter y, then + bias    all-gather dy
+//
+// The rule and its plans are inferred once per configuration (mesh shape, tp dim, shapes, flags, dtype) and cached;
+// a steady-state call looks them up and infers nothing (GetPlanCacheStats).
+//
+// Errors (shape, dtype, a null required pointer, a bad mesh dim, sizes that do not divide by tp) raise
+// shardline::Error naming the function, the values and the expectation, before any collective: when every rank
+// passes the same bad configuration, every rank raises and none waits in a collective.
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#include <shardline/comm/device_mesh.h>
+#include <shardline/core/dtype.h>
+
+// cudaStream_t is `struct CUstream_st*`; declaring the struct keeps this header free of the CUDA headers, so CPU-only
+// builds and trainers compiled without CUDA take the same signatures.
+struct CUstream_st;
+
+namespace shardline::functional {
+
+/// A CUDA stream (the same type as cudaStream_t).
+using CudaStream = CUstream_st *;
+
+inline constexpr int kMaxViewDims = 4;
+
+/// Caller-owned memory holding a row-major contiguous tensor of `shape[0..ndim)` elements of `dtype`. The data of an
+/// input is only read. A view with a null `data` is absent (an optional tensor that is not given, a gradient that is
+/// not wanted); a required view must have a non-null `data`, even when it has no elements.
+struct TensorView {
+    void *data = nullptr;
+    DType dtype = DType::kFloat32;
+    int ndim = 0;
+    std::int64_t shape[kMaxViewDims] = {};
+
+    bool present() const { return data != nullptr; }
+    std::int64_t numel() const;
+};
+
+/// View(ptr, {s, b, h}, DType::kBFloat16). Throws Error for more than kMaxViewDims dims.
+TensorView View(void *data, std::initializer_list<std::int64_t> shape, DType dtype);
+/// The same for an input (the view is only read).
+TensorView View(const void *data, std::initializer_list<std::int64_t> shape, DType dtype);
+
+/// The tensor-parallel group: mesh dim `tp_dim` of `mesh`, of size tp. Collectives run on mesh.group(tp_dim) only. The
+/// other mesh dims (e.g. dp) hold independent replicas of the layer, each with its own data; reducing parameter
+/// gradients over them stays the caller's job.
+struct TensorParallelGroup {
+    comm::DeviceMesh &mesh;
+    int tp_dim = 0;
+};
+
+/// Where a call's CUDA work goes (ignored on the CPU). Every kernel and copy of the call is queued on `stream`, and
+/// the communicators order their collectives against it with events: no host synchronisation.
+struct CudaExecution {
+    CudaStream stream = nullptr;     ///< null: the device context's compute stream
+    void *workspace = nullptr;       ///< cuBLASLt workspace on the device; null: the context's
+    std::size_t workspace_bytes = 0; ///< size of `workspace`
+};
+
+/// Whether a backward overwrites the parameter gradients or adds to them.
+enum class GradMode : std::uint8_t {
+    kOverwrite,  ///< dweight = ..., dbias = ... (the parameter's dtype)
+    kAccumulate, ///< dweight += ..., dbias += ... (beta = 1): the parameter's dtype or a float32 main grad
+};
+
+/// Which input a forward's caller keeps for the backward.
+enum class SavedInput : std::uint8_t {
+    kInput,         ///< x, as given to the forward
+    kGatheredInput, ///< x_total, filled by the forward (column, sequence_parallel); x is no longer needed
+};
+
+/// What a forward did.
+struct ForwardInfo {
+    SavedInput saved_input = SavedInput::kInput;
+    int collectives = 0; ///< issued on the tp group
+};
+
+/// What a backward did.
+struct BackwardInfo {
+    int collectives = 0; ///< issued on the tp group
+};
+
+// ---- Column parallel: W is split by rows (out_features); Y = X·Wᵀ + b --------------------------------------------
+// Shapes below: s is the sequence (dim 0 of x, Megatron's [s, b, h] layout), "..." further leading dims (up to
+// kMaxViewDims dims in all), K = in_features, N = out_features, tp = the group's size.
+
+struct ColumnParallelLinearOptions {
+    std::int64_t in_features = 0;   ///< K; every rank holds all of it
+    std::int64_t out_features = 0;  ///< N (global); must divide by tp
+    bool bias = true;               ///< a bias [N/tp] per rank, fused into the GEMM
+    bool gather_output = false;     ///< all-gather y to [s, ..., N] on every rank (not with sequence_parallel)
+    bool sequence_parallel = false; ///< x arrives split on dim 0 ([s/tp, ..., K]) and is all-gathered
+};
+
+struct ColumnParallelLinearForwardArgs {
+    TensorView x;         ///< [s, ..., K]; sequence_parallel: this rank's [s/tp, ..., K]
+    TensorView weight;    ///< [N/tp, K]: this rank's rows of W
+    TensorView bias{};    ///< [N/tp]; required with options.bias, absent without
+    TensorView y;         ///< out: [s, ..., N/tp]; gather_output: [s, ..., N]
+    TensorView x_total{}; ///< sequence_parallel, optional out: [s, ..., K] receives the all-gathered input, which the
+                          ///< backward then reuses instead of gathering it again
+};
+
+struct ColumnParallelLinearBackwardArgs {
+    TensorView dy;        ///< y's shape
+    TensorView x{};       ///< the forward's x; required for dweight unless x_total is given
+    TensorView x_total{}; ///< sequence_parallel: the forward's x_total (ForwardInfo::saved_input = kGatheredInput)
+    TensorView weight{};  ///< the forward's weight; required for dx
+    TensorView dx{};      ///< out, x's shape; absent: not computed, and no all-reduce / reduce-scatter is issued
+    TensorView dweight{}; ///< out, [N/tp, K]; absent: not computed
+    TensorView dbias{};   ///< out, [N/tp] (options.bias only); absent: not computed
+    GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
+};
+
+/// y = x·weightᵀ + bias on this rank's N/tp output features. Communication: sequence_parallel all-gathers x
+/// (into x_total when given), gather_output all-gathers y.
+ForwardInfo ColumnParallelLinearForward(const ColumnParallelLinearOptions &options,
+                                        const ColumnParallelLinearForwardArgs &args, const TensorParallelGroup &group,
+                                        const CudaExecution &cuda = {});
+
+/// dx = Σ_tp dy·weight (all-reduced, or reduce-scattered under sequence_parallel); dweight (+)= dyᵀ·x_total;
+/// dbias (+)= Σ_rows dy. Computes only the gradients whose views are present.
+BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &options,
+                                          const ColumnParallelLinearBackwardArgs &args,
+                                          const TensorParallelGroup &group, const CudaExecution &cuda = {});
+
+// ---- Row parallel: W is split by columns (in_features); Y = Σ_tp X_r·W_rᵀ + b -------------------------------------
+
+struct RowParallelLinearOptions {
+    std::int64_t in_features = 0;   ///< K (global); must divide by tp
+    std::int64_t out_features = 0;  ///< N; every rank holds all of it
+    bool bias = true;               ///< a bias [N], the same on every rank, added once after the reduction
+    bool input_is_parallel = false; ///< x arrives split on K ([s, ..., K/tp]); else x is [s, ..., K] and each rank
+                                    ///< takes its part locally
+    bool sequence_parallel = false; ///< y is reduce-scattered on dim 0 ([s/tp, ..., N]); needs input_is_parallel
+};
+
+struct RowParallelLinearForwardArgs {
+    TensorView x;      ///< input_is_parallel: [s, ..., K/tp]; else [s, ..., K]
+    TensorView weight; ///< [N, K/tp]: this rank's columns of W
+    TensorView bias{}; ///< [N]; required with options.bias, absent without
+    TensorView y;      ///< out: [s, ..., N]; sequence_parallel: this rank's [s/tp, ..., N]
+};
+
+struct RowParallelLinearBackwardArgs {
+    TensorView dy;        ///< y's shape
+    TensorView x{};       ///< the forward's x; required for dweight
+    TensorView weight{};  ///< the forward's weight; required for dx
+    TensorView dx{};      ///< out, x's shape; absent: not computed (and, for a non-parallel input, not all-gathered)
+    TensorView dweight{}; ///< out, [N, K/tp]; absent: not computed
+    TensorView dbias{};   ///< out, [N] (options.bias only), the same on every rank; absent: not computed
+    GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
+};
+
+/// y = Σ_tp x_r·weight_rᵀ (all-reduced, or reduce-scattered on dim 0 under sequence_parallel), then + bias once.
+ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
+                                     const TensorParallelGroup &group, const CudaExecution &cuda = {});
+
+/// dx = dy_total·weight; dweight (+)= dy_totalᵀ·x; dbias (+)= Σ_rows dy_total, where dy_total is dy (all-gathered on
+/// dim 0 under sequence_parallel). A non-parallel input's dx is all-gathered to [s, ..., K].
+BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
+                                       const RowParallelLinearBackwardArgs &args, const TensorParallelGroup &group,
+                                       const CudaExecution &cuda = {});
+
+// ---- The per-configuration cache -----------------------------------------------------------------------------------
+
+struct PlanCacheStats {
+    std::uint64_t hits = 0;   ///< calls that found their configuration's rule and plans
+    std::uint64_t misses = 0; ///< calls that inferred them (the first of each configuration)
+    std::size_t size = 0;     ///< configurations held
+};
+PlanCacheStats GetPlanCacheStats();
+/// Drops the cached configurations and zeroes the counters (tests; a trainer never needs it).
+void ClearPlanCache();
+
+} // namespace shardline::functional

@@ -1,6 +1,8 @@
 #include "gemm_common.h"
 
+#include <algorithm>
 #include <mutex>
+#include <vector>
 
 #include <shardline/core/error.h>
 #include <shardline/core/tensor.h>
@@ -66,20 +68,77 @@ void CheckCudaGemm(const GemmParams &p, std::string_view op) {
 
 void ColumnSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                void *out, DType out_dtype, bool accumulate, ReduceImpl impl) {
+    ColumnSumOn(ctx, ctx.stream(), x, dtype, rows, cols, ld, out, out_dtype, accumulate, impl);
+}
+
+void ColumnSumOn(CudaContext &ctx, cudaStream_t stream, const void *x, DType dtype, std::int64_t rows,
+                 std::int64_t cols, std::int64_t ld, void *out, DType out_dtype, bool accumulate, ReduceImpl impl) {
     if (cols <= 0) {
         return;
     }
     const ColumnSumPlan plan =
         PlanColumnSum(x, dtype, rows, cols, ld, ctx.multiprocessors(), impl == ReduceImpl::kVectorized);
-    // Partials come from the stream-ordered pool; the tensor's release is a cudaFreeAsync queued on the same
-    // stream after the kernels, so the buffer outlives its readers without a synchronisation.
-    Tensor partials;
+    float *partials = nullptr;
+    Tensor fallback;
     if (plan.partial_elems > 0) {
-        partials = Tensor::Empty(Shape{plan.partial_elems}, DType::kFloat32, Device::CUDA(ctx.device()));
+        partials = ReduceScratch(ctx, stream, static_cast<std::size_t>(plan.partial_elems));
+        if (partials == nullptr) {
+            // The stream is being captured and its scratch is too small to grow now: a stream-ordered allocation,
+            // which the graph records as its own allocation node. (Its release is a cudaFreeAsync queued on the
+            // context stream after the kernels; here that stream is the one being captured.)
+            fallback = Tensor::Empty(Shape{plan.partial_elems}, DType::kFloat32, Device::CUDA(ctx.device()));
+            partials = static_cast<float *>(fallback.data());
+        }
     }
-    SHARDLINE_CHECK_CUDA(LaunchColumnSum(plan, x, dtype, rows, cols, ld, out, out_dtype, accumulate,
-                                         plan.partial_elems > 0 ? static_cast<float *>(partials.data()) : nullptr,
-                                         ctx.stream()));
+    SHARDLINE_CHECK_CUDA(
+        LaunchColumnSum(plan, x, dtype, rows, cols, ld, out, out_dtype, accumulate, partials, stream));
+}
+
+float *ReduceScratch(CudaContext &ctx, cudaStream_t stream, std::size_t floats) {
+    // One grow-only buffer per (device, stream): the kernels using it are ordered by their stream, so consecutive
+    // reductions on one stream may share it, and a side stream gets its own. A steady-state step therefore allocates
+    // nothing per call (the pool's cudaMallocAsync would cost host time on every bias grad). Growing frees the old
+    // buffer with cudaFree, which waits for the device: it happens once per larger shape, never while capturing.
+    struct Entry {
+        int device;
+        cudaStream_t stream;
+        float *data;
+        std::size_t floats;
+    };
+    static std::mutex mutex;
+    static std::vector<Entry> *entries = new std::vector<Entry>(); // never destroyed (static teardown vs the runtime)
+    std::lock_guard lock(mutex);
+    Entry *entry = nullptr;
+    for (Entry &e : *entries) {
+        if (e.device == ctx.device() && e.stream == stream) {
+            entry = &e;
+            break;
+        }
+    }
+    if (entry != nullptr && entry->floats >= floats) {
+        return entry->data;
+    }
+    // cudaMalloc/cudaFree are not allowed while this thread captures (the compute stream, or the side stream that
+    // joined its capture).
+    for (const cudaStream_t s : {stream, ctx.stream()}) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        SHARDLINE_CHECK_CUDA(cudaStreamIsCapturing(s, &capture));
+        if (capture != cudaStreamCaptureStatusNone) {
+            return nullptr;
+        }
+    }
+    // At least 1 MiB, and 1.5x the request, so that a few growing shapes settle quickly.
+    const std::size_t want = std::max<std::size_t>(floats + floats / 2, std::size_t{1} << 18);
+    float *data = nullptr;
+    SHARDLINE_CHECK_CUDA(cudaMalloc(reinterpret_cast<void **>(&data), want * sizeof(float)));
+    if (entry == nullptr) {
+        entries->push_back(Entry{ctx.device(), stream, data, want});
+    } else {
+        SHARDLINE_CHECK_CUDA(cudaFree(entry->data));
+        entry->data = data;
+        entry->floats = want;
+    }
+    return data;
 }
 
 void RowSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,

@@ -41,6 +41,12 @@ void RunUnfusedEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl);
 /// out[c] (+)= Σ_r x[r·ld + c] over a row-major rows×cols view (fp32 accumulation, deterministic).
 void ColumnSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                void *out, DType out_dtype, bool accumulate, ReduceImpl impl);
+/// ColumnSum on a given stream (e.g. a side stream overlapping a GEMM that reads the same x).
+void ColumnSumOn(CudaContext &ctx, cudaStream_t stream, const void *x, DType dtype, std::int64_t rows,
+                 std::int64_t cols, std::int64_t ld, void *out, DType out_dtype, bool accumulate, ReduceImpl impl);
+/// A float scratch buffer of at least `floats` elements reserved for reductions on `stream` of ctx's device, kept
+/// across calls; nullptr when it would have to grow while the stream is being captured into a CUDA graph.
+float *ReduceScratch(CudaContext &ctx, cudaStream_t stream, std::size_t floats);
 /// out[r] (+)= Σ_c x[r·ld + c].
 void RowSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
             void *out, DType out_dtype, bool accumulate);

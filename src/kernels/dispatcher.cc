@@ -27,7 +27,7 @@ Selection& TheSelection() {
 }
 
 constexpr std::string_view kLinearOps[] = {"LinearForward", "LinearBackwardInput", "LinearBackwardWeight",
-                                           "LinearBackwardBias"};
+                                           "LinearBackwardBias", "LinearBackward"};
 
 // The environment's choice: SHARDLINE_PROVIDER (global) and SHARDLINE_LINEAR_IMPL=legacy (the Linear ops).
 void LoadEnvironment(Selection& s) {

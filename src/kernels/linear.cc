@@ -3,10 +3,14 @@
 
 #include <shardline/kernels/linear.h>
 
+#include <algorithm>
+#include <initializer_list>
+
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/gemm.h>
 
 #include "checks.h"
+#include "linear_gemm.h"
 #include "register.h"
 
 namespace shardline::kernels {
@@ -30,6 +34,28 @@ Shape WithLastDim(Shape shape, std::int64_t last) {
     return shape;
 }
 
+// The checks below run on every call: they compare without building the expected Shape (a heap allocation), and only
+// a failing check formats its message.
+
+/// t has `like`'s shape with the last dim replaced by `last`.
+void CheckShapeWithLast(const Tensor& t, const Shape& like, std::int64_t last, std::string_view op,
+                        std::string_view name) {
+    const Shape& s = t.shape();
+    const bool ok = !like.empty() && s.size() == like.size() && s.back() == last &&
+                    std::equal(like.begin(), like.end() - 1, s.begin());
+    if (!ok) [[unlikely]] {
+        CheckShape(t, like.empty() ? like : WithLastDim(like, last), op, name);
+    }
+}
+
+/// t has exactly the given dims.
+void CheckDims(const Tensor& t, std::initializer_list<std::int64_t> dims, std::string_view op, std::string_view name) {
+    const Shape& s = t.shape();
+    if (s.size() != dims.size() || !std::equal(dims.begin(), dims.end(), s.begin())) [[unlikely]] {
+        CheckShape(t, Shape(dims), op, name);
+    }
+}
+
 void CheckWeight(const Tensor& weight, std::string_view op) {
     CheckTensor(weight, op, "weight");
     CheckDeviceDType(weight, op, "weight");
@@ -49,88 +75,19 @@ void CheckBias(const Tensor& bias, const Tensor& like, std::int64_t out_features
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
-// Default kernels
+// Default kernels: compositions over Gemm (GemmParams from linear_gemm.h, shared with the CUDA LinearBackward).
 
-void DefaultLinearForward(const LinearForwardArgs& args) {
-    const std::int64_t in = args.weight.size(1);
-    const std::int64_t out = args.weight.size(0);
-    const std::int64_t rows = Rows(args.x, LinearForwardOp::kName, "x");
-    const bool gelu = args.activation == LinearActivation::kGeluTanh;
-    // Row-major Y[M,out] = X[M,in]·W[out,in]ᵀ. Column-major, the same bytes read Yᶜ[out,M] = Wᶜᵀ·Xᶜ with
-    // Wᶜ = W viewed [in,out] (ld in, transposed to [out,in]) and Xᶜ = X viewed [in,M] (ld in). The bias has one
-    // entry per row of Yᶜ (m = out), which is what the cuBLASLt BIAS epilogue adds.
-    Gemm(GemmParams{.trans_a = true,
-                    .trans_b = false,
-                    .m = out,
-                    .n = rows,
-                    .k = in,
-                    .a = args.weight.data(),
-                    .lda = in,
-                    .a_type = args.weight.dtype(),
-                    .b = args.x.data(),
-                    .ldb = in,
-                    .b_type = args.x.dtype(),
-                    .c = args.y.data(),
-                    .ldc = out,
-                    .c_type = args.y.dtype(),
-                    .epilogue = gelu ? GemmEpilogue::kGeluAuxBias
-                                     : (args.bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone),
-                    .bias = args.bias != nullptr ? args.bias->data() : nullptr,
-                    .bias_type = args.bias != nullptr ? args.bias->dtype() : args.y.dtype(),
-                    .aux = gelu ? args.pre_activation->data() : nullptr,
-                    .ldaux = gelu ? out : 0,
-                    .device = args.y.device()});
-}
+void DefaultLinearForward(const LinearForwardArgs& args) { Gemm(detail::LinearForwardGemm(args)); }
 
 void DefaultLinearBackwardInput(const LinearBackwardInputArgs& args) {
-    const std::int64_t in = args.weight.size(1);
-    const std::int64_t out = args.weight.size(0);
-    const std::int64_t rows = Rows(args.dy, LinearBackwardInputOp::kName, "dy");
-    // Row-major dX[M,in] = dY[M,out]·W[out,in]. Column-major dXᶜ[in,M] = Wᶜ[in,out]·dYᶜ[out,M]: W viewed [in,out]
-    // (ld in) and dY viewed [out,M] (ld out), no transposes.
-    Gemm(GemmParams{.m = in,
-                    .n = rows,
-                    .k = out,
-                    .a = args.weight.data(),
-                    .lda = in,
-                    .a_type = args.weight.dtype(),
-                    .b = args.dy.data(),
-                    .ldb = out,
-                    .b_type = args.dy.dtype(),
-                    .c = args.dx.data(),
-                    .ldc = in,
-                    .c_type = args.dx.dtype(),
-                    .device = args.dx.device()});
+    Gemm(detail::LinearDgradGemm(args.dy, args.weight, args.dx));
 }
 
 void DefaultLinearBackwardWeight(const LinearBackwardWeightArgs& args) {
-    const std::int64_t in = args.x.shape().back();
-    const std::int64_t out = args.dy.shape().back();
-    const std::int64_t rows = Rows(args.dy, LinearBackwardWeightOp::kName, "dy");
-    // The bias grad rides in the GEMM (BGRADB) only when it is overwritten: the epilogue cannot accumulate.
+    // The bias grad rides in the GEMM (BGRADB) only when it is overwritten: the epilogue cannot accumulate. Where
+    // fusing measures slower, the CUDA Gemm runs the plain GEMM and the column sum itself (gemm_tuning.h).
     const bool fused_bias = args.dbias != nullptr && !args.accumulate;
-    // Row-major dW[out,in] = dY[M,out]ᵀ·X[M,in]. Column-major dWᶜ[in,out] = Xᶜ[in,M]·dYᶜ[out,M]ᵀ: X viewed [in,M]
-    // (ld in), dY viewed [out,M] (ld out) and transposed. The reduction runs over k = M, so BGRADB's sum over k of
-    // op(B) = dYᵀ gives db[out]. accumulate: beta = 1 into dW (e.g. an fp32 main grad for bf16 operands).
-    Gemm(GemmParams{.trans_a = false,
-                    .trans_b = true,
-                    .m = in,
-                    .n = out,
-                    .k = rows,
-                    .a = args.x.data(),
-                    .lda = in,
-                    .a_type = args.x.dtype(),
-                    .b = args.dy.data(),
-                    .ldb = out,
-                    .b_type = args.dy.dtype(),
-                    .c = args.dweight.data(),
-                    .ldc = in,
-                    .c_type = args.dweight.dtype(),
-                    .beta = args.accumulate ? 1.0 : 0.0,
-                    .epilogue = fused_bias ? GemmEpilogue::kBGradB : GemmEpilogue::kNone,
-                    .bias = fused_bias ? args.dbias->data() : nullptr,
-                    .bias_type = fused_bias ? args.dbias->dtype() : args.dy.dtype(),
-                    .device = args.dweight.device()});
+    Gemm(detail::LinearWgradGemm(args.dy, args.x, args.dweight, fused_bias ? args.dbias : nullptr, args.accumulate));
     if (args.dbias != nullptr && !fused_bias) {
         LinearBackwardBias(LinearBackwardBiasArgs{.dy = args.dy, .dbias = *args.dbias, .accumulate = true});
     }
@@ -155,7 +112,7 @@ void LinearForward(const LinearForwardArgs& args) {
     SHARDLINE_CHECK_AS(ShapeError, args.x.rank() >= 1 && args.x.shape().back() == in, kOp,
                        "x's last dim must equal in_features {} of weight {}, got x {}", in, args.weight.ToString(),
                        args.x.ToString());
-    CheckShape(args.y, WithLastDim(args.x.shape(), out), kOp, "y");
+    CheckShapeWithLast(args.y, args.x.shape(), out, kOp, "y");
     if (args.bias != nullptr) {
         CheckBias(*args.bias, args.weight, out, kOp, "bias");
     }
@@ -182,20 +139,62 @@ Tensor LinearForward(const Tensor& x, const Tensor& weight, const Tensor* bias) 
     return y;
 }
 
+namespace {
+
+void CheckBackwardInput(const Tensor& dy, const Tensor& weight, const Tensor& dx, std::string_view op) {
+    CheckWeight(weight, op);
+    CheckTensor(dy, op, "dy");
+    CheckTensor(dx, op, "dx");
+    CheckSameDevice(dy, "dy", weight, "weight", op);
+    CheckSameDevice(dx, "dx", weight, "weight", op);
+    CheckSameDType(dy, "dy", weight, "weight", op);
+    CheckSameDType(dx, "dx", weight, "weight", op);
+    const std::int64_t out = weight.size(0);
+    SHARDLINE_CHECK_AS(ShapeError, dy.rank() >= 1 && dy.shape().back() == out, op,
+                       "dy's last dim must equal out_features {} of weight {}, got dy {}", out, weight.ToString(),
+                       dy.ToString());
+    CheckShapeWithLast(dx, dy.shape(), weight.size(1), op, "dx");
+}
+
+void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweight, bool accumulate,
+                         std::string_view op) {
+    CheckTensor(dy, op, "dy");
+    CheckTensor(x, op, "x");
+    CheckTensor(dweight, op, "dweight");
+    CheckDeviceDType(x, op, "x");
+    CheckSameDevice(dy, "dy", x, "x", op);
+    CheckSameDevice(dweight, "dweight", x, "x", op);
+    CheckSameDType(dy, "dy", x, "x", op);
+    SHARDLINE_CHECK_AS(DTypeError,
+                       dweight.dtype() == x.dtype() || (accumulate && dweight.dtype() == DType::kFloat32), op,
+                       "dweight must have x's dtype {} (or be a float32 main grad with accumulate), got {}",
+                       DTypeName(x.dtype()), dweight.ToString());
+    SHARDLINE_CHECK_AS(ShapeError, dy.rank() >= 1 && x.rank() == dy.rank(), op,
+                       "dy and x must have the same rank >= 1, got dy {} and x {}", dy.ToString(), x.ToString());
+    SHARDLINE_CHECK_AS(ShapeError, std::equal(dy.shape().begin(), dy.shape().end() - 1, x.shape().begin()), op,
+                       "dy {} and x {} must agree on the leading (row) dims", dy.ToString(), x.ToString());
+    const std::int64_t out = dy.shape().back();
+    const std::int64_t in = x.shape().back();
+    SHARDLINE_CHECK_AS(ShapeError, out > 0 && in > 0, op, "features must be > 0, got dy {} and x {}", dy.ToString(),
+                       x.ToString());
+    CheckDims(dweight, {out, in}, op, "dweight");
+}
+
+void CheckBackwardBias(const Tensor& dy, const Tensor& dbias, std::string_view op) {
+    CheckTensor(dy, op, "dy");
+    CheckTensor(dbias, op, "dbias");
+    CheckDeviceDType(dy, op, "dy");
+    CheckSameDevice(dy, "dy", dbias, "dbias", op);
+    SHARDLINE_CHECK_AS(ShapeError, dy.rank() >= 1, op, "dy must have rank >= 1, got {}", dy.ToString());
+    SHARDLINE_CHECK_AS(DTypeError, dbias.dtype() == dy.dtype() || dbias.dtype() == DType::kFloat32, op,
+                       "dbias must have dy's dtype {} or float32, got {}", DTypeName(dy.dtype()), dbias.ToString());
+    CheckDims(dbias, {dy.shape().back()}, op, "dbias");
+}
+
+} // namespace
+
 void LinearBackwardInput(const LinearBackwardInputArgs& args) {
-    constexpr std::string_view kOp = LinearBackwardInputOp::kName;
-    CheckWeight(args.weight, kOp);
-    CheckTensor(args.dy, kOp, "dy");
-    CheckTensor(args.dx, kOp, "dx");
-    CheckSameDevice(args.dy, "dy", args.weight, "weight", kOp);
-    CheckSameDevice(args.dx, "dx", args.weight, "weight", kOp);
-    CheckSameDType(args.dy, "dy", args.weight, "weight", kOp);
-    CheckSameDType(args.dx, "dx", args.weight, "weight", kOp);
-    const std::int64_t out = args.weight.size(0);
-    SHARDLINE_CHECK_AS(ShapeError, args.dy.rank() >= 1 && args.dy.shape().back() == out, kOp,
-                       "dy's last dim must equal out_features {} of weight {}, got dy {}", out,
-                       args.weight.ToString(), args.dy.ToString());
-    CheckShape(args.dx, WithLastDim(args.dy.shape(), args.weight.size(1)), kOp, "dx");
+    CheckBackwardInput(args.dy, args.weight, args.dx, LinearBackwardInputOp::kName);
     if (args.dx.numel() == 0) {
         return;
     }
@@ -214,37 +213,14 @@ Tensor LinearBackwardInput(const Tensor& dy, const Tensor& weight) {
 
 void LinearBackwardWeight(const LinearBackwardWeightArgs& args) {
     constexpr std::string_view kOp = LinearBackwardWeightOp::kName;
-    CheckTensor(args.dy, kOp, "dy");
-    CheckTensor(args.x, kOp, "x");
-    CheckTensor(args.dweight, kOp, "dweight");
-    CheckDeviceDType(args.x, kOp, "x");
-    CheckSameDevice(args.dy, "dy", args.x, "x", kOp);
-    CheckSameDevice(args.dweight, "dweight", args.x, "x", kOp);
-    CheckSameDType(args.dy, "dy", args.x, "x", kOp);
-    SHARDLINE_CHECK_AS(DTypeError,
-                       args.dweight.dtype() == args.x.dtype() ||
-                           (args.accumulate && args.dweight.dtype() == DType::kFloat32),
-                       kOp, "dweight must have x's dtype {} (or be a float32 main grad with accumulate), got {}",
-                       DTypeName(args.x.dtype()), args.dweight.ToString());
-    SHARDLINE_CHECK_AS(ShapeError, args.dy.rank() >= 1 && args.x.rank() == args.dy.rank(), kOp,
-                       "dy and x must have the same rank >= 1, got dy {} and x {}", args.dy.ToString(),
-                       args.x.ToString());
-    const Shape dy_lead(args.dy.shape().begin(), args.dy.shape().end() - 1);
-    const Shape x_lead(args.x.shape().begin(), args.x.shape().end() - 1);
-    SHARDLINE_CHECK_AS(ShapeError, dy_lead == x_lead, kOp, "dy {} and x {} must agree on the leading (row) dims",
-                       args.dy.ToString(), args.x.ToString());
-    const std::int64_t out = args.dy.shape().back();
-    const std::int64_t in = args.x.shape().back();
-    SHARDLINE_CHECK_AS(ShapeError, out > 0 && in > 0, kOp, "features must be > 0, got dy {} and x {}",
-                       args.dy.ToString(), args.x.ToString());
-    CheckShape(args.dweight, Shape{out, in}, kOp, "dweight");
+    CheckBackwardWeight(args.dy, args.x, args.dweight, args.accumulate, kOp);
     if (args.dbias != nullptr) {
         CheckTensor(*args.dbias, kOp, "dbias");
         CheckSameDevice(*args.dbias, "dbias", args.x, "x", kOp);
         SHARDLINE_CHECK_AS(DTypeError, args.dbias->dtype() == args.dweight.dtype(), kOp,
                            "dbias must have dweight's dtype {}, got {}", DTypeName(args.dweight.dtype()),
                            args.dbias->ToString());
-        CheckShape(*args.dbias, Shape{out}, kOp, "dbias");
+        CheckDims(*args.dbias, {args.dy.shape().back()}, kOp, "dbias");
     }
     if (args.dy.numel() == 0) {
         if (!args.accumulate) {
@@ -269,16 +245,7 @@ Tensor LinearBackwardWeight(const Tensor& dy, const Tensor& x) {
 }
 
 void LinearBackwardBias(const LinearBackwardBiasArgs& args) {
-    constexpr std::string_view kOp = LinearBackwardBiasOp::kName;
-    CheckTensor(args.dy, kOp, "dy");
-    CheckTensor(args.dbias, kOp, "dbias");
-    CheckDeviceDType(args.dy, kOp, "dy");
-    CheckSameDevice(args.dy, "dy", args.dbias, "dbias", kOp);
-    SHARDLINE_CHECK_AS(ShapeError, args.dy.rank() >= 1, kOp, "dy must have rank >= 1, got {}", args.dy.ToString());
-    SHARDLINE_CHECK_AS(DTypeError, args.dbias.dtype() == args.dy.dtype() || args.dbias.dtype() == DType::kFloat32,
-                       kOp, "dbias must have dy's dtype {} or float32, got {}", DTypeName(args.dy.dtype()),
-                       args.dbias.ToString());
-    CheckShape(args.dbias, Shape{args.dy.shape().back()}, kOp, "dbias");
+    CheckBackwardBias(args.dy, args.dbias, LinearBackwardBiasOp::kName);
     if (args.dbias.numel() == 0) {
         return;
     }
@@ -294,12 +261,147 @@ Tensor LinearBackwardBias(const Tensor& dy) {
     return db;
 }
 
+void LinearBackward(const LinearBackwardArgs& args) {
+    constexpr std::string_view kOp = LinearBackwardOp::kName;
+    CheckTensor(args.dy, kOp, "dy");
+    CheckDeviceDType(args.dy, kOp, "dy");
+    if (args.dx != nullptr) {
+        SHARDLINE_CHECK(args.weight != nullptr, kOp, "dx needs the weight");
+        CheckBackwardInput(args.dy, *args.weight, *args.dx, kOp);
+    }
+    if (args.dweight != nullptr) {
+        SHARDLINE_CHECK(args.x != nullptr, kOp, "dweight needs the input x");
+        CheckBackwardWeight(args.dy, *args.x, *args.dweight, args.accumulate, kOp);
+    }
+    if (args.dbias != nullptr) {
+        CheckBackwardBias(args.dy, *args.dbias, kOp);
+        if (args.dweight != nullptr) {
+            SHARDLINE_CHECK_AS(DTypeError, args.dbias->dtype() == args.dweight->dtype(), kOp,
+                               "dbias must have dweight's dtype {}, got {}", DTypeName(args.dweight->dtype()),
+                               args.dbias->ToString());
+        }
+    }
+    if (args.dx == nullptr && args.dweight == nullptr && args.dbias == nullptr) {
+        return;
+    }
+    if (args.dy.numel() == 0) {
+        // No rows: dx is empty; the parameter grads are sums over nothing.
+        if (!args.accumulate) {
+            if (args.dweight != nullptr) {
+                args.dweight->Fill(0.0);
+            }
+            if (args.dbias != nullptr) {
+                args.dbias->Fill(0.0);
+            }
+        }
+        return;
+    }
+    Dispatch<LinearBackwardOp>(args.dy.device().type, args);
+}
+
+namespace detail {
+
+GemmParams LinearForwardGemm(const LinearForwardArgs& args) {
+    const std::int64_t in = args.weight.size(1);
+    const std::int64_t out = args.weight.size(0);
+    const std::int64_t rows = Rows(args.x, LinearForwardOp::kName, "x");
+    const bool gelu = args.activation == LinearActivation::kGeluTanh;
+    // Row-major Y[M,out] = X[M,in]·W[out,in]ᵀ. Column-major, the same bytes read Yᶜ[out,M] = Wᶜᵀ·Xᶜ with
+    // Wᶜ = W viewed [in,out] (ld in, transposed to [out,in]) and Xᶜ = X viewed [in,M] (ld in). The bias has one
+    // entry per row of Yᶜ (m = out), which is what the cuBLASLt BIAS epilogue adds.
+    return GemmParams{.trans_a = true,
+                      .trans_b = false,
+                      .m = out,
+                      .n = rows,
+                      .k = in,
+                      .a = args.weight.data(),
+                      .lda = in,
+                      .a_type = args.weight.dtype(),
+                      .b = args.x.data(),
+                      .ldb = in,
+                      .b_type = args.x.dtype(),
+                      .c = args.y.data(),
+                      .ldc = out,
+                      .c_type = args.y.dtype(),
+                      .epilogue = gelu ? GemmEpilogue::kGeluAuxBias
+                                       : (args.bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone),
+                      .bias = args.bias != nullptr ? args.bias->data() : nullptr,
+                      .bias_type = args.bias != nullptr ? args.bias->dtype() : args.y.dtype(),
+                      .aux = gelu ? args.pre_activation->data() : nullptr,
+                      .ldaux = gelu ? out : 0,
+                      .device = args.y.device()};
+}
+
+GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx) {
+    const std::int64_t in = weight.size(1);
+    const std::int64_t out = weight.size(0);
+    const std::int64_t rows = Rows(dy, LinearBackwardInputOp::kName, "dy");
+    // Row-major dX[M,in] = dY[M,out]·W[out,in]. Column-major dXᶜ[in,M] = Wᶜ[in,out]·dYᶜ[out,M]: W viewed [in,out]
+    // (ld in) and dY viewed [out,M] (ld out), no transposes.
+    return GemmParams{.m = in,
+                      .n = rows,
+                      .k = out,
+                      .a = weight.data(),
+                      .lda = in,
+                      .a_type = weight.dtype(),
+                      .b = dy.data(),
+                      .ldb = out,
+                      .b_type = dy.dtype(),
+                      .c = dx.data(),
+                      .ldc = in,
+                      .c_type = dx.dtype(),
+                      .device = dx.device()};
+}
+
+GemmParams LinearWgradGemm(const Tensor& dy, const Tensor& x, Tensor& dweight, Tensor* fused_dbias, bool accumulate) {
+    const std::int64_t in = x.shape().back();
+    const std::int64_t out = dy.shape().back();
+    const std::int64_t rows = Rows(dy, LinearBackwardWeightOp::kName, "dy");
+    // Row-major dW[out,in] = dY[M,out]ᵀ·X[M,in]. Column-major dWᶜ[in,out] = Xᶜ[in,M]·dYᶜ[out,M]ᵀ: X viewed [in,M]
+    // (ld in), dY viewed [out,M] (ld out) and transposed. The reduction runs over k = M, so BGRADB's sum over k of
+    // op(B) = dYᵀ gives db[out]. accumulate: beta = 1 into dW (e.g. an fp32 main grad for bf16 operands).
+    return GemmParams{.trans_a = false,
+                      .trans_b = true,
+                      .m = in,
+                      .n = out,
+                      .k = rows,
+                      .a = x.data(),
+                      .lda = in,
+                      .a_type = x.dtype(),
+                      .b = dy.data(),
+                      .ldb = out,
+                      .b_type = dy.dtype(),
+                      .c = dweight.data(),
+                      .ldc = in,
+                      .c_type = dweight.dtype(),
+                      .beta = accumulate ? 1.0 : 0.0,
+                      .epilogue = fused_dbias != nullptr ? GemmEpilogue::kBGradB : GemmEpilogue::kNone,
+                      .bias = fused_dbias != nullptr ? fused_dbias->data() : nullptr,
+                      .bias_type = fused_dbias != nullptr ? fused_dbias->dtype() : dy.dtype(),
+                      .device = dweight.device()};
+}
+
+void CompositeLinearBackward(const LinearBackwardArgs& args) {
+    if (args.dx != nullptr) {
+        LinearBackwardInput(LinearBackwardInputArgs{.dy = args.dy, .weight = *args.weight, .dx = *args.dx});
+    }
+    if (args.dweight != nullptr) {
+        LinearBackwardWeight(LinearBackwardWeightArgs{
+            .dy = args.dy, .x = *args.x, .dweight = *args.dweight, .dbias = args.dbias, .accumulate = args.accumulate});
+    } else if (args.dbias != nullptr) {
+        LinearBackwardBias(LinearBackwardBiasArgs{.dy = args.dy, .dbias = *args.dbias, .accumulate = args.accumulate});
+    }
+}
+
+} // namespace detail
+
 namespace detail {
 void RegisterLinearCompositions() {
     for (DeviceType d : kBuiltDeviceTypes) {
         Register<LinearForwardOp>(d, kDefaultProvider, &DefaultLinearForward);
         Register<LinearBackwardInputOp>(d, kDefaultProvider, &DefaultLinearBackwardInput);
         Register<LinearBackwardWeightOp>(d, kDefaultProvider, &DefaultLinearBackwardWeight);
+        Register<LinearBackwardOp>(d, kDefaultProvider, &CompositeLinearBackward);
     }
 }
 } // namespace detail

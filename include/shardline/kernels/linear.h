@@ -71,4 +71,24 @@ struct LinearBackwardBiasOp {
 void LinearBackwardBias(const LinearBackwardBiasArgs& args);
 Tensor LinearBackwardBias(const Tensor& dy);
 
+/// The grads a caller needs, computed together: each output that is given is computed, the others are not (the
+/// caller decides which, as with the split ops). On CUDA the bias grad, when it runs as a separate column sum (where
+/// fusing it into the wgrad GEMM measures slower, see gemm_tuning.h), runs on a side stream overlapping the GEMMs; the
+/// split ops LinearBackwardInput/Weight/Bias remain for callers that schedule the pieces themselves.
+struct LinearBackwardArgs {
+    const Tensor& dy;               ///< [..., out]
+    const Tensor* x = nullptr;      ///< [..., in]; needed for dweight
+    const Tensor* weight = nullptr; ///< [out, in]; needed for dx
+    Tensor* dx = nullptr;           ///< [..., in], overwritten
+    Tensor* dweight = nullptr;      ///< [out, in] (+)=; dtype of dy, or float32 (a main grad) when accumulating
+    Tensor* dbias = nullptr;        ///< [out] (+)=; dweight's dtype when both are given
+    bool accumulate = false;        ///< dweight and dbias += instead of =
+};
+struct LinearBackwardOp {
+    static constexpr std::string_view kName = "LinearBackward";
+    using Fn = void (*)(const LinearBackwardArgs&);
+};
+/// dx = dy·weight; dweight (+)= dyᵀ·x; dbias (+)= Σ_rows dy — each where given.
+void LinearBackward(const LinearBackwardArgs& args);
+
 } // namespace shardline::kernels

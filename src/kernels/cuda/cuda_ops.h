@@ -17,6 +17,11 @@ void CudaAdd(const AddArgs &args);
 void CudaScale(const ScaleArgs &args);
 void CudaSum(const SumArgs &args);
 
+// provider "default", linear_backward.cc: the grads together, the separate bias grad on a side stream
+void CudaLinearBackward(const LinearBackwardArgs &args);
+/// Whether the default Gemm runs this BGRADB problem fused (tuned per shape; gemm_cublaslt.cc).
+bool BGradBFused(const GemmParams &params);
+
 // provider "legacy" (seed 002's rollback path), legacy.cc
 void LegacyCudaGemm(const GemmParams &params);
 void LegacyLinearBackwardBias(const LinearBackwardBiasArgs &args);

@@ -8,6 +8,7 @@
 #include <shardline/kernels/linear.h>
 
 #include "cuda_ops.h"
+#include "kernels/linear_gemm.h"
 
 namespace shardline::kernels::detail {
 
@@ -21,10 +22,13 @@ void RegisterCudaKernels() {
     Register<AddOp>(kCuda, kDefaultProvider, &cuda::CudaAdd);
     Register<ScaleOp>(kCuda, kDefaultProvider, &cuda::CudaScale);
     Register<SumOp>(kCuda, kDefaultProvider, &cuda::CudaSum);
+    Register<LinearBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaLinearBackward);
     // legacy: cublasGemmStridedBatchedEx + separate epilogue kernels; plain bias-grad kernel. Linear, Matmul and
     // Outer reach it through their compositions over Gemm.
     Register<GemmOp>(kCuda, kLegacyProvider, &cuda::LegacyCudaGemm);
     Register<LinearBackwardBiasOp>(kCuda, kLegacyProvider, &cuda::LegacyLinearBackwardBias);
+    // The split ops one after another, each through the legacy provider (no side stream, no BGRADB).
+    Register<LinearBackwardOp>(kCuda, kLegacyProvider, &CompositeLinearBackward);
 }
 
 } // namespace shardline::kernels::detail

@@ -1,0 +1,22 @@
+#pragma once
+
+// Private to src/kernels: the GEMMs behind the Linear ops, as GemmParams, shared by the default compositions
+// (linear.cc) and the CUDA LinearBackward kernel (cuda/linear_backward.cc), and the composition of LinearBackward
+// from the split ops.
+
+#include <shardline/kernels/gemm.h>
+#include <shardline/kernels/linear.h>
+
+namespace shardline::kernels::detail {
+
+/// Y = X·Wᵀ (+ bias / GELU epilogue) of LinearForward.
+GemmParams LinearForwardGemm(const LinearForwardArgs& args);
+/// dX = dY·W.
+GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx);
+/// dW (+)= dYᵀ·X; with `fused_dbias`, the BGRADB epilogue also writes db = Σ_rows dY (accumulate must be false).
+GemmParams LinearWgradGemm(const Tensor& dy, const Tensor& x, Tensor& dweight, Tensor* fused_dbias, bool accumulate);
+/// LinearBackward as the split ops (LinearBackwardInput, LinearBackwardWeight, LinearBackwardBias), each dispatched:
+/// the "default" kernel of every device, and what a provider without its own LinearBackward gets.
+void CompositeLinearBackward(const LinearBackwardArgs& args);
+
+} // namespace shardline::kernels::detail

@@ -1,0 +1,321 @@
+// GEMM tuning on the GPU: tuned plans (timed top-k candidates, the per-shape BGRADB decision) against float64
+// references, the tuning-cache file (a process starts tuned: no heuristic query, no timing, the same bits), a record
+// cuBLASLt refuses, plans first built inside a CUDA-graph capture, and tuning switched off.
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <shardline/kernels/gemm_tuning.h>
+#include <shardline/kernels/linear.h>
+
+#include "helpers.h"
+
+namespace shardline::testing {
+namespace {
+
+using kernels::CurrentGemmTuningOptions;
+using kernels::GemmPlanInfos;
+using kernels::GemmPlanStats;
+using kernels::GemmTuningOptions;
+using kernels::GemmTuningTable;
+using kernels::GetGemmPlanStats;
+using kernels::LinearBackward;
+using kernels::LinearBackwardArgs;
+using kernels::LinearForward;
+using kernels::LinearForwardArgs;
+using kernels::ResetGemmPlanStats;
+using kernels::SetGemmTuningOptions;
+
+/// A temp file path, removed at scope exit.
+class TempFile {
+public:
+    TempFile() {
+        std::string pattern = (std::filesystem::temp_directory_path() / "shardline_cuda_tuning_XXXXXX").string();
+        dir_ = ::mkdtemp(pattern.data());
+    }
+    ~TempFile() {
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+    }
+    std::string path() const { return (std::filesystem::path(dir_) / "tuning.json").string(); }
+
+private:
+    std::string dir_;
+};
+
+/// Runs the test under given tuning options, with an empty plan cache and zeroed counters; restores the options.
+class CudaGemmTuningTest : public CudaParamTest<DType> {
+protected:
+    void SetUp() override {
+        CudaParamTest<DType>::SetUp();
+        if (IsSkipped()) {
+            return;
+        }
+        saved_ = CurrentGemmTuningOptions();
+        Use(GemmTuningOptions{.enabled = true, .top_k = 8});
+    }
+    void TearDown() override {
+        if (saved_.has_value()) {
+            SetGemmTuningOptions(*saved_);
+        }
+        CudaParamTest<DType>::TearDown();
+    }
+    static void Use(const GemmTuningOptions& options) {
+        SetGemmTuningOptions(options); // also drops every cached plan
+        ResetGemmPlanStats();
+    }
+
+private:
+    std::optional<GemmTuningOptions> saved_;
+};
+
+/// One Linear layer's tensors: x [m, in], w [out, in], b [out], dy [m, out].
+struct Layer {
+    Layer(std::int64_t m, std::int64_t in, std::int64_t out, DType dtype, std::uint64_t seed)
+        : m(m), in(in), out(out), dtype(dtype) {
+        x = RandomGpu({m, in}, dtype, seed, "x");
+        w = RandomGpu({out, in}, dtype, seed, "w", 1.0 / std::sqrt(static_cast<double>(in)));
+        b = RandomGpu({out}, dtype, seed, "b");
+        dy = RandomGpu({m, out}, dtype, seed, "dy");
+    }
+    std::int64_t m, in, out;
+    DType dtype;
+    Tensor x, w, b, dy;
+};
+
+struct Grads {
+    Tensor y, dx, dw, db;
+};
+
+/// Forward with bias, then LinearBackward for dx, dw and db, into poisoned outputs.
+Grads RunLayer(const Layer& l) {
+    Grads g{RandomGpu({l.m, l.out}, l.dtype, 999, "poison_y", 100.0), RandomGpu({l.m, l.in}, l.dtype, 999, "poison_dx", 100.0),
+            RandomGpu({l.out, l.in}, l.dtype, 999, "poison_dw", 100.0), RandomGpu({l.out}, l.dtype, 999, "poison_db", 100.0)};
+    LinearForward(LinearForwardArgs{.x = l.x, .weight = l.w, .bias = &l.b, .y = g.y});
+    LinearBackward(LinearBackwardArgs{
+        .dy = l.dy, .x = &l.x, .weight = &l.w, .dx = &g.dx, .dweight = &g.dw, .dbias = &g.db});
+    Synchronize(Gpu());
+    return g;
+}
+
+void ExpectMatchesFloat64(const Layer& l, const Grads& g) {
+    const Values xv = l.x.ToDoubleVector();
+    const Values wv = l.w.ToDoubleVector();
+    const Values bv = l.b.ToDoubleVector();
+    const Values dyv = l.dy.ToDoubleVector();
+    EXPECT_TRUE(ValuesMatch(g.y, RefLinearForward(xv, wv, &bv, l.m, l.out, l.in), l.dtype, kUnfusedBiasRoundings))
+        << "y";
+    EXPECT_TRUE(ValuesMatch(g.dx, RefLinearBackwardInput(dyv, wv, l.m, l.out, l.in), l.dtype)) << "dx";
+    EXPECT_TRUE(ValuesMatch(g.dw, RefLinearBackwardWeight(dyv, xv, l.m, l.out, l.in), l.dtype, kEpilogueRoundings))
+        << "dw";
+    EXPECT_TRUE(ValuesMatch(g.db, RefColumnSum(dyv, l.m, l.out), l.dtype, kEpilogueRoundings)) << "db";
+}
+
+// Shapes where cuBLASLt offers several candidates (aligned, a few hundred rows), one with K not a multiple of 8
+// (2-byte alignment only for half types) and one tall-skinny.
+const std::vector<std::array<std::int64_t, 3>> kShapes = {{256, 512, 384}, {200, 136, 72}, {1024, 64, 1000}};
+
+TEST_P(CudaGemmTuningTest, TunedPlansMatchFloat64) {
+    const DType dtype = GetParam();
+    for (const auto& [m, in, out] : kShapes) {
+        SCOPED_TRACE(::testing::Message() << "m=" << m << " in=" << in << " out=" << out);
+        const Layer layer(m, in, out, dtype, 21);
+        ExpectMatchesFloat64(layer, RunLayer(layer));
+    }
+    const GemmPlanStats stats = GetGemmPlanStats();
+    EXPECT_GT(stats.tuned, 0u) << "no plan was timed";
+    EXPECT_EQ(stats.file_hits, 0u);
+    // Every usable BGRADB plan took a decision, and the plan list says which and what it measured.
+    std::uint64_t bgradb_plans = 0;
+    for (const kernels::GemmPlanInfo& info : GemmPlanInfos()) {
+        if (info.key.find("epilogue=bgradb") != std::string::npos && info.usable) {
+            ++bgradb_plans;
+            EXPECT_TRUE(info.tuned) << info.key;
+            EXPECT_GT(info.bgradb_fused_us, 0.0) << info.key;
+            EXPECT_GT(info.bgradb_separate_us, 0.0) << info.key;
+            EXPECT_EQ(info.bgradb_separate, !(info.bgradb_fused_us < 0.99 * info.bgradb_separate_us)) << info.key;
+        }
+        if (info.tuned && info.usable) {
+            EXPECT_GE(info.candidates, 1) << info.key;
+            EXPECT_GT(info.chosen_us, 0.0) << info.key;
+            EXPECT_LE(info.chosen_us, info.first_us * 1.0001) << info.key << ": kept a slower candidate";
+        }
+    }
+    EXPECT_GT(bgradb_plans, 0u);
+    EXPECT_EQ(stats.bgradb_fused + stats.bgradb_separate, bgradb_plans);
+}
+
+TEST_P(CudaGemmTuningTest, AccumulatingIntoAMainGradIsTunedWithoutAddingTwice) {
+    const DType dtype = GetParam();
+    const Layer l(512, 256, 128, dtype, 22);
+    const double scale = std::sqrt(512.0);
+    Tensor main_dw = RandomGpu({l.out, l.in}, DType::kFloat32, 22, "main_dw", scale);
+    Tensor main_db = RandomGpu({l.out}, DType::kFloat32, 22, "main_db", scale);
+    const Values old_dw = main_dw.ToDoubleVector();
+    const Values old_db = main_db.ToDoubleVector();
+    // The first call tunes the beta = 1 GEMM: the candidates must not have accumulated into main_dw.
+    LinearBackward(LinearBackwardArgs{.dy = l.dy, .x = &l.x, .dweight = &main_dw, .dbias = &main_db, .accumulate = true});
+    const Values dyv = l.dy.ToDoubleVector();
+    Values want_dw = RefLinearBackwardWeight(dyv, l.x.ToDoubleVector(), l.m, l.out, l.in);
+    Values want_db = RefColumnSum(dyv, l.m, l.out);
+    for (std::size_t i = 0; i < want_dw.size(); ++i) {
+        want_dw[i] += old_dw[i];
+    }
+    for (std::size_t i = 0; i < want_db.size(); ++i) {
+        want_db[i] += old_db[i];
+    }
+    EXPECT_TRUE(ValuesMatch(main_dw, want_dw, DType::kFloat32)) << "dweight = old + new, once";
+    EXPECT_TRUE(ValuesMatch(main_db, want_db, DType::kFloat32)) << "dbias = old + new, once";
+    EXPECT_GT(GetGemmPlanStats().tuned, 0u);
+}
+
+TEST_P(CudaGemmTuningTest, TuningFileStartsAProcessTunedWithoutHeuristicQueries) {
+    const DType dtype = GetParam();
+    TempFile file;
+    Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+    const Layer layer(256, 512, 384, dtype, 23);
+    const Grads first = RunLayer(layer);
+    ExpectMatchesFloat64(layer, first);
+    const GemmPlanStats tuned = GetGemmPlanStats();
+    EXPECT_GT(tuned.heuristic_queries, 0u);
+    // Every timed plan is in the file, under this GPU's name and cuBLASLt version.
+    const GemmTuningTable table = GemmTuningTable::Load(file.path());
+    EXPECT_EQ(table.size(), tuned.tuned);
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    for (const kernels::GemmTuningRecord& r : table.records()) {
+        EXPECT_EQ(r.gpu, std::string(prop.name));
+        EXPECT_EQ(r.cublaslt_version, static_cast<std::int64_t>(cublasLtGetVersion()));
+    }
+
+    // A "new process": no plans, the file read afresh.
+    Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+    const Grads second = RunLayer(layer);
+    const GemmPlanStats from_file = GetGemmPlanStats();
+    EXPECT_EQ(from_file.heuristic_queries, 0u) << "a cache hit asked the heuristic";
+    EXPECT_EQ(from_file.tuned, 0u) << "a cache hit was timed again";
+    EXPECT_EQ(from_file.file_hits, from_file.plans_built);
+    EXPECT_EQ(from_file.file_rejected, 0u);
+    EXPECT_EQ(from_file.bgradb_fused + from_file.bgradb_separate, tuned.bgradb_fused + tuned.bgradb_separate);
+    // The same algorithms and the same BGRADB decision: the same bits.
+    EXPECT_EQ(HostBytes(second.y), HostBytes(first.y));
+    EXPECT_EQ(HostBytes(second.dx), HostBytes(first.dx));
+    EXPECT_EQ(HostBytes(second.dw), HostBytes(first.dw));
+    EXPECT_EQ(HostBytes(second.db), HostBytes(first.db));
+}
+
+TEST_P(CudaGemmTuningTest, RefusedRecordIsTunedAfreshAndReplaced) {
+    const DType dtype = GetParam();
+    TempFile file;
+    const Layer layer(256, 512, 384, dtype, 24);
+    Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+    (void)RunLayer(layer);
+    // Corrupt every record's algorithm: cublasLtMatmulAlgoCheck must refuse it (never launched blindly).
+    GemmTuningTable table = GemmTuningTable::Load(file.path());
+    ASSERT_GT(table.size(), 0u);
+    GemmTuningTable corrupt;
+    for (kernels::GemmTuningRecord r : table.records()) {
+        r.algo.fill(0xdeadbeefdeadbeefULL);
+        corrupt.Upsert(r);
+    }
+    std::filesystem::remove(file.path());
+    corrupt.Save(file.path());
+    Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+    const Grads g = RunLayer(layer);
+    ExpectMatchesFloat64(layer, g);
+    const GemmPlanStats stats = GetGemmPlanStats();
+    EXPECT_EQ(stats.file_hits, 0u);
+    EXPECT_EQ(stats.file_rejected, table.size());
+    EXPECT_EQ(stats.tuned, table.size());
+    // The file holds working records again.
+    const GemmTuningTable rewritten = GemmTuningTable::Load(file.path());
+    for (const kernels::GemmTuningRecord& r : rewritten.records()) {
+        EXPECT_NE(r.algo[0], 0xdeadbeefdeadbeefULL) << r.key;
+    }
+}
+
+TEST_P(CudaGemmTuningTest, BothBiasGradPathsFromTheFileMatchFloat64) {
+    const DType dtype = GetParam();
+    TempFile file;
+    const Layer layer(512, 256, 192, dtype, 25);
+    Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+    (void)RunLayer(layer);
+    const GemmTuningTable tuned = GemmTuningTable::Load(file.path());
+    for (const bool separate : {false, true}) {
+        SCOPED_TRACE(separate ? "bias grad as a separate column sum" : "bias grad fused (BGRADB)");
+        GemmTuningTable forced;
+        for (kernels::GemmTuningRecord r : tuned.records()) {
+            if (r.key.find("epilogue=bgradb") != std::string::npos) {
+                r.bgradb_separate = separate;
+            }
+            forced.Upsert(r);
+        }
+        std::filesystem::remove(file.path());
+        forced.Save(file.path());
+        Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+        ExpectMatchesFloat64(layer, RunLayer(layer));
+        const GemmPlanStats stats = GetGemmPlanStats();
+        EXPECT_EQ(stats.bgradb_separate, separate ? 1u : 0u);
+        EXPECT_EQ(stats.bgradb_fused, separate ? 0u : 1u);
+    }
+}
+
+TEST_P(CudaGemmTuningTest, PlanFirstBuiltInsideACaptureIsTunedAtTheFirstEagerCall) {
+    const DType dtype = GetParam();
+    const Layer l(384, 256, 320, dtype, 26);
+    Tensor y = RandomGpu({l.m, l.out}, dtype, 999, "poison", 100.0);
+    Synchronize(Gpu());
+    const cudaStream_t stream = CudaContext::Get(0).stream();
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    LinearForward(LinearForwardArgs{.x = l.x, .weight = l.w, .bias = &l.b, .y = y});
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    EXPECT_EQ(GetGemmPlanStats().tuned, 0u) << "timed inside a capture";
+    EXPECT_EQ(GetGemmPlanStats().plans_built, 1u);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const Values bv = l.b.ToDoubleVector();
+    const Values ref = RefLinearForward(l.x.ToDoubleVector(), l.w.ToDoubleVector(), &bv, l.m, l.out, l.in);
+    EXPECT_TRUE(ValuesMatch(y, ref, dtype, kUnfusedBiasRoundings)) << "graph (heuristic's first pick)";
+    Tensor y2 = RandomGpu({l.m, l.out}, dtype, 998, "poison", 100.0);
+    LinearForward(LinearForwardArgs{.x = l.x, .weight = l.w, .bias = &l.b, .y = y2});
+    EXPECT_EQ(GetGemmPlanStats().tuned, 1u) << "the first eager call tunes the plan";
+    EXPECT_EQ(GetGemmPlanStats().plans_built, 1u);
+    EXPECT_TRUE(ValuesMatch(y2, ref, dtype, kUnfusedBiasRoundings)) << "eager (tuned)";
+    // The graph still replays (its kernels were fixed at capture).
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(ValuesMatch(y, ref, dtype, kUnfusedBiasRoundings)) << "graph replay after tuning";
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+}
+
+TEST_P(CudaGemmTuningTest, TuningOffTakesTheHeuristicsFirstPick) {
+    const DType dtype = GetParam();
+    Use(GemmTuningOptions{.enabled = false, .top_k = 8});
+    const Layer layer(256, 512, 384, dtype, 27);
+    ExpectMatchesFloat64(layer, RunLayer(layer));
+    const GemmPlanStats stats = GetGemmPlanStats();
+    EXPECT_EQ(stats.tuned, 0u);
+    EXPECT_EQ(stats.heuristic_queries, stats.plans_built);
+    EXPECT_EQ(stats.bgradb_fused, 1u) << "untuned BGRADB stays fused";
+    for (const kernels::GemmPlanInfo& info : GemmPlanInfos()) {
+        EXPECT_FALSE(info.tuned) << info.key;
+        EXPECT_EQ(info.chosen, 0) << info.key;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(DType, CudaGemmTuningTest, CudaDTypes(), DTypeParamName);
+
+} // namespace
+} // namespace shardline::testing

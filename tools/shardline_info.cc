@@ -1,15 +1,17 @@
 // shardline-info: prints, as JSON, what this copy of shardline was built with and what it sees: version, build
-// options, CUDA / cuBLASLt / NCCL / MPI versions, visible devices, and the registered kernels per op, device and
-// provider (with the provider each op would use now).
+// options, CUDA / cuBLASLt / NCCL / MPI versions, the dtypes and which devices' kernels take them, visible devices, and
+// the registered kernels per op, device and provider (with the provider each op would use now).
 
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include <shardline/config.h>
 #include <shardline/core/device.h>
+#include <shardline/core/dtype.h>
 #include <shardline/kernels/ops.h>
 
 #if SHARDLINE_HAVE_CUDA
@@ -80,6 +82,24 @@ json Devices() {
     return devices;
 }
 
+/// Every dtype: its size, and the devices whose float kernels take it (int64 is a storage type for ids and labels,
+/// read by the embedding and cross-entropy ops, taken by no float kernel).
+json DTypes() {
+    using shardline::DType;
+    json out = json::object();
+    for (const DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt64}) {
+        json kernels = json::array();
+        if (d == DType::kFloat32 || d == DType::kFloat64) {
+            kernels.push_back("cpu");
+        }
+        if (SHARDLINE_HAVE_CUDA && shardline::IsFloatingPoint(d) && d != DType::kFloat64) {
+            kernels.push_back("cuda");
+        }
+        out[std::string(shardline::DTypeName(d))] = {{"bytes", shardline::ElementSize(d)}, {"float_kernels", kernels}};
+    }
+    return out;
+}
+
 json Kernels() {
     std::map<std::string, json> by_op;
     for (const auto& k : shardline::kernels::RegisteredKernels()) {
@@ -110,6 +130,7 @@ int main() {
                 info["environment"][name] = v;
             }
         }
+        info["dtypes"] = DTypes();
         info["devices"] = Devices();
         info["kernels"] = Kernels();
         std::cout << info.dump(2) << "\n";

@@ -47,6 +47,7 @@ ncclDataType_t ToNccl(DType dtype) {
     case DType::kBFloat16:
         return ncclBfloat16;
     case DType::kFloat64:
+    case DType::kInt64:
         break;
     }
     SHARDLINE_THROW(DTypeError, "NcclCommunicator", "NCCL collectives take float32, float16 or bfloat16, got {}",

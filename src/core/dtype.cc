@@ -14,6 +14,8 @@ std::string_view DTypeName(DType dtype) {
         return "bfloat16";
     case DType::kFloat64:
         return "float64";
+    case DType::kInt64:
+        return "int64";
     }
     return "unknown";
 }
@@ -31,8 +33,11 @@ DType ParseDType(std::string_view name) {
     if (name == "float64" || name == "f64" || name == "fp64" || name == "double") {
         return DType::kFloat64;
     }
-    SHARDLINE_THROW(DTypeError, "ParseDType", "expected one of float32|float16|bfloat16|float64 (or f32, fp16, bf16, "
-                                              "f64), got '{}'",
+    if (name == "int64" || name == "i64") {
+        return DType::kInt64;
+    }
+    SHARDLINE_THROW(DTypeError, "ParseDType",
+                    "expected one of float32|float16|bfloat16|float64|int64 (or f32, fp16, bf16, f64, i64), got '{}'",
                     name);
 }
 

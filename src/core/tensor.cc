@@ -290,6 +290,9 @@ Tensor Tensor::To(DType dtype) const {
 
 void Tensor::Fill(double value) {
     SHARDLINE_CHECK_AS(ShapeError, is_contiguous(), "Tensor::Fill", "needs a contiguous tensor, got {}", ToString());
+    if (dtype_ == DType::kInt64) {
+        (void)detail::DoubleToInt64(value); // the device kernel cannot raise: check here, for both devices
+    }
     const std::int64_t n = numel();
     if (n == 0) {
         return;

@@ -54,8 +54,53 @@ DistTensor DistTensor::FromFull(const Tensor &full, const spmd::Layout &layout, 
 }
 
 Tensor DistTensor::FullTensor() const {
-    SHARDLINE_CHECK(mesh_ != nullptr, "DistTensor::FullTensor", "called on a default-constructed DistTensor");
+    SHARDLINE_CHECK(local_.defined(), "DistTensor::FullTensor", "called on a default-constructed DistTensor");
+    if (mesh_ == nullptr) {
+        return local_;
+    }
     return Redistribute(spmd::Layout::Replicated(static_cast<int>(global_shape_.size()))).local();
+}
+
+DistTensor DistTensor::Local(Tensor tensor) {
+    SHARDLINE_CHECK(tensor.defined(), "DistTensor::Local", "the tensor is undefined");
+    DistTensor t;
+    t.global_shape_ = tensor.shape();
+    t.layout_ = spmd::Layout::Replicated(tensor.rank());
+    t.local_ = std::move(tensor);
+    return t;
+}
+
+DistTensor DistTensor::FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout,
+                                        comm::DeviceMesh *mesh) {
+    DistTensor t;
+    t.local_ = std::move(local);
+    t.global_shape_ = std::move(global_shape);
+    t.layout_ = std::move(layout);
+    t.mesh_ = mesh;
+    return t;
+}
+
+DistTensor DistTensor::WithLocal(Tensor local) const {
+    SHARDLINE_CHECK_AS(ShapeError, local.shape() == local_.shape(), "DistTensor::WithLocal",
+                       "the new local shard must have the shape {} of the old one, got {}",
+                       ShapeToString(local_.shape()), local.ToString());
+    return FromTrustedShard(std::move(local), global_shape_, layout_, mesh_);
+}
+
+comm::DeviceMesh &DistTensor::mesh() const {
+    SHARDLINE_CHECK(mesh_ != nullptr, "DistTensor::mesh", "this tensor is local (no mesh): {}", ToString());
+    return *mesh_;
+}
+
+std::string DistTensor::ToString() const {
+    if (!local_.defined()) {
+        return "DistTensor(undefined)";
+    }
+    if (mesh_ == nullptr) {
+        return fmt::format("DistTensor(local {})", local_.ToString());
+    }
+    return fmt::format("DistTensor{} {} on mesh [{}] (local {})", ShapeToString(global_shape_), layout_.ToString(),
+                       fmt::join(mesh_->shape(), ", "), local_.ToString());
 }
 
 } // namespace shardline::dist

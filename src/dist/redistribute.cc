@@ -291,7 +291,13 @@ private:
 
 DistTensor DistTensor::Redistribute(const spmd::Layout &dst) const {
     constexpr const char *kOp = "DistTensor::Redistribute";
-    SHARDLINE_CHECK(mesh_ != nullptr, kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    SHARDLINE_CHECK(local_.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    if (mesh_ == nullptr) {
+        SHARDLINE_CHECK(dst.IsReplicated() && dst.TensorRank() == static_cast<int>(global_shape_.size()), kOp,
+                        "a local tensor {} can only be 'redistributed' to a replicated layout of rank {}, got {}",
+                        local_.ToString(), global_shape_.size(), dst.ToString());
+        return *this;
+    }
     const spmd::ProcessMesh pm = detail::ToProcessMesh(*mesh_);
     spmd::PlanOptions options;
     options.element_size = static_cast<std::int64_t>(ElementSize(local_.dtype()));
@@ -299,6 +305,17 @@ DistTensor DistTensor::Redistribute(const spmd::Layout &dst) const {
     // before any collective.
     const spmd::RedistributePlan plan =
         SHARDLINE_DIST_SPMD(kOp, spmd::PlanRedistribute(pm, global_shape_, layout_, dst, options));
+    return Redistribute(dst, plan);
+}
+
+DistTensor DistTensor::Redistribute(const spmd::Layout &dst, const spmd::RedistributePlan &plan) const {
+    constexpr const char *kOp = "DistTensor::Redistribute";
+    SHARDLINE_CHECK(local_.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    if (plan.steps.empty()) {
+        return FromTrustedShard(local_, global_shape_, dst, mesh_);
+    }
+    SHARDLINE_CHECK(mesh_ != nullptr, kOp, "a local tensor {} cannot run a plan of {} steps to {}", local_.ToString(),
+                    plan.steps.size(), dst.ToString());
     if (plan.NumCollectives() > 0) {
         const DeviceType want = mesh_->world().device_type();
         SHARDLINE_CHECK_AS(
@@ -307,11 +324,12 @@ DistTensor DistTensor::Redistribute(const spmd::Layout &dst) const {
             layout_.ToString(), dst.ToString(), ShapeToString(global_shape_), mesh_->world().name(),
             mesh_->world().backend(), DeviceTypeName(want), local_.ToString());
     }
+    const spmd::ProcessMesh pm = detail::ToProcessMesh(*mesh_);
     StepRunner runner(*mesh_, pm, global_shape_, local_);
     for (const spmd::RedistributeStep &step : plan.steps) {
         runner.Run(step);
     }
-    return DistTensor(runner.Take(), global_shape_, dst, *mesh_);
+    return FromTrustedShard(runner.Take(), global_shape_, dst, mesh_);
 }
 
 } // namespace shardline::dist

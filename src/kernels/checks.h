@@ -21,16 +21,23 @@ inline void CheckTensor(const Tensor& t, std::string_view op, std::string_view n
                        t.ToString(), ShapeToString(t.strides()));
 }
 
-/// The dtype the kernels of a device support: CPU float32/float64, CUDA float32/float16/bfloat16.
+/// The float dtypes the kernels of a device support: CPU float32/float64, CUDA float32/float16/bfloat16 (int64 is a
+/// storage type: no float kernel takes it).
 inline void CheckDeviceDType(const Tensor& t, std::string_view op, std::string_view name) {
     if (t.device().is_cpu()) {
         SHARDLINE_CHECK_AS(DTypeError, t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64, op,
                            "CPU kernels take float32 or float64, got {} {} (half types run on CUDA only)", name,
                            t.ToString());
     } else {
-        SHARDLINE_CHECK_AS(DTypeError, t.dtype() != DType::kFloat64, op,
+        SHARDLINE_CHECK_AS(DTypeError, IsFloatingPoint(t.dtype()) && t.dtype() != DType::kFloat64, op,
                            "CUDA kernels take float32, float16 or bfloat16, got {} {}", name, t.ToString());
     }
+}
+
+/// Token ids and labels: int64.
+inline void CheckIndexDType(const Tensor& t, std::string_view op, std::string_view name) {
+    SHARDLINE_CHECK_AS(DTypeError, t.dtype() == DType::kInt64, op,
+                       "{} must be int64 (token ids / class labels), got {}", name, t.ToString());
 }
 
 inline void CheckSameDevice(const Tensor& a, std::string_view a_name, const Tensor& b, std::string_view b_name,

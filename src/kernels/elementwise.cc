@@ -87,6 +87,27 @@ Tensor Scale(const Tensor& x, double alpha) {
     return out;
 }
 
+void BiasAdd(const BiasAddArgs& args) {
+    constexpr std::string_view kOp = BiasAddOp::kName;
+    CheckUnary(args.x, "x", args.out, "out", kOp);
+    CheckTensor(args.bias, kOp, "bias");
+    CheckSameDevice(args.bias, "bias", args.x, "x", kOp);
+    CheckSameDType(args.bias, "bias", args.x, "x", kOp);
+    SHARDLINE_CHECK_AS(ShapeError, args.x.rank() >= 1, kOp, "x must have rank >= 1 ([..., n]), got {}",
+                       args.x.ToString());
+    CheckShape(args.bias, Shape{args.x.shape().back()}, kOp, "bias");
+    if (args.x.numel() > 0) {
+        Dispatch<BiasAddOp>(args.x.device().type, args);
+    }
+}
+
+Tensor BiasAdd(const Tensor& x, const Tensor& bias) {
+    CheckTensor(x, BiasAddOp::kName, "x");
+    Tensor out = Tensor::Empty(x.shape(), x.dtype(), x.device());
+    BiasAdd(BiasAddArgs{.x = x, .bias = bias, .out = out});
+    return out;
+}
+
 Shape SumOutputShape(const Shape& x, const std::vector<int>& dims, bool keepdim, std::string_view op) {
     const int rank = static_cast<int>(x.size());
     std::vector<bool> reduced(x.size(), dims.empty());

@@ -41,6 +41,9 @@ void ValidateGemmParams(const GemmParams& p, std::string_view op) {
     SHARDLINE_CHECK(empty || p.c != nullptr, op, "C/D pointer is null (m={} n={})", p.m, p.n);
     SHARDLINE_CHECK(empty || p.k == 0 || (p.a != nullptr && p.b != nullptr), op, "A or B pointer is null (k={})",
                     p.k);
+    SHARDLINE_CHECK_AS(DTypeError, IsFloatingPoint(p.a_type) && IsFloatingPoint(p.c_type), op,
+                       "GEMM operands must be float dtypes, got A {} and C {}", DTypeName(p.a_type),
+                       DTypeName(p.c_type));
     SHARDLINE_CHECK_AS(DTypeError, p.a_type == p.b_type, op, "A and B dtypes must match, got {} and {}",
                        DTypeName(p.a_type), DTypeName(p.b_type));
     SHARDLINE_CHECK_AS(DTypeError, p.c_type == p.a_type || p.c_type == DType::kFloat32, op,

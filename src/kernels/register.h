@@ -22,11 +22,13 @@ inline constexpr std::initializer_list<DeviceType> kBuiltDeviceTypes =
 /// Linear*, Matmul*, Outer*: device-agnostic compositions over Gemm (src/kernels/{linear,matmul,outer}.cc),
 /// registered as "default" for every device type.
 void RegisterCompositeKernels();
-/// src/kernels/cpu: Gemm (OpenBLAS), LinearBackwardBias, GELU, Add, Scale, Sum.
+/// src/kernels/cpu: Gemm (OpenBLAS), LinearBackwardBias, GELU, Add, Scale, Sum, BiasAdd, Embedding*, CrossEntropy*,
+/// SgdStep, AdamWStep.
 void RegisterCpuKernels();
 #if SHARDLINE_HAVE_CUDA
-/// src/kernels/cuda: "default" (cuBLASLt Gemm, vectorised bias grad, GELU, Add, Scale, Sum) and "legacy"
-/// (cublasGemmEx Gemm with separate bias-add / bias-grad / GELU kernels, and a plain bias-grad kernel).
+/// src/kernels/cuda: "default" (cuBLASLt Gemm, vectorised bias grad, GELU, Add, Scale, Sum, BiasAdd, Embedding*,
+/// CrossEntropy*, SgdStep, AdamWStep) and "legacy" (cublasGemmEx Gemm with separate bias-add / bias-grad / GELU
+/// kernels, and a plain bias-grad kernel).
 void RegisterCudaKernels();
 #endif
 

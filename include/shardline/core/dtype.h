@@ -13,8 +13,10 @@
 
 namespace shardline {
 
-/// Element types. float64 exists for references and CPU kernels; half types run on CUDA only.
-enum class DType : std::uint8_t { kFloat32, kFloat16, kBFloat16, kFloat64 };
+/// Element types. float64 exists for references and CPU kernels; half types run on CUDA only. int64 is a storage
+/// type (token ids, labels): tensors of it can be made, copied, viewed, filled and cast, but the float kernels reject
+/// it; the ops that read ids (EmbeddingForward/Backward, the CrossEntropy stages) take it where they say so.
+enum class DType : std::uint8_t { kFloat32, kFloat16, kBFloat16, kFloat64, kInt64 };
 
 /// Bytes per element.
 constexpr std::size_t ElementSize(DType dtype) {
@@ -25,6 +27,7 @@ constexpr std::size_t ElementSize(DType dtype) {
     case DType::kBFloat16:
         return 2;
     case DType::kFloat64:
+    case DType::kInt64:
         return 8;
     }
     return 0;
@@ -32,10 +35,13 @@ constexpr std::size_t ElementSize(DType dtype) {
 
 constexpr bool IsHalf(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
 
-/// "float32", "float16", "bfloat16", "float64".
+/// float32, float16, bfloat16, float64: every dtype but int64.
+constexpr bool IsFloatingPoint(DType dtype) { return dtype != DType::kInt64; }
+
+/// "float32", "float16", "bfloat16", "float64", "int64".
 std::string_view DTypeName(DType dtype);
 
-/// Parses the names above and the short forms "f32", "fp32", "f16", "fp16", "bf16", "f64", "fp64".
+/// Parses the names above and the short forms "f32", "fp32", "f16", "fp16", "bf16", "f64", "fp64", "i64".
 /// Throws shardline::Error on anything else.
 DType ParseDType(std::string_view name);
 
@@ -46,6 +52,9 @@ template <> struct DTypeOf<float> {
 };
 template <> struct DTypeOf<double> {
     static constexpr DType kValue = DType::kFloat64;
+};
+template <> struct DTypeOf<std::int64_t> {
+    static constexpr DType kValue = DType::kInt64;
 };
 #if SHARDLINE_HAVE_CUDA
 template <> struct DTypeOf<__half> {

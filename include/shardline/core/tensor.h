@@ -50,7 +50,7 @@ public:
     static Tensor Empty(Shape shape, DType dtype, Device device = Device::CPU());
     static Tensor Zeros(Shape shape, DType dtype, Device device = Device::CPU());
     static Tensor Full(Shape shape, double value, DType dtype, Device device = Device::CPU());
-    /// A float64/float32 CPU tensor from values (row-major).
+    /// A CPU tensor from values (row-major), each rounded to dtype as Fill does (int64: truncated toward zero).
     static Tensor FromVector(const std::vector<double>& values, Shape shape, DType dtype = DType::kFloat64);
     /// Wraps caller-owned memory (row-major contiguous); shardline never frees it.
     static Tensor FromBlob(void* data, Shape shape, DType dtype, Device device);
@@ -86,12 +86,14 @@ public:
     Tensor Contiguous() const;
     /// A deep copy on `device` (same dtype). Synchronous when the destination is the CPU.
     Tensor To(Device device) const;
-    /// A copy converted to `dtype` on the same device.
+    /// A copy converted to `dtype` on the same device. To int64: truncation toward zero; on the CPU a NaN, an infinity
+    /// or a value out of the int64 range is a DTypeError, on CUDA it saturates (NaN gives INT64_MIN). From int64:
+    /// through double (exact for |v| <= 2^53).
     Tensor To(DType dtype) const;
     Tensor Clone() const { return To(device_); }
     /// Copies src into this tensor (same shape and dtype, any devices).
     void CopyFrom(const Tensor& src);
-    /// Fills with one value.
+    /// Fills with one value (int64: truncated toward zero; NaN, infinities and out-of-range values are a DTypeError).
     void Fill(double value);
 
     /// The values as float64 on the host, row-major (for tests and references).

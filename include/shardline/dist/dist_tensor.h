@@ -3,6 +3,8 @@
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/tensor.h>
 #include <shardline/spmd/layout.h>
+#include <shardline/spmd/mesh.h>
+#include <shardline/spmd/redistribute.h>
 
 namespace shardline::dist {
 
@@ -10,26 +12,50 @@ namespace shardline::dist {
 /// that says how shards map to mesh coordinates. Shards follow torch.chunk (the first shards take ceil(n/p),
 /// trailing ones may be short or empty). Partial on a mesh dim means the global value is op over that dim's
 /// ranks' locals.
+///
+/// A DistTensor may also be *local* (no mesh): a plain tensor that every op treats as one process's whole value, with
+/// a replicated layout. Ops take both, so one code path serves single-process and distributed programs.
 class DistTensor {
 public:
     DistTensor() = default;
     /// Wraps a local shard; checks it has the shape the layout gives this rank's coordinate.
     DistTensor(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh& mesh);
+    /// A local (undistributed) tensor.
+    static DistTensor Local(Tensor tensor);
 
     /// Every rank passes the same full tensor; each keeps its shard. Partial(sum) mesh dims keep the value at
     /// coordinate 0 and zeros elsewhere; avg/max/min keep the value everywhere.
     static DistTensor FromFull(const Tensor& full, const spmd::Layout& layout, comm::DeviceMesh& mesh);
 
     /// The same global tensor in layout `dst`, moved by the redistribute planner's steps (spmd::PlanRedistribute)
-    /// over the mesh's sub-communicators.
+    /// over the mesh's sub-communicators. For a local tensor `dst` must be replicated (the value is returned).
     DistTensor Redistribute(const spmd::Layout& dst) const;
+    /// The same with a plan made earlier by spmd::PlanRedistribute (e.g. cached with a rule) from this layout to
+    /// `dst`; the plan is not re-validated.
+    DistTensor Redistribute(const spmd::Layout& dst, const spmd::RedistributePlan& plan) const;
+    /// This tensor's value with another local shard of the same shape (e.g. a kernel's output in the same layout).
+    DistTensor WithLocal(Tensor local) const;
     /// The full tensor on every rank (redistributes to replicated).
     Tensor FullTensor() const;
 
+    bool defined() const { return local_.defined(); }
+    /// True for a tensor without a mesh (DistTensor::Local).
+    bool is_local() const { return mesh_ == nullptr; }
     const Tensor& local() const { return local_; }
     const Shape& global_shape() const { return global_shape_; }
     const spmd::Layout& layout() const { return layout_; }
-    comm::DeviceMesh& mesh() const { return *mesh_; }
+    /// The mesh; throws Error for a local tensor.
+    comm::DeviceMesh& mesh() const;
+    comm::DeviceMesh* mesh_ptr() const { return mesh_; }
+    /// Global shape and layout, as the spmd rules take them.
+    spmd::TensorSpec spec() const { return {global_shape_, layout_}; }
+    DType dtype() const { return local_.dtype(); }
+    Device device() const { return local_.device(); }
+    /// "DistTensor[8, 4] [0,-1] on mesh [2] float32 cpu (local [4, 4])".
+    std::string ToString() const;
+
+    /// Builds a DistTensor without the shape check, for ops whose rules gave the layout of a shard they computed.
+    static DistTensor FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh* mesh);
 
 private:
     Tensor local_;

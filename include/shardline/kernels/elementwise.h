@@ -54,6 +54,19 @@ struct AddOp {
 void Add(const AddArgs& args);
 Tensor Add(const Tensor& a, const Tensor& b, double alpha = 1.0);
 
+struct BiasAddArgs {
+    const Tensor& x;    ///< [..., n]
+    const Tensor& bias; ///< [n], x's dtype
+    Tensor& out;        ///< x's shape and dtype; may alias x
+};
+struct BiasAddOp {
+    static constexpr std::string_view kName = "BiasAdd";
+    using Fn = void (*)(const BiasAddArgs&);
+};
+/// out[..., j] = x[..., j] + bias[j] (the row-parallel bias, added once after the all-reduce).
+void BiasAdd(const BiasAddArgs& args);
+Tensor BiasAdd(const Tensor& x, const Tensor& bias);
+
 struct ScaleArgs {
     const Tensor& x;
     Tensor& out; ///< may alias x

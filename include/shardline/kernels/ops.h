@@ -2,11 +2,14 @@
 
 // Every kernel op of shardline, for code that wants them all.
 
+#include <shardline/kernels/cross_entropy.h>
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/linear.h>
 #include <shardline/kernels/matmul.h>
+#include <shardline/kernels/optim.h>
 #include <shardline/kernels/outer.h>
 
 namespace shardline::kernels {
@@ -15,7 +18,9 @@ namespace shardline::kernels {
 inline void UnregisterProviderEverywhere(std::string_view provider) {
     UnregisterProvider<GemmOp, LinearForwardOp, LinearBackwardInputOp, LinearBackwardWeightOp, LinearBackwardBiasOp,
                        MatmulForwardOp, MatmulBackwardInputOp, MatmulBackwardOtherOp, OuterForwardOp, OuterBackwardOp,
-                       GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp>(provider);
+                       GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp, BiasAddOp, EmbeddingForwardOp,
+                       EmbeddingBackwardOp, CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp,
+                       CrossEntropyBackwardOp, SgdStepOp, AdamWStepOp>(provider);
 }
 
 } // namespace shardline::kernels

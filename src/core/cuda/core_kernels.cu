@@ -36,8 +36,14 @@ template <> __device__ __forceinline__ __half FromDouble<__half>(double v) {
 template <> __device__ __forceinline__ __nv_bfloat16 FromDouble<__nv_bfloat16>(double v) {
     return __float2bfloat16_rn(static_cast<float>(v));
 }
+// Truncation toward zero, as on the host. A kernel cannot throw: NaN and out-of-range values saturate (NaN gives
+// INT64_MIN) where the host raises a DTypeError.
+template <> __device__ __forceinline__ std::int64_t FromDouble<std::int64_t>(double v) {
+    return __double2ll_rz(v);
+}
 
-// Widening load: float64 stays double (so float64 → float32 is one rounding), everything else goes through float.
+// Widening load: float64 stays double (so float64 → float32 is one rounding), int64 goes to double (exact for
+// |v| <= 2^53), the half types go through float.
 __device__ __forceinline__ double Widen(double v) {
     return v;
 }
@@ -49,6 +55,9 @@ __device__ __forceinline__ double Widen(__half v) {
 }
 __device__ __forceinline__ double Widen(__nv_bfloat16 v) {
     return __bfloat162float(v);
+}
+__device__ __forceinline__ double Widen(std::int64_t v) {
+    return static_cast<double>(v);
 }
 
 __device__ __forceinline__ std::int64_t GlobalThread() {
@@ -103,6 +112,8 @@ template <class F> cudaError_t WithType(DType dtype, F &&f) {
         return f(__nv_bfloat16{});
     case DType::kFloat64:
         return f(double{});
+    case DType::kInt64:
+        return f(std::int64_t{});
     }
     return cudaErrorInvalidValue;
 }

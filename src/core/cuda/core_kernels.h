@@ -20,7 +20,8 @@ cudaError_t LaunchFillRandom(void *data, DType dtype, std::int64_t numel, const 
                              cudaStream_t stream);
 /// data[i] = dtype(float(value)) (float64: value itself).
 cudaError_t LaunchFillValue(void *data, DType dtype, std::int64_t numel, double value, cudaStream_t stream);
-/// dst[i] = dst_dtype(src[i]) through float (float64 ↔ float32 directly).
+/// dst[i] = dst_dtype(src[i]) through float (float64 ↔ float32 directly; int64 through double, truncated toward zero
+/// and saturating when the destination is int64).
 cudaError_t LaunchCast(const void *src, DType src_dtype, void *dst, DType dst_dtype, std::int64_t numel,
                        cudaStream_t stream);
 /// Row-major contiguous dst from the strided view desc of src; element_size is 1, 2, 4 or 8 bytes.

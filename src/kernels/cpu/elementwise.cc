@@ -135,6 +135,21 @@ void Scale(const ScaleArgs &args) {
                   [&]<class T>() { Map<T>(args.x, args.out, [alpha](double v) { return alpha * v; }); });
 }
 
+void BiasAdd(const BiasAddArgs &args) {
+    const std::int64_t cols = args.bias.numel();
+    const std::int64_t rows = args.x.numel() / cols; // the wrapper has excluded numel 0
+    WithFloatType(args.x.dtype(), BiasAddOp::kName, [&]<class T>() {
+        const T *x = static_cast<const T *>(args.x.data());
+        const T *bias = static_cast<const T *>(args.bias.data());
+        T *out = static_cast<T *>(args.out.data()); // may alias x
+        for (std::int64_t r = 0; r < rows; ++r) {
+            for (std::int64_t j = 0; j < cols; ++j) {
+                out[r * cols + j] = static_cast<T>(static_cast<double>(x[r * cols + j]) + static_cast<double>(bias[j]));
+            }
+        }
+    });
+}
+
 void Sum(const SumArgs &args) {
     std::vector<double> acc(static_cast<std::size_t>(args.out.numel()), 0.0);
     WithFloatType(args.x.dtype(), SumOp::kName, [&]<class T>() { SumInto<T>(args, acc); });

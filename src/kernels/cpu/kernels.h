@@ -2,9 +2,12 @@
 
 // The CPU kernels of the "default" provider, registered by RegisterCpuKernels() (register.cc).
 
+#include <shardline/kernels/cross_entropy.h>
 #include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/linear.h>
+#include <shardline/kernels/optim.h>
 
 namespace shardline::kernels::cpu {
 
@@ -17,5 +20,17 @@ void GeluBackward(const GeluBackwardArgs &args);
 void Add(const AddArgs &args);
 void Scale(const ScaleArgs &args);
 void Sum(const SumArgs &args);
+void BiasAdd(const BiasAddArgs &args);
+/// embedding.cc: row copies; the backward sums in fp64 in position order and rounds once.
+void EmbeddingForward(const EmbeddingForwardArgs &args);
+void EmbeddingBackward(const EmbeddingBackwardArgs &args);
+/// cross_entropy.cc: fp64 math, one rounding to each output.
+void CrossEntropyRowMax(const CrossEntropyRowMaxArgs &args);
+void CrossEntropyStats(const CrossEntropyStatsArgs &args);
+void CrossEntropyLoss(const CrossEntropyLossArgs &args);
+void CrossEntropyBackward(const CrossEntropyBackwardArgs &args);
+/// optim.cc: fp64 math per element, states stored in the master's dtype.
+void SgdStep(const SgdStepArgs &args);
+void AdamWStep(const AdamWStepArgs &args);
 
 } // namespace shardline::kernels::cpu

@@ -15,6 +15,15 @@ void RegisterCpuKernels() {
     Register<AddOp>(kCpu, kDefaultProvider, &cpu::Add);
     Register<ScaleOp>(kCpu, kDefaultProvider, &cpu::Scale);
     Register<SumOp>(kCpu, kDefaultProvider, &cpu::Sum);
+    Register<BiasAddOp>(kCpu, kDefaultProvider, &cpu::BiasAdd);
+    Register<EmbeddingForwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingForward);
+    Register<EmbeddingBackwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBackward);
+    Register<CrossEntropyRowMaxOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyRowMax);
+    Register<CrossEntropyStatsOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyStats);
+    Register<CrossEntropyLossOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyLoss);
+    Register<CrossEntropyBackwardOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyBackward);
+    Register<SgdStepOp>(kCpu, kDefaultProvider, &cpu::SgdStep);
+    Register<AdamWStepOp>(kCpu, kDefaultProvider, &cpu::AdamWStep);
 }
 
 } // namespace shardline::kernels::detail

@@ -2,9 +2,12 @@
 
 // The CUDA kernels registered by register.cc, one function per (op, provider).
 
+#include <shardline/kernels/cross_entropy.h>
 #include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/linear.h>
+#include <shardline/kernels/optim.h>
 
 namespace shardline::kernels::cuda {
 
@@ -16,6 +19,16 @@ void CudaGeluBackward(const GeluBackwardArgs &args);
 void CudaAdd(const AddArgs &args);
 void CudaScale(const ScaleArgs &args);
 void CudaSum(const SumArgs &args);
+void CudaBiasAdd(const BiasAddArgs &args);
+// training_ops.cc
+void CudaEmbeddingForward(const EmbeddingForwardArgs &args);
+void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args);
+void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args);
+void CudaCrossEntropyStats(const CrossEntropyStatsArgs &args);
+void CudaCrossEntropyLoss(const CrossEntropyLossArgs &args);
+void CudaCrossEntropyBackward(const CrossEntropyBackwardArgs &args);
+void CudaSgdStep(const SgdStepArgs &args);
+void CudaAdamWStep(const AdamWStepArgs &args);
 
 // provider "default", linear_backward.cc: the grads together, the separate bias grad on a side stream
 void CudaLinearBackward(const LinearBackwardArgs &args);

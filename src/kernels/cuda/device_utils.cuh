@@ -3,6 +3,7 @@
 // Device-side helpers shared by the .cu files of src/kernels/cuda: fp32 load/store of the three CUDA dtypes, dtype
 // dispatch for launchers, grid-stride indices and the GELU formulas (fp32 math). Included only by nvcc.
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -34,7 +35,7 @@ template <> __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(fl
     return __float2bfloat16_rn(v);
 }
 
-/// Calls f(T{}) with the element type of a CUDA kernel dtype; float64 and unknown values are invalid.
+/// Calls f(T{}) with the element type of a CUDA kernel dtype; float64, int64 and unknown values are invalid.
 template <class F> cudaError_t WithFloatType(DType dtype, F &&f) {
     switch (dtype) {
     case DType::kFloat32:
@@ -44,9 +45,21 @@ template <class F> cudaError_t WithFloatType(DType dtype, F &&f) {
     case DType::kBFloat16:
         return f(__nv_bfloat16{});
     case DType::kFloat64:
+    case DType::kInt64:
         break;
     }
     return cudaErrorInvalidValue;
+}
+
+/// kN elements loaded or stored with one instruction (16 bytes for 4 floats or 8 halves); the address must be
+/// aligned to the vector's size.
+template <class T, int kN> struct alignas(sizeof(T) * kN) AlignedVector {
+    T val[kN];
+};
+
+/// Whether p may be read as vectors of `bytes` bytes.
+inline bool IsAligned(const void *p, std::size_t bytes) {
+    return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
 __device__ __forceinline__ std::int64_t GlobalThread() {

@@ -37,6 +37,24 @@ template <class T> __global__ void ScaleKernel(const T *x, T *out, std::int64_t 
     }
 }
 
+// No __restrict__: out may alias x. kVec elements per load; bias is read with the same vectors (cols % kVec == 0).
+template <class T, int kVec>
+__global__ void BiasAddRowsKernel(const T *x, const T *bias, T *out, std::int64_t rows, std::int64_t cols) {
+    using Vec = AlignedVector<T, kVec>;
+    const std::int64_t vcols = cols / kVec;
+    const std::int64_t total = rows * vcols;
+    for (std::int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+        const Vec xv = reinterpret_cast<const Vec *>(x)[i];
+        const Vec bv = reinterpret_cast<const Vec *>(bias)[i % vcols];
+        Vec ov;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+            ov.val[k] = FromFloat<T>(ToFloat(xv.val[k]) + ToFloat(bv.val[k]));
+        }
+        reinterpret_cast<Vec *>(out)[i] = ov;
+    }
+}
+
 template <class T, class O>
 __global__ void MiddleSumKernel(const T *__restrict__ x, std::int64_t outer, std::int64_t reduce, std::int64_t inner,
                                 O *__restrict__ out) {
@@ -134,6 +152,26 @@ cudaError_t LaunchScale(const void *x, void *out, DType dtype, std::int64_t n, f
         using T = decltype(tag);
         ScaleKernel<T>
             <<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(x), static_cast<T *>(out), n, alpha);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t LaunchBiasAddRows(const void *x, const void *bias, void *out, DType dtype, std::int64_t rows,
+                              std::int64_t cols, cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+        const bool vectorize = cols % kVec == 0 && IsAligned(x, 16) && IsAligned(bias, 16) && IsAligned(out, 16);
+        if (vectorize) {
+            BiasAddRowsKernel<T, kVec><<<BlocksFor(rows * cols / kVec), kThreads, 0, stream>>>(
+                static_cast<const T *>(x), static_cast<const T *>(bias), static_cast<T *>(out), rows, cols);
+        } else {
+            BiasAddRowsKernel<T, 1><<<BlocksFor(rows * cols), kThreads, 0, stream>>>(
+                static_cast<const T *>(x), static_cast<const T *>(bias), static_cast<T *>(out), rows, cols);
+        }
         return cudaGetLastError();
     });
 }

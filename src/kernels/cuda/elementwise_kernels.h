@@ -23,6 +23,11 @@ cudaError_t LaunchAdd(const void *a, const void *b, void *out, DType dtype, std:
 /// out = alpha·x (out may alias x).
 cudaError_t LaunchScale(const void *x, void *out, DType dtype, std::int64_t n, float alpha, cudaStream_t stream);
 
+/// out[r, j] = x[r, j] + bias[j] over a row-major rows×cols x (out may alias x); 16-byte vectors when cols and the
+/// pointers allow.
+cudaError_t LaunchBiasAddRows(const void *x, const void *bias, void *out, DType dtype, std::int64_t rows,
+                              std::int64_t cols, cudaStream_t stream);
+
 /// x viewed [outer, reduce, inner] (row-major): out[o, i] = Σ_r x[o, r, i], one thread per output.
 cudaError_t LaunchMiddleSum(const void *x, DType dtype, std::int64_t outer, std::int64_t reduce, std::int64_t inner,
                             void *out, DType out_dtype, cudaStream_t stream);

@@ -36,6 +36,7 @@ cudaDataType_t CudaDataType(DType dtype, std::string_view op) {
     case DType::kBFloat16:
         return CUDA_R_16BF;
     case DType::kFloat64:
+    case DType::kInt64:
         break;
     }
     SHARDLINE_THROW(DTypeError, op, "CUDA kernels take float32, float16 or bfloat16, got {}", DTypeName(dtype));

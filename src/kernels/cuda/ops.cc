@@ -1,5 +1,5 @@
-// The default provider's non-GEMM CUDA ops: bias grad, GELU, Add, Scale, Sum. The op wrappers in src/kernels have
-// validated shapes, dtypes, devices and contiguity; these pick a kernel and launch it on the context stream.
+// The default provider's non-GEMM CUDA ops: bias grad, GELU, Add, Scale, BiasAdd, Sum. The op wrappers in src/kernels
+// have validated shapes, dtypes, devices and contiguity; these pick a kernel and launch it on the context stream.
 
 #include <utility>
 #include <vector>
@@ -47,6 +47,14 @@ void CudaScale(const ScaleArgs &args) {
     CudaContext &ctx = CudaContext::Get(args.x.device().index);
     SHARDLINE_CHECK_CUDA(LaunchScale(args.x.data(), args.out.data(), args.x.dtype(), args.x.numel(),
                                      static_cast<float>(args.alpha), ctx.stream()));
+}
+
+void CudaBiasAdd(const BiasAddArgs &args) {
+    // x [..., n] is a row-major rows×n matrix; out[r, j] = x[r, j] + bias[j] in one launch.
+    const std::int64_t cols = args.bias.numel();
+    CudaContext &ctx = CudaContext::Get(args.x.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchBiasAddRows(args.x.data(), args.bias.data(), args.out.data(), args.x.dtype(),
+                                           args.x.numel() / cols, cols, ctx.stream()));
 }
 
 void CudaSum(const SumArgs &args) {

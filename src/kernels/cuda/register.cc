@@ -2,10 +2,13 @@
 
 #include "kernels/register.h"
 
+#include <shardline/kernels/cross_entropy.h>
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/linear.h>
+#include <shardline/kernels/optim.h>
 
 #include "cuda_ops.h"
 #include "kernels/linear_gemm.h"
@@ -23,6 +26,16 @@ void RegisterCudaKernels() {
     Register<ScaleOp>(kCuda, kDefaultProvider, &cuda::CudaScale);
     Register<SumOp>(kCuda, kDefaultProvider, &cuda::CudaSum);
     Register<LinearBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaLinearBackward);
+    Register<BiasAddOp>(kCuda, kDefaultProvider, &cuda::CudaBiasAdd);
+    // default: embedding (deterministic sorted backward), cross-entropy stages, optimizer steps.
+    Register<EmbeddingForwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingForward);
+    Register<EmbeddingBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBackward);
+    Register<CrossEntropyRowMaxOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyRowMax);
+    Register<CrossEntropyStatsOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyStats);
+    Register<CrossEntropyLossOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyLoss);
+    Register<CrossEntropyBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyBackward);
+    Register<SgdStepOp>(kCuda, kDefaultProvider, &cuda::CudaSgdStep);
+    Register<AdamWStepOp>(kCuda, kDefaultProvider, &cuda::CudaAdamWStep);
     // legacy: cublasGemmStridedBatchedEx + separate epilogue kernels; plain bias-grad kernel. Linear, Matmul and
     // Outer reach it through their compositions over Gemm.
     Register<GemmOp>(kCuda, kLegacyProvider, &cuda::LegacyCudaGemm);

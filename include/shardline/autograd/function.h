@@ -1,0 +1,42 @@
+#pragma once
+
+// A differentiable operation (InfiniTrain / torch.autograd.Function style). A Function subclass implements
+//   Forward(inputs) -> outputs       the values, from the dist ops (no graph work);
+//   SetupContext(inputs, outputs)    saves only what the requested gradients need (needs_input_grad is filled first);
+//   Backward(grad_outputs) -> grads  one per input, only where needs_input_grad, in the grad rule's layouts.
+// Apply runs them and records the node; the engine then moves each gradient to its input's layout (redistributing
+// only for inputs that need one) before passing it on.
+
+#include <memory>
+#include <vector>
+
+#include <shardline/autograd/variable.h>
+
+namespace shardline::autograd {
+
+class Function : public Node {
+public:
+    /// Runs fn's Forward on the inputs' values (undefined Variables pass as undefined tensors) and, when grad mode is
+    /// on and an input requires grad, records fn as the outputs' grad_fn.
+    static std::vector<Variable> Apply(const std::shared_ptr<Function>& fn, const std::vector<Variable>& inputs);
+
+    std::vector<dist::Grad> Apply(std::vector<dist::Grad> grad_outputs) final;
+
+protected:
+    virtual std::vector<dist::DistTensor> Forward(const std::vector<dist::DistTensor>& inputs) = 0;
+    virtual void SetupContext(const std::vector<dist::DistTensor>& inputs,
+                              const std::vector<dist::DistTensor>& outputs) = 0;
+    virtual std::vector<dist::Grad> Backward(const std::vector<dist::DistTensor>& grad_outputs) = 0;
+
+    bool needs_input_grad(std::size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
+    /// The main-grad buffer of input i when it is a leaf that has one (backward kernels may accumulate into it when
+    /// their gradient has the sink's layout); empty otherwise.
+    dist::GradSink GradSinkFor(std::size_t i) const;
+
+private:
+    std::vector<bool> needs_input_grad_;
+    std::vector<spmd::Layout> grad_layouts_;            ///< where each input's gradient must end
+    std::vector<std::weak_ptr<VariableImpl>> leaves_;   ///< leaf inputs (for their main-grad sinks)
+};
+
+} // namespace shardline::autograd

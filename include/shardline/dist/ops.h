@@ -1,0 +1,163 @@
+#pragma once
+
+// Ops on DistTensors (DESIGN.md §6). Each op asks the SPMD rule (spmd/) for the layouts, redistributes inputs through
+// the rule's cached plans when they differ, runs the local kernel and returns outputs in the inferred layouts. A
+// backward op computes only the gradients it is asked for and returns them in the grad rule's layouts, possibly
+// Partial: the caller (autograd) redistributes a gradient only for an input that needs one. No op here takes autograd
+// flags beyond "which gradients"; none hand-writes a collective that a rule and the planner do not give.
+//
+// Every op also takes local DistTensors (DistTensor::Local): rules are skipped and the kernels run on the tensors.
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <shardline/dist/dist_tensor.h>
+#include <shardline/kernels/elementwise.h>
+#include <shardline/spmd/rule_cache.h>
+
+namespace shardline::dist {
+
+/// The process-wide cache of rules and plans (infers on the first request of a configuration, shares afterwards).
+spmd::RuleCache& Rules();
+
+/// The answer of `request` on the mesh of `mesh` (request.mesh is filled from it), from Rules(). SpmdErrors become
+/// shardline::Error naming `op`.
+std::shared_ptr<const spmd::CachedRule> LookupRule(std::string_view op, comm::DeviceMesh& mesh,
+                                                   spmd::RuleRequest request);
+
+/// `t` in `layout`: itself (relabelled) when the layouts agree on the mesh, else redistributed by the planner.
+DistTensor MoveToLayout(const DistTensor& t, const spmd::Layout& layout);
+
+/// A buffer that a backward op may accumulate a gradient into (beta = 1) instead of returning it, when the gradient
+/// it computes has exactly `layout` (e.g. a parameter's fp32 main grad, see autograd). `buffer` is the local shard.
+struct GradSink {
+    Tensor* buffer = nullptr;
+    spmd::Layout layout;
+};
+
+/// One gradient: `value` in the grad rule's layout (possibly Partial), or `accumulated` when it went into a GradSink.
+struct Grad {
+    DistTensor value;
+    bool accumulated = false;
+    bool defined() const { return value.defined() || accumulated; }
+};
+
+// ---- linear: y = x·Wᵀ + b ----------------------------------------------------------------------------------------
+struct LinearForwardOptions {
+    /// Redistribute the output to this layout (gather_output: replicated; a row-parallel Partial output: replicated or
+    /// sequence-sharded). Unset: the rule's layout, which is Partial for a row-parallel weight.
+    std::optional<spmd::Layout> output_layout{};
+    /// Do not add the bias (skip_bias_add): the caller adds it later, e.g. fused into the next op.
+    bool skip_bias = false;
+};
+/// What LinearBackward needs from the forward.
+struct LinearSaved {
+    DistTensor x_used;              ///< x in the layout of the local GEMM (what the weight grad multiplies)
+    spmd::TensorSpec x_spec;        ///< x as given (its gradient returns to this layout)
+    spmd::TensorSpec weight_spec;
+    std::optional<spmd::TensorSpec> bias_spec;
+    spmd::Layout gemm_output_layout; ///< the rule's output layout (before options.output_layout)
+    bool bias_after_output = false;  ///< the bias was added after the output redistribution (row parallel)
+    bool bias_added = false;
+};
+struct LinearForwardResult {
+    DistTensor y;
+    LinearSaved saved;
+};
+/// y = x·weightᵀ + bias with the linear rule's layouts. Column parallel (weight S(0)): bias fused in the GEMM.
+/// Row parallel (weight S(1), a Partial output): the bias is added once, after options.output_layout's reduction.
+LinearForwardResult LinearForward(const DistTensor& x, const DistTensor& weight, const DistTensor* bias,
+                                  const LinearForwardOptions& options = {});
+
+struct LinearBackwardArgs {
+    const DistTensor& dy;               ///< in the layout of the forward's y
+    const LinearSaved& saved;
+    const DistTensor* weight = nullptr; ///< required when need_input
+    bool need_input = false;
+    bool need_weight = false;           ///< requires saved.x_used
+    bool need_bias = false;
+    GradSink weight_sink{};
+    GradSink bias_sink{};
+};
+struct LinearGrads {
+    Grad dx, dweight, dbias;
+};
+/// dx = dy·W (LinearBackwardInput), dW = dyᵀ·x (LinearBackwardWeight), db = Σ_rows dy (LinearBackwardBias), each only
+/// when asked. dy is first moved to the GEMM output's layout without Partial (row parallel + sequence parallel: the
+/// all-gather of dy; gather_output: a local slice).
+LinearGrads LinearBackward(const LinearBackwardArgs& args);
+
+// ---- elementwise ---------------------------------------------------------------------------------------------------
+DistTensor GeluForward(const DistTensor& x, kernels::GeluApproximation approximation);
+/// dx = dy·gelu'(x) in the grad rule's layout.
+DistTensor GeluBackward(const DistTensor& dy, const DistTensor& x, kernels::GeluApproximation approximation);
+
+/// out = a + alpha·b (same global shapes).
+DistTensor Add(const DistTensor& a, const DistTensor& b, double alpha = 1.0);
+/// The gradients of Add: {da, db} (db scaled by alpha), each only when asked.
+std::vector<Grad> AddBackward(const DistTensor& dout, const DistTensor& a, const DistTensor& b, double alpha,
+                              bool need_a, bool need_b);
+
+/// out = x + bias broadcast over the rows of x [..., n] (bias [n]).
+DistTensor BiasAdd(const DistTensor& x, const DistTensor& bias);
+
+/// out = alpha·x.
+DistTensor Scale(const DistTensor& x, double alpha);
+
+// ---- reductions ----------------------------------------------------------------------------------------------------
+/// Σ (mean: average) of x over `dims` (empty: all). The dims must be a prefix or a suffix of x's dims (what the local
+/// kernels broadcast back in backward). A sharded reduced dim gives a Partial(sum) output.
+DistTensor Sum(const DistTensor& x, const std::vector<int>& dims, bool keepdim, bool mean = false);
+/// dx: dout broadcast back over the reduced dims (÷ count for mean), in the grad rule's layout.
+DistTensor SumBackward(const DistTensor& dout, const DistTensor& x, const std::vector<int>& dims, bool keepdim,
+                       bool mean = false);
+
+// ---- matmul / outer ------------------------------------------------------------------------------------------------
+/// out = a·b with torch.matmul batch broadcasting (both of rank ≥ 2).
+DistTensor Matmul(const DistTensor& a, const DistTensor& b);
+/// {da, db}, each only when asked.
+std::vector<Grad> MatmulBackward(const DistTensor& dout, const DistTensor& a, const DistTensor& b, bool need_a,
+                                 bool need_b);
+/// out[i, j] = x[i]·y[j].
+DistTensor Outer(const DistTensor& x, const DistTensor& y);
+std::vector<Grad> OuterBackward(const DistTensor& dout, const DistTensor& x, const DistTensor& y, bool need_x,
+                                bool need_y);
+
+// ---- embedding -----------------------------------------------------------------------------------------------------
+/// out[..., :] = weight[ids[...], :]; ids int64. A vocab-sharded table (weight S(0)) gives a Partial(sum) output
+/// (rows of other shards are zeros), as Megatron's VocabParallelEmbedding before its all-reduce.
+DistTensor EmbeddingForward(const DistTensor& ids, const DistTensor& weight);
+Grad EmbeddingBackward(const DistTensor& dout, const DistTensor& ids, const DistTensor& weight,
+                       const GradSink& weight_sink = {});
+
+// ---- cross-entropy -------------------------------------------------------------------------------------------------
+enum class LossReduction { kNone, kMean, kSum };
+struct CrossEntropyOptions {
+    LossReduction reduction = LossReduction::kMean;
+    /// Logits may stay sharded on the class dim (Megatron's vocab-parallel cross-entropy): the op all-reduces the row
+    /// max, the sum of exponentials and the target logit over that mesh dim instead of gathering the logits.
+    bool vocab_parallel = true;
+};
+/// What CrossEntropyBackward needs.
+struct CrossEntropySaved {
+    DistTensor logits_used;   ///< in the layout the local kernels used
+    DistTensor labels_used;
+    Tensor row_max;           ///< [N] global row max (fp32/fp64)
+    Tensor sum_exp;           ///< [N] global Σ exp(logit - max) (a view of `stats`)
+    Tensor stats;             ///< [2, N]: sum_exp and the target logit, all-reduced together
+    spmd::TensorSpec logits_spec; ///< as given
+    std::int64_t global_rows = 0;
+    CrossEntropyOptions options;
+};
+struct CrossEntropyResult {
+    DistTensor loss; ///< [...] (none) or [] (mean, sum: Partial(sum) over the mesh dims sharding the rows)
+    CrossEntropySaved saved;
+};
+/// loss = logsumexp(logits[..., :]) − logits[..., label], labels int64 global class ids.
+CrossEntropyResult CrossEntropyForward(const DistTensor& logits, const DistTensor& labels,
+                                       const CrossEntropyOptions& options = {});
+/// dlogits = dloss·(softmax(logits) − onehot(label)) (÷ rows for mean), in the layout of saved.logits_used.
+DistTensor CrossEntropyBackward(const DistTensor& dloss, const CrossEntropySaved& saved);
+
+} // namespace shardline::dist

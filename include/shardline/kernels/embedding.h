@@ -1,0 +1,48 @@
+#pragma once
+
+// Embedding lookup and its weight gradient, with Megatron's vocab-parallel form: a rank holds rows
+// [vocab_start, vocab_start + V_local) of the [V, H] table; ids outside that range give zero rows (the all-reduce over
+// the tensor-parallel group adds the other ranks' rows) and contribute nothing to this rank's gradient.
+// ids are int64 of any shape; the table and the gradients are float (CPU float32/float64, CUDA float32/float16/bfloat16
+// with fp32 accumulation).
+
+#include <cstdint>
+#include <string_view>
+
+#include <shardline/core/tensor.h>
+
+namespace shardline::kernels {
+
+struct EmbeddingForwardArgs {
+    const Tensor& ids;            ///< [...] int64, global token ids
+    const Tensor& weight;         ///< [V_local, H]: rows vocab_start .. vocab_start + V_local - 1 of the table
+    Tensor& out;                  ///< [..., H] (ids' shape + H), weight's dtype, overwritten
+    std::int64_t vocab_start = 0; ///< global id of weight's first row (>= 0)
+};
+struct EmbeddingForwardOp {
+    static constexpr std::string_view kName = "EmbeddingForward";
+    using Fn = void (*)(const EmbeddingForwardArgs&);
+};
+/// out[i, :] = weight[ids[i] - vocab_start, :] when vocab_start <= ids[i] < vocab_start + V_local, else 0
+/// (Megatron's VocabParallelEmbedding: the rows of other ranks are zeros, the all-reduce adds them). Range checking of
+/// the global ids against the whole vocabulary is the caller's job.
+void EmbeddingForward(const EmbeddingForwardArgs& args);
+Tensor EmbeddingForward(const Tensor& ids, const Tensor& weight, std::int64_t vocab_start = 0);
+
+struct EmbeddingBackwardArgs {
+    const Tensor& ids;  ///< [...] int64
+    const Tensor& dout; ///< [..., H]
+    Tensor& dweight;    ///< [V_local, H]: dout's dtype, or float32 when accumulating a main grad
+    std::int64_t vocab_start = 0;
+    bool accumulate = false; ///< dweight += instead of =
+};
+struct EmbeddingBackwardOp {
+    static constexpr std::string_view kName = "EmbeddingBackward";
+    using Fn = void (*)(const EmbeddingBackwardArgs&);
+};
+/// dweight[v, :] (+)= Σ_{i : ids[i] - vocab_start == v} dout[i, :]; ids outside the local range contribute nothing.
+/// Each sum runs over the positions i in increasing order (fp32 on CUDA, fp64 on the CPU) and rounds once into
+/// dweight, so results are deterministic on both devices (CUDA sorts the ids instead of adding with atomics).
+void EmbeddingBackward(const EmbeddingBackwardArgs& args);
+
+} // namespace shardline::kernels

@@ -1,0 +1,50 @@
+#pragma once
+
+// Data-parallel gradient synchronisation (DDP / Megatron's grad buffer): the parameters' fp32 main grads live in
+// flat buckets; backward leaves them Partial(sum) over the dp mesh dim, and as soon as every gradient of a bucket is
+// complete (a post-accumulate hook) the bucket's all-reduce over the dp group is launched asynchronously, overlapping
+// the rest of the backward. Finish() waits for all of them. One all-reduce per bucket per step.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <shardline/autograd/variable.h>
+#include <shardline/comm/device_mesh.h>
+
+namespace shardline::nn {
+
+struct GradSyncOptions {
+    std::string dp_dim = "dp";
+    /// Bucket capacity (fp32 bytes); parameters are packed in reverse order (the order backward completes them).
+    std::int64_t bucket_bytes = 25 << 20;
+};
+
+class GradSync {
+public:
+    /// Gives every parameter an fp32 main grad inside a bucket and a deferred Partial on the dp dim. The parameters
+    /// must live on `mesh`. GradSync must outlive the backward passes it serves.
+    GradSync(std::vector<autograd::Variable> parameters, comm::DeviceMesh& mesh, const GradSyncOptions& options = {});
+    ~GradSync();
+    GradSync(const GradSync&) = delete;
+    GradSync& operator=(const GradSync&) = delete;
+
+    /// Launches the buckets that did not complete (parameters without a gradient this step), waits for every
+    /// bucket, and marks the gradients reduced (their layouts lose the dp Partial). Call before the optimizer step.
+    void Finish();
+    /// Zeroes the buckets and marks the gradients Partial again (call before the next backward).
+    void ZeroGrad();
+    /// When off, hooks do not launch (gradient accumulation over micro-batches; Finish still reduces).
+    void set_enabled(bool enabled);
+    int num_buckets() const;
+    /// Parameter names per bucket (for tests and logs).
+    std::vector<std::vector<std::string>> BucketNames() const;
+
+    struct State;
+
+private:
+    std::shared_ptr<State> state_;
+};
+
+} // namespace shardline::nn

@@ -1,0 +1,82 @@
+#pragma once
+
+// Optimizers on local shards (every rank updates its own shard; a replicated parameter gets the same update on every
+// rank because its gradient is the same). Half-precision parameters keep fp32 master weights and read fp32 main
+// grads (Variable::AllocateMainGrad, which the optimizer sets up when missing); the updated master is cast back into
+// the parameter.
+
+#include <cstdint>
+#include <vector>
+
+#include <shardline/autograd/variable.h>
+
+namespace shardline::nn {
+
+using autograd::Variable;
+
+class Optimizer {
+public:
+    explicit Optimizer(std::vector<Variable> parameters);
+    virtual ~Optimizer() = default;
+    /// One update of every parameter that has a gradient. Throws naming the parameter when its gradient is still
+    /// Partial (a data-parallel GradSync that was not finished).
+    virtual void Step() = 0;
+    void ZeroGrad();
+    double lr() const { return lr_; }
+    void set_lr(double lr) { lr_ = lr; }
+    /// Step() calls so far.
+    std::int64_t steps() const { return steps_; }
+
+protected:
+    struct Slot {
+        Variable param;
+        Tensor master;  ///< fp32 master weights (half params), else the parameter's own local tensor
+        Tensor state0;  ///< momentum buffer / exp_avg
+        Tensor state1;  ///< exp_avg_sq
+        bool half = false;
+        /// Updates this parameter has had: its state starts at its first gradient, as torch's per-parameter state
+        /// (a parameter without a gradient in early steps gets buf = g and bias corrections from t = 1 later).
+        std::int64_t step = 0;
+    };
+    /// The local gradient of slot `s` (fp32 for half params), or an undefined tensor when it has none.
+    Tensor GradOf(Slot& s, const char* op) const;
+    std::vector<Slot> slots_;
+    double lr_ = 0.0;
+    std::int64_t steps_ = 0;
+};
+
+struct SgdOptions {
+    double lr = 0.01;
+    double momentum = 0.0;
+    double dampening = 0.0;
+    double weight_decay = 0.0;
+    bool nesterov = false;
+};
+/// torch.optim.SGD.
+class SGD : public Optimizer {
+public:
+    SGD(std::vector<Variable> parameters, const SgdOptions& options);
+    void Step() override;
+
+private:
+    SgdOptions options_;
+};
+
+struct AdamWOptions {
+    double lr = 1e-3;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.01;
+};
+/// torch.optim.AdamW (decoupled weight decay, bias-corrected moments).
+class AdamW : public Optimizer {
+public:
+    AdamW(std::vector<Variable> parameters, const AdamWOptions& options);
+    void Step() override;
+
+private:
+    AdamWOptions options_;
+};
+
+} // namespace shardline::nn

@@ -1,0 +1,137 @@
+// Elementwise ops on DistTensors: GELU, Add, BiasAdd, Scale, through the elementwise rule (numpy broadcasting).
+
+#include <shardline/dist/ops.h>
+#include <shardline/kernels/elementwise.h>
+
+#include "ops_util.h"
+
+namespace shardline::dist {
+namespace {
+
+/// The forward rule of an elementwise op and its inputs moved to the required layouts.
+struct Prepared {
+    std::shared_ptr<const spmd::CachedRule> rule;
+    std::vector<DistTensor> inputs;
+};
+
+Prepared PrepareForward(std::string_view kop, comm::DeviceMesh &mesh, std::string op,
+                        const std::vector<const DistTensor *> &inputs) {
+    spmd::RuleRequest request{.op = std::move(op)};
+    for (const DistTensor *t : inputs) {
+        request.inputs.push_back(t->spec());
+    }
+    Prepared p{.rule = LookupRule(kop, mesh, std::move(request)), .inputs = {}};
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        p.inputs.push_back(detail::Prepare(*inputs[i], p.rule->info.inputs[i], p.rule->input_plans[i]));
+    }
+    return p;
+}
+
+/// The grad rule of an elementwise op: the forward inputs and dout moved to the required layouts.
+Prepared PrepareGrad(std::string_view kop, comm::DeviceMesh &mesh, std::string op,
+                     const std::vector<const DistTensor *> &inputs, const DistTensor &dout) {
+    spmd::RuleRequest request{.op = std::move(op), .direction = spmd::RuleDirection::kGrad, .out_grad = dout.spec()};
+    for (const DistTensor *t : inputs) {
+        request.inputs.push_back(t->spec());
+    }
+    Prepared p{.rule = LookupRule(kop, mesh, std::move(request)), .inputs = {}};
+    const spmd::SpmdInfo &info = p.rule->info;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+        p.inputs.push_back(detail::MoveTo(*inputs[i], info.inputs[i].layout));
+    }
+    const std::size_t g = info.inputs.size() - 1;
+    p.inputs.push_back(detail::Prepare(dout, info.inputs[g], p.rule->input_plans[g]));
+    return p;
+}
+
+} // namespace
+
+DistTensor GeluForward(const DistTensor &x, kernels::GeluApproximation approximation) {
+    constexpr const char *kOp = "dist::GeluForward";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x});
+    if (mesh == nullptr) {
+        return DistTensor::Local(kernels::GeluForward(x.local(), approximation));
+    }
+    const Prepared p = PrepareForward(kOp, *mesh, "gelu", {&x});
+    return detail::Shard(kernels::GeluForward(p.inputs[0].local(), approximation), p.rule->info.outputs[0], mesh);
+}
+
+DistTensor GeluBackward(const DistTensor &dy, const DistTensor &x, kernels::GeluApproximation approximation) {
+    constexpr const char *kOp = "dist::GeluBackward";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dy, &x});
+    if (mesh == nullptr) {
+        return DistTensor::Local(kernels::GeluBackward(dy.local(), x.local(), approximation));
+    }
+    const Prepared p = PrepareGrad(kOp, *mesh, "gelu", {&x}, dy);
+    return detail::Shard(kernels::GeluBackward(p.inputs[1].local(), p.inputs[0].local(), approximation),
+                         p.rule->info.outputs[0], mesh);
+}
+
+DistTensor Add(const DistTensor &a, const DistTensor &b, double alpha) {
+    constexpr const char *kOp = "dist::Add";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&a, &b});
+    SHARDLINE_CHECK_AS(ShapeError, a.global_shape() == b.global_shape(), kOp,
+                       "a and b must have one shape (use BiasAdd to broadcast a bias), got {} and {}",
+                       ShapeToString(a.global_shape()), ShapeToString(b.global_shape()));
+    if (mesh == nullptr) {
+        return DistTensor::Local(kernels::Add(a.local(), b.local(), alpha));
+    }
+    const Prepared p = PrepareForward(kOp, *mesh, "add", {&a, &b});
+    return detail::Shard(kernels::Add(p.inputs[0].local(), p.inputs[1].local(), alpha), p.rule->info.outputs[0],
+                         mesh);
+}
+
+std::vector<Grad> AddBackward(const DistTensor &dout, const DistTensor &a, const DistTensor &b, double alpha,
+                              bool need_a, bool need_b) {
+    constexpr const char *kOp = "dist::AddBackward";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &a, &b});
+    std::vector<Grad> grads(2);
+    if (!need_a && !need_b) {
+        return grads;
+    }
+    if (mesh == nullptr) {
+        if (need_a) {
+            grads[0].value = dout;
+        }
+        if (need_b) {
+            grads[1].value = alpha == 1.0 ? dout : DistTensor::Local(kernels::Scale(dout.local(), alpha));
+        }
+        return grads;
+    }
+    const Prepared p = PrepareGrad(kOp, *mesh, "add", {&a, &b}, dout);
+    const Tensor &g = p.inputs[2].local();
+    if (need_a) {
+        grads[0].value = detail::Shard(g, p.rule->info.outputs[0], mesh);
+    }
+    if (need_b) {
+        grads[1].value = detail::Shard(alpha == 1.0 ? g : kernels::Scale(g, alpha), p.rule->info.outputs[1], mesh);
+    }
+    return grads;
+}
+
+DistTensor BiasAdd(const DistTensor &x, const DistTensor &bias) {
+    constexpr const char *kOp = "dist::BiasAdd";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x, &bias});
+    auto run = [](const Tensor &xl, const Tensor &bl) {
+        Tensor out = Tensor::Empty(xl.shape(), xl.dtype(), xl.device());
+        kernels::BiasAdd({.x = xl, .bias = bl, .out = out});
+        return out;
+    };
+    if (mesh == nullptr) {
+        return DistTensor::Local(run(x.local(), bias.local()));
+    }
+    const Prepared p = PrepareForward(kOp, *mesh, "add", {&x, &bias});
+    return detail::Shard(run(p.inputs[0].local(), p.inputs[1].local()), p.rule->info.outputs[0], mesh);
+}
+
+DistTensor Scale(const DistTensor &x, double alpha) {
+    constexpr const char *kOp = "dist::Scale";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x});
+    if (mesh == nullptr) {
+        return DistTensor::Local(kernels::Scale(x.local(), alpha));
+    }
+    const Prepared p = PrepareForward(kOp, *mesh, "scale", {&x});
+    return detail::Shard(kernels::Scale(p.inputs[0].local(), alpha), p.rule->info.outputs[0], mesh);
+}
+
+} // namespace shardline::dist

@@ -1,0 +1,34 @@
+#pragma once
+
+// Launchers for the embedding kernels (embedding_kernels.cu). Declarations only: host code includes this without nvcc.
+// ids are int64; tables float32/float16/bfloat16. Each launcher returns the launch status for SHARDLINE_CHECK_CUDA.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include <shardline/core/dtype.h>
+
+namespace shardline::kernels::cuda {
+
+/// out[i, :] = weight[ids[i] - vocab_start, :] when that row is in [0, rows), else zeros. Copies rows as bytes in the
+/// widest words (16, 8, 4 or 2 bytes) that the row size and both pointers allow.
+cudaError_t LaunchEmbeddingForward(const std::int64_t *ids, std::int64_t n, std::int64_t vocab_start,
+                                   const void *weight, std::int64_t rows, std::int64_t hidden, DType dtype, void *out,
+                                   cudaStream_t stream);
+
+/// The device workspace LaunchEmbeddingBackward needs for n ids over a table of `rows` rows: the sort keys and
+/// positions (twice) and the radix sort's temporary storage. Fills `*bytes`; returns CUB's status.
+cudaError_t EmbeddingBackwardWorkspace(std::int64_t n, std::int64_t rows, std::size_t *bytes);
+
+/// dweight[v, :] (+)= Σ_{i : ids[i] - vocab_start == v} dout[i, :], deterministic: the local rows of the ids are radix
+/// sorted (stably, so each row's positions stay in increasing order), then one block per distinct row sums its dout
+/// rows in that order in fp32 and rounds once into dweight. Rows no id hits are zeroed unless `accumulate`.
+/// n and rows must be below 2^31 (the sort keys are 32-bit); `workspace` holds EmbeddingBackwardWorkspace's bytes.
+cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std::int64_t vocab_start, const void *dout,
+                                    DType dout_dtype, void *dweight, DType dweight_dtype, std::int64_t rows,
+                                    std::int64_t hidden, bool accumulate, void *workspace, std::size_t workspace_bytes,
+                                    cudaStream_t stream);
+
+} // namespace shardline::kernels::cuda

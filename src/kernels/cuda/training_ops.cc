@@ -1,0 +1,124 @@
+// The default provider's CUDA ops for training beyond the Linear layers: embedding, cross-entropy stages, optimizer
+// steps. The op wrappers in src/kernels have validated shapes, dtypes, devices and contiguity (and settled the empty
+// cases); these pick a kernel and launch it on the context stream.
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/tensor.h>
+
+#include "cross_entropy_kernels.h"
+#include "cuda_ops.h"
+#include "embedding_kernels.h"
+#include "optim_kernels.h"
+
+namespace shardline::kernels::cuda {
+namespace {
+
+const float *F32(const Tensor &t) {
+    return static_cast<const float *>(t.data());
+}
+float *F32(Tensor &t) {
+    return static_cast<float *>(t.data());
+}
+const std::int64_t *I64(const Tensor &t) {
+    return static_cast<const std::int64_t *>(t.data());
+}
+
+/// logits [..., c] as n rows of c (the wrappers guarantee c > 0).
+std::int64_t RowsOf(const Tensor &logits) {
+    return logits.numel() / logits.shape().back();
+}
+
+} // namespace
+
+void CudaEmbeddingForward(const EmbeddingForwardArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.out.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchEmbeddingForward(I64(args.ids), args.ids.numel(), args.vocab_start, args.weight.data(),
+                                                args.weight.size(0), args.weight.size(1), args.weight.dtype(),
+                                                args.out.data(), ctx.stream()));
+}
+
+void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args) {
+    constexpr std::string_view kOp = EmbeddingBackwardOp::kName;
+    const std::int64_t n = args.ids.numel();
+    const std::int64_t rows = args.dweight.size(0);
+    // The deterministic backward radix-sorts 32-bit (row, position) keys.
+    constexpr std::int64_t kLimit = (std::int64_t{1} << 31) - 1;
+    SHARDLINE_CHECK_AS(ShapeError, n < kLimit && rows < kLimit, kOp,
+                       "the CUDA kernel takes fewer than 2^31 - 1 ids and table rows, got ids {} and dweight {}",
+                       args.ids.ToString(), args.dweight.ToString());
+    CudaContext &ctx = CudaContext::Get(args.dweight.device().index);
+    std::size_t bytes = 0;
+    SHARDLINE_CHECK_CUDA(EmbeddingBackwardWorkspace(n, rows, &bytes));
+    // Stream-ordered scratch from the device's pool; freed (stream-ordered) after the kernels are queued.
+    const std::shared_ptr<Storage> workspace = Storage::Allocate(bytes, args.dweight.device());
+    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBackward(
+        I64(args.ids), n, args.vocab_start, args.dout.data(), args.dout.dtype(), args.dweight.data(),
+        args.dweight.dtype(), rows, args.dweight.size(1), args.accumulate, workspace->data(), bytes, ctx.stream()));
+}
+
+void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.logits.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchCrossEntropyRowMax(args.logits.data(), args.logits.dtype(), RowsOf(args.logits),
+                                                  args.logits.shape().back(), F32(args.row_max), ctx.stream()));
+}
+
+void CudaCrossEntropyStats(const CrossEntropyStatsArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.logits.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchCrossEntropyStats(
+        args.logits.data(), args.logits.dtype(), RowsOf(args.logits), args.logits.shape().back(), F32(args.row_max),
+        I64(args.labels), args.class_start, F32(args.sum_exp), F32(args.target_logit), ctx.stream()));
+}
+
+void CudaCrossEntropyLoss(const CrossEntropyLossArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.loss.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchCrossEntropyLoss(F32(args.row_max), F32(args.sum_exp), F32(args.target_logit),
+                                                F32(args.loss), args.loss.numel(), ctx.stream()));
+}
+
+void CudaCrossEntropyBackward(const CrossEntropyBackwardArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.logits.device().index);
+    SHARDLINE_CHECK_CUDA(LaunchCrossEntropyBackward(
+        args.logits.data(), args.logits.dtype(), RowsOf(args.logits), args.logits.shape().back(), F32(args.row_max),
+        F32(args.sum_exp), I64(args.labels), args.class_start, F32(args.dloss), args.dloss.numel() == 1,
+        static_cast<float>(args.scale), args.dlogits.data(), ctx.stream()));
+}
+
+void CudaSgdStep(const SgdStepArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.param.device().index);
+    const bool use_momentum = args.momentum != 0.0;
+    const SgdHyper hyper{.lr = static_cast<float>(args.lr),
+                         .momentum = static_cast<float>(args.momentum),
+                         .dampening = static_cast<float>(args.dampening),
+                         .weight_decay = static_cast<float>(args.weight_decay),
+                         .use_momentum = use_momentum,
+                         .nesterov = args.nesterov,
+                         .first_step = args.first_step};
+    SHARDLINE_CHECK_CUDA(LaunchSgdStep(F32(args.param), F32(args.grad),
+                                       use_momentum ? F32(*args.momentum_buffer) : nullptr,
+                                       args.model_param != nullptr ? args.model_param->data() : nullptr,
+                                       args.model_param != nullptr ? args.model_param->dtype() : DType::kFloat32,
+                                       args.param.numel(), hyper, ctx.stream()));
+}
+
+void CudaAdamWStep(const AdamWStepArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.param.device().index);
+    // The bias corrections in fp64 on the host, as torch computes them (Python floats), then rounded once.
+    const double t = static_cast<double>(args.step);
+    const AdamWHyper hyper{.decay = static_cast<float>(1.0 - args.lr * args.weight_decay),
+                           .beta1 = static_cast<float>(args.beta1),
+                           .beta2 = static_cast<float>(args.beta2),
+                           .step_size = static_cast<float>(args.lr / (1.0 - std::pow(args.beta1, t))),
+                           .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(args.beta2, t))),
+                           .eps = static_cast<float>(args.eps)};
+    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(F32(args.param), F32(args.grad), F32(args.exp_avg), F32(args.exp_avg_sq),
+                                         args.model_param != nullptr ? args.model_param->data() : nullptr,
+                                         args.model_param != nullptr ? args.model_param->dtype() : DType::kFloat32,
+                                         args.param.numel(), hyper, ctx.stream()));
+}
+
+} // namespace shardline::kernels::cuda

@@ -1,0 +1,153 @@
+#include <shardline/nn/grad_sync.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <shardline/comm/communicator.h>
+#include <shardline/core/error.h>
+
+namespace shardline::nn {
+
+struct GradSync::State {
+    struct Bucket {
+        Tensor buffer; ///< flat fp32
+        std::vector<autograd::Variable> params;
+        int ready = 0;
+        comm::WorkHandle work;
+    };
+    comm::DeviceMesh *mesh = nullptr;
+    int dp = 0;
+    bool enabled = true;
+    std::vector<Bucket> buckets;
+
+    void Launch(Bucket &b) {
+        if (!b.work) {
+            b.work = mesh->group(dp).AllReduce(b.buffer, comm::ReduceOp::kSum);
+        }
+    }
+    void OnReady(std::size_t bucket) {
+        if (!enabled) {
+            return;
+        }
+        Bucket &b = buckets[bucket];
+        if (++b.ready == static_cast<int>(b.params.size())) {
+            Launch(b);
+        }
+    }
+};
+
+GradSync::GradSync(std::vector<autograd::Variable> parameters, comm::DeviceMesh &mesh, const GradSyncOptions &options)
+    : state_(std::make_shared<State>()) {
+    constexpr const char *kOp = "GradSync";
+    state_->mesh = &mesh;
+    state_->dp = mesh.dim_index(options.dp_dim);
+    SHARDLINE_CHECK(options.bucket_bytes > 0, kOp, "bucket_bytes must be positive, got {}", options.bucket_bytes);
+    // Reverse registration order: the order in which backward completes the gradients.
+    std::reverse(parameters.begin(), parameters.end());
+    std::vector<std::vector<autograd::Variable>> groups;
+    std::int64_t bytes = 0;
+    Device device;
+    for (auto &p : parameters) {
+        SHARDLINE_CHECK(p.defined() && p.is_leaf() && !p.value().is_local() && &p.value().mesh() == &mesh, kOp,
+                        "parameter '{}' must be a leaf on the GradSync's mesh", p.defined() ? p.name() : "undefined");
+        const std::int64_t b = p.local().numel() * 4;
+        if (groups.empty() || bytes + b > options.bucket_bytes || p.device() != device) {
+            if (groups.empty() || !groups.back().empty()) {
+                groups.emplace_back();
+            }
+            bytes = 0;
+            device = p.device();
+        }
+        groups.back().push_back(p);
+        bytes += b;
+    }
+    for (auto &group : groups) {
+        State::Bucket bucket;
+        std::int64_t total = 0;
+        for (auto &p : group) {
+            total += p.local().numel();
+        }
+        bucket.buffer = Tensor::Zeros({total}, DType::kFloat32, group.front().device());
+        std::int64_t at = 0;
+        for (auto &p : group) {
+            // The main grad is a view into the bucket, so the bucket's one all-reduce reduces every gradient in it.
+            void *data = static_cast<char *>(bucket.buffer.data()) + at * 4;
+            p.set_deferred_partial({state_->dp});
+            p.AllocateMainGrad(DType::kFloat32, Tensor::FromBlob(data, p.local().shape(), DType::kFloat32, p.device()));
+            at += p.local().numel();
+        }
+        bucket.params = group;
+        state_->buckets.push_back(std::move(bucket));
+    }
+    for (std::size_t i = 0; i < state_->buckets.size(); ++i) {
+        for (auto &p : state_->buckets[i].params) {
+            std::weak_ptr<State> weak = state_;
+            p.AddPostAccumulateHook([weak, i](autograd::Variable &) {
+                if (auto s = weak.lock()) {
+                    s->OnReady(i);
+                }
+            });
+        }
+    }
+}
+
+GradSync::~GradSync() {
+    // Parameters outlive the buckets: give each its own copy of its main grad (it was a view into a bucket).
+    for (auto &b : state_->buckets) {
+        for (auto &p : b.params) {
+            if (p.impl() == nullptr) {
+                continue;
+            }
+            try {
+                const dist::DistTensor g = p.grad();
+                Tensor own = p.impl()->main_grad.Clone();
+                p.impl()->main_grad = own;
+                p.impl()->grad = dist::DistTensor::FromTrustedShard(own, g.global_shape(), g.layout(), g.mesh_ptr());
+            } catch (...) {
+            }
+        }
+    }
+}
+
+void GradSync::Finish() {
+    for (auto &b : state_->buckets) {
+        state_->Launch(b);
+    }
+    for (auto &b : state_->buckets) {
+        b.work->Wait();
+        b.work.reset();
+        b.ready = 0;
+        for (auto &p : b.params) {
+            const dist::DistTensor &v = p.value();
+            p.impl()->grad = dist::DistTensor::FromTrustedShard(p.impl()->main_grad, v.global_shape(),
+                                                                v.layout().WithoutPartial(), v.mesh_ptr());
+        }
+    }
+}
+
+void GradSync::ZeroGrad() {
+    for (auto &b : state_->buckets) {
+        SHARDLINE_CHECK(!b.work, "GradSync::ZeroGrad", "a bucket's all-reduce is in flight: call Finish first");
+        b.ready = 0;
+        for (auto &p : b.params) {
+            p.ZeroGrad();
+        }
+    }
+}
+
+void GradSync::set_enabled(bool enabled) { state_->enabled = enabled; }
+int GradSync::num_buckets() const { return static_cast<int>(state_->buckets.size()); }
+
+std::vector<std::vector<std::string>> GradSync::BucketNames() const {
+    std::vector<std::vector<std::string>> out;
+    for (auto &b : state_->buckets) {
+        out.emplace_back();
+        for (auto &p : b.params) {
+            out.back().push_back(p.name());
+        }
+    }
+    return out;
+}
+
+} // namespace shardline::nn

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -23,16 +24,19 @@ TEST(DTypeTest, ParsesCanonicalNamesAndShortForms) {
     EXPECT_EQ(ParseDType("float64"), DType::kFloat64);
     EXPECT_EQ(ParseDType("f64"), DType::kFloat64);
     EXPECT_EQ(ParseDType("fp64"), DType::kFloat64);
+    EXPECT_EQ(ParseDType("int64"), DType::kInt64);
+    EXPECT_EQ(ParseDType("i64"), DType::kInt64);
 }
 
 TEST(DTypeTest, NamesRoundTripThroughParse) {
-    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt64}) {
         EXPECT_EQ(ParseDType(DTypeName(d)), d) << DTypeName(d);
     }
     EXPECT_EQ(DTypeName(DType::kFloat32), "float32");
     EXPECT_EQ(DTypeName(DType::kFloat16), "float16");
     EXPECT_EQ(DTypeName(DType::kBFloat16), "bfloat16");
     EXPECT_EQ(DTypeName(DType::kFloat64), "float64");
+    EXPECT_EQ(DTypeName(DType::kInt64), "int64");
 }
 
 TEST(DTypeTest, ElementSizesAndHalfPredicate) {
@@ -48,6 +52,16 @@ TEST(DTypeTest, ElementSizesAndHalfPredicate) {
     static_assert(DTypeOf<double>::kValue == DType::kFloat64);
 }
 
+TEST(DTypeTest, Int64IsAnEightByteStorageTypeThatIsNeitherHalfNorFloat) {
+    EXPECT_EQ(ElementSize(DType::kInt64), 8u);
+    EXPECT_FALSE(IsHalf(DType::kInt64));
+    EXPECT_FALSE(IsFloatingPoint(DType::kInt64));
+    for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+        EXPECT_TRUE(IsFloatingPoint(d)) << DTypeName(d);
+    }
+    static_assert(DTypeOf<std::int64_t>::kValue == DType::kInt64);
+}
+
 TEST(DTypeTest, UnknownNameThrowsDTypeErrorListingTheChoices) {
     try {
         ParseDType("float8");
@@ -56,7 +70,7 @@ TEST(DTypeTest, UnknownNameThrowsDTypeErrorListingTheChoices) {
         const std::string msg = e.what();
         EXPECT_THAT(msg, HasSubstr("ParseDType"));
         EXPECT_THAT(msg, HasSubstr("'float8'"));
-        EXPECT_THAT(msg, HasSubstr("float32|float16|bfloat16|float64"));
+        EXPECT_THAT(msg, HasSubstr("float32|float16|bfloat16|float64|int64"));
     }
     EXPECT_THROW(ParseDType(""), DTypeError);
     EXPECT_THROW(ParseDType("Float32"), Error); // names are case-sensitive

@@ -1,5 +1,9 @@
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -179,6 +183,93 @@ TEST(TensorTest, RankZeroTensorHoldsOneElement) {
     EXPECT_EQ(s.numel(), 1);
     EXPECT_TRUE(s.is_contiguous());
     EXPECT_EQ(s.ToDoubleVector(), (Values{2.5}));
+}
+
+TEST(TensorTest, Int64TensorHoldsIdsBeyondFloat32Precision) {
+    // 2^40 + 1 and -(2^33 + 3) have no float32 representation: an int64 tensor must not round them.
+    const Values ids = {0, 1, -7, 1099511627777.0, -8589934595.0, 31999};
+    const Tensor t = Tensor::FromVector(ids, {2, 3}, DType::kInt64);
+    EXPECT_EQ(t.dtype(), DType::kInt64);
+    EXPECT_EQ(t.nbytes(), 48u);
+    EXPECT_EQ(t.ToString(), "Tensor[2, 3] int64 cpu");
+    EXPECT_EQ(t.ToDoubleVector(), ids);
+    EXPECT_EQ(t.data_as<std::int64_t>()[3], (std::int64_t{1} << 40) + 1);
+    EXPECT_EQ(t.data_as<std::int64_t>()[4], -((std::int64_t{1} << 33) + 3));
+    EXPECT_THROW((void)t.data_as<double>(), DTypeError);
+
+    EXPECT_EQ(Tensor::Zeros({3}, DType::kInt64).ToDoubleVector(), (Values{0, 0, 0}));
+    EXPECT_EQ(Tensor::Full({2}, -5.0, DType::kInt64).ToDoubleVector(), (Values{-5, -5}));
+    Tensor e = Tensor::Empty({4}, DType::kInt64);
+    e.Fill(1e15);
+    EXPECT_EQ(e.data_as<std::int64_t>()[2], std::int64_t{1000000000000000});
+}
+
+TEST(TensorTest, Int64CopiesViewsAndClonesKeepTheValues) {
+    const Tensor t = Tensor::FromVector({3, -1, 4, 1, -5, 9}, {2, 3}, DType::kInt64);
+    const Tensor v = t.View({3, -1});
+    EXPECT_EQ(v.shape(), (Shape{3, 2}));
+    EXPECT_EQ(v.data(), t.data());
+    Tensor c = t.Clone();
+    EXPECT_NE(c.data(), t.data());
+    EXPECT_EQ(c.ToDoubleVector(), t.ToDoubleVector());
+    Tensor dst = Tensor::Zeros({3, 2}, DType::kInt64);
+    dst.CopyFrom(t.Transpose(0, 1)); // a strided int64 source is materialised element by element
+    EXPECT_EQ(dst.ToDoubleVector(), (Values{3, 1, -1, -5, 4, 9}));
+    EXPECT_EQ(t.To(Device::CPU()).ToDoubleVector(), t.ToDoubleVector());
+    Tensor wrong = Tensor::Zeros({2, 3}, DType::kFloat64);
+    EXPECT_THROW(wrong.CopyFrom(t), ShapeError); // no implicit conversion in a copy
+}
+
+TEST(TensorTest, Int64CastsTruncateTowardZeroAndRejectWhatCannotBeStored) {
+    const Tensor f = Tensor::FromVector({2.7, -2.7, 0.5, -0.5, 1e12, -3.0}, {6}, DType::kFloat64);
+    const Tensor i = f.To(DType::kInt64);
+    EXPECT_EQ(i.dtype(), DType::kInt64);
+    EXPECT_EQ(i.ToDoubleVector(), (Values{2, -2, 0, 0, 1e12, -3}));
+    EXPECT_EQ(i.To(DType::kFloat64).ToDoubleVector(), (Values{2, -2, 0, 0, 1e12, -3}));
+    // int64 → float32 rounds to the nearest float32 (through double, exact below 2^53).
+    const Tensor big = Tensor::FromVector({16777217.0, -3.0}, {2}, DType::kInt64);
+    EXPECT_EQ(big.To(DType::kFloat32).ToDoubleVector(), (Values{16777216.0, -3.0}));
+    EXPECT_EQ(Tensor::FromVector({7.9f}, {1}, DType::kFloat32).To(DType::kInt64).ToDoubleVector(), (Values{7}));
+
+    const auto message = [](const std::function<void()>& f) {
+        try {
+            f();
+        } catch (const DTypeError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no DTypeError");
+    };
+    const double nan = std::nan("");
+    EXPECT_THAT(message([&] { (void)Tensor::FromVector({1, nan}, {2}, DType::kFloat64).To(DType::kInt64); }),
+                HasSubstr("cannot store nan as int64"));
+    EXPECT_THAT(message([&] { (void)Tensor::Full({1}, INFINITY, DType::kInt64); }),
+                HasSubstr("cannot store inf as int64"));
+    EXPECT_THAT(message([&] { (void)Tensor::FromVector({9.3e18}, {1}, DType::kInt64); }),
+                HasSubstr("expected a finite value in [-2^63, 2^63)"));
+    // -2^63 itself is representable.
+    EXPECT_EQ(Tensor::FromVector({-9223372036854775808.0}, {1}, DType::kInt64).data_as<std::int64_t>()[0],
+              std::numeric_limits<std::int64_t>::min());
+}
+
+TEST(TensorTest, Int64RandomIntegersFillTheRequestedRange) {
+    const Tensor labels = RandomTensor({1000}, DType::kInt64, Device::CPU(), 3, "labels",
+                                       RandomDistribution::kInteger, -3, 40);
+    const Values v = labels.ToDoubleVector();
+    std::vector<int> seen(44, 0);
+    for (double x : v) {
+        ASSERT_GE(x, -3);
+        ASSERT_LE(x, 40);
+        ASSERT_EQ(x, std::floor(x));
+        ++seen[static_cast<std::size_t>(x + 3)];
+    }
+    for (std::size_t k = 0; k < seen.size(); ++k) {
+        EXPECT_GT(seen[k], 0) << "value " << static_cast<int>(k) - 3 << " never drawn";
+    }
+    // The same values as a float64 tensor of the same name and seed, truncated: the counter-based generator does
+    // not depend on the dtype.
+    const Tensor f = RandomTensor({1000}, DType::kFloat64, Device::CPU(), 3, "labels", RandomDistribution::kInteger,
+                                  -3, 40);
+    EXPECT_EQ(f.ToDoubleVector(), v);
 }
 
 TEST(TensorTest, HalfTensorCanBeAllocatedOnTheHost) {

@@ -255,5 +255,50 @@ TEST(ErrorsTest, BiasGradDTypeAndShapeAreChecked) {
                       HasSubstr("Tensor[5] float64 cpu")));
 }
 
+TEST(ErrorsTest, Int64IsRejectedByEveryFloatKernel) {
+    // int64 is a storage type for ids and labels: a float kernel handed one must say so, never reinterpret the bits.
+    const Tensor i = Tensor::Zeros({4, 8}, DType::kInt64);
+    const Tensor w = Tensor::Zeros({5, 8}, DType::kInt64);
+    const auto rejects = [](const std::string &msg, std::string_view op) {
+        return msg.find(op) != std::string::npos &&
+               msg.find("CPU kernels take float32 or float64") != std::string::npos &&
+               msg.find("int64") != std::string::npos;
+    };
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { LinearForward(i, w); }), "LinearForward"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { LinearBackwardInput(Tensor::Zeros({4, 5}, DType::kInt64), w); }),
+                        "LinearBackwardInput"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { LinearBackwardWeight(Tensor::Zeros({4, 5}, DType::kInt64), i); }),
+                        "LinearBackwardWeight"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { LinearBackwardBias(i); }), "LinearBackwardBias"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { MatmulForward(i, Tensor::Zeros({8, 2}, DType::kInt64)); }),
+                        "MatmulForward"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { GeluForward(i); }), "GeluForward"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { GeluBackward(i, i); }), "GeluBackward"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { Add(i, i); }), "Add"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { Scale(i, 2.0); }), "Scale"));
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { Sum(i); }), "Sum"));
+    Tensor out = Tensor::Empty({}, DType::kInt64);
+    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { Sum(SumArgs{.x = F32({2}), .out = out, .dims = {}}); }), "Sum"));
+    // A raw GEMM problem never reaches BLAS with int64 operands.
+    const Tensor a = F32({2, 2});
+    Tensor c = Tensor::Zeros({2, 2}, DType::kInt64);
+    EXPECT_THAT(MessageOf<DTypeError>([&] {
+                    Gemm(GemmParams{.m = 2,
+                                    .n = 2,
+                                    .k = 2,
+                                    .a = a.data(),
+                                    .lda = 2,
+                                    .a_type = DType::kFloat32,
+                                    .b = a.data(),
+                                    .ldb = 2,
+                                    .b_type = DType::kFloat32,
+                                    .c = c.data(),
+                                    .ldc = 2,
+                                    .c_type = DType::kInt64,
+                                    .device = Device::CPU()});
+                }),
+                AllOf(HasSubstr("Gemm"), HasSubstr("float dtypes"), HasSubstr("C int64")));
+}
+
 } // namespace
 } // namespace shardline::kernels

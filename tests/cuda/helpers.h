@@ -61,6 +61,8 @@ inline std::string_view ShortDTypeName(DType dtype) {
         return "bf16";
     case DType::kFloat64:
         return "fp64";
+    case DType::kInt64:
+        return "i64";
     }
     return "?";
 }

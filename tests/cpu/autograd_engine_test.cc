@@ -1,0 +1,555 @@
+// The autograd machinery on local Variables: needs_input_grad decides which Linear backward kernels run (observed
+// through a counting kernel provider), SetupContext saves only what the requested gradients need (observed through
+// the saved tensors' storage use counts), topological order in diamond graphs, gradient accumulation across backward
+// calls, main-grad accumulation (beta = 1 into the preallocated buffer), NoGradGuard, and the errors.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <shardline/autograd/engine.h>
+#include <shardline/autograd/function.h>
+#include <shardline/autograd/functions.h>
+#include <shardline/core/error.h>
+#include <shardline/kernels/ops.h>
+
+#include "helpers.h"
+#include "reference.h"
+
+namespace shardline::autograd {
+namespace {
+
+using dist::DistTensor;
+using testing::RandomTensor;
+using testing::RefColumnSum;
+using testing::RefLinearBackwardInput;
+using testing::RefLinearBackwardWeight;
+using testing::Values;
+using testing::ValuesMatch;
+
+Tensor Data(const Shape &shape, std::string_view name, DType dtype = DType::kFloat32) {
+    return RandomTensor(shape, dtype, Device::CPU(), 17, name);
+}
+
+Values Add(const Values &a, const Values &b) {
+    Values out(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        out[i] = a[i] + b[i];
+    }
+    return out;
+}
+
+/// The storage holders of a tensor: how many tensors (the caller's, the Variable's, the graph's) share its memory.
+long Holders(const Tensor &t) {
+    return t.storage().use_count();
+}
+
+// ---- a counting provider for the Linear backward kernels ---------------------------------------------------------
+
+constexpr std::string_view kCounting = "autograd-counting";
+
+struct LinearKernelCalls {
+    int input = 0;
+    int weight = 0;
+    int weight_with_bias = 0; ///< LinearBackwardWeight calls that also computed the bias grad (fused)
+    int bias = 0;
+    bool weight_accumulated = false;
+    const void *weight_out = nullptr;
+    bool bias_accumulated = false;
+    const void *bias_out = nullptr;
+};
+LinearKernelCalls g_calls;
+kernels::LinearBackwardInputOp::Fn g_default_input = nullptr;
+kernels::LinearBackwardWeightOp::Fn g_default_weight = nullptr;
+kernels::LinearBackwardBiasOp::Fn g_default_bias = nullptr;
+
+void CountingInput(const kernels::LinearBackwardInputArgs &args) {
+    ++g_calls.input;
+    g_default_input(args);
+}
+
+void CountingWeight(const kernels::LinearBackwardWeightArgs &args) {
+    ++g_calls.weight;
+    g_calls.weight_with_bias += args.dbias != nullptr ? 1 : 0;
+    g_calls.weight_accumulated = args.accumulate;
+    g_calls.weight_out = args.dweight.data();
+    g_default_weight(args);
+}
+
+void CountingBias(const kernels::LinearBackwardBiasArgs &args) {
+    ++g_calls.bias;
+    g_calls.bias_accumulated = args.accumulate;
+    g_calls.bias_out = args.dbias.data();
+    g_default_bias(args);
+}
+
+/// Serves LinearBackwardInput/Weight/Bias through counting wrappers around the default CPU kernels.
+class CountingKernelsTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        unsetenv("SHARDLINE_PROVIDER");
+        unsetenv("SHARDLINE_LINEAR_IMPL");
+        kernels::ResetProviderSelection();
+        const auto input = kernels::OpTable<kernels::LinearBackwardInputOp>::Resolve(DeviceType::kCPU);
+        const auto weight = kernels::OpTable<kernels::LinearBackwardWeightOp>::Resolve(DeviceType::kCPU);
+        const auto bias = kernels::OpTable<kernels::LinearBackwardBiasOp>::Resolve(DeviceType::kCPU);
+        ASSERT_EQ(input.provider, kernels::kDefaultProvider);
+        ASSERT_EQ(weight.provider, kernels::kDefaultProvider);
+        ASSERT_EQ(bias.provider, kernels::kDefaultProvider);
+        g_default_input = input.fn;
+        g_default_weight = weight.fn;
+        g_default_bias = bias.fn;
+        kernels::Register<kernels::LinearBackwardInputOp>(DeviceType::kCPU, kCounting, &CountingInput);
+        kernels::Register<kernels::LinearBackwardWeightOp>(DeviceType::kCPU, kCounting, &CountingWeight);
+        kernels::Register<kernels::LinearBackwardBiasOp>(DeviceType::kCPU, kCounting, &CountingBias);
+        kernels::SetProvider(kCounting);
+        g_calls = {};
+    }
+
+    void TearDown() override {
+        kernels::UnregisterProviderEverywhere(kCounting);
+        kernels::ResetProviderSelection();
+    }
+};
+
+// ---- needs_input_grad decides which backward kernels run
+// -------------------------------------------------------------
+
+struct Needs {
+    bool x = false;
+    bool w = false;
+    bool b = false;
+};
+
+void PrintTo(const Needs &n, std::ostream *os) {
+    *os << "x " << (n.x ? "needs" : "no") << " grad, W " << (n.w ? "needs" : "no") << " grad, b "
+        << (n.b ? "needs" : "no") << " grad";
+}
+
+std::string NeedsName(const ::testing::TestParamInfo<Needs> &info) {
+    std::string s;
+    s += info.param.x ? "X" : "";
+    s += info.param.w ? "W" : "";
+    s += info.param.b ? "B" : "";
+    return s;
+}
+
+const auto kEveryNeed = ::testing::Values(Needs{true, false, false}, Needs{false, true, false},
+                                          Needs{false, false, true}, Needs{true, true, false}, Needs{true, false, true},
+                                          Needs{false, true, true}, Needs{true, true, true});
+
+class LinearBackwardKernelsTest : public CountingKernelsTest, public ::testing::WithParamInterface<Needs> {};
+
+TEST_P(LinearBackwardKernelsTest, RunsOnlyTheKernelsOfTheGradientsNeeded) {
+    // y[6,4] = x[6,5]·W[4,5]ᵀ + b[4]: dX = dY·W only if x needs a grad, dW = dYᵀ·x only if W does, db = Σ_rows dY only
+    // if b does (alone, or fused into the weight-grad GEMM).
+    const Needs n = GetParam();
+    Variable x(Data({6, 5}, "x"), n.x);
+    Variable w(Data({4, 5}, "w"), n.w);
+    Variable b(Data({4}, "b"), n.b);
+    const Tensor dy = Data({6, 4}, "dy");
+    Variable y = Linear(x, w, b);
+    ASSERT_TRUE(y.requires_grad());
+    g_calls = {};
+    const DistTensor g = DistTensor::Local(dy);
+    y.Backward(&g);
+
+    EXPECT_EQ(g_calls.input, n.x ? 1 : 0);
+    EXPECT_EQ(g_calls.weight, n.w ? 1 : 0);
+    EXPECT_EQ(g_calls.bias + g_calls.weight_with_bias, n.b ? 1 : 0)
+        << "separate " << g_calls.bias << ", fused " << g_calls.weight_with_bias;
+    const Values dyv = dy.ToDoubleVector();
+    EXPECT_EQ(x.grad().defined(), n.x);
+    EXPECT_EQ(w.grad().defined(), n.w);
+    EXPECT_EQ(b.grad().defined(), n.b);
+    if (n.x) {
+        EXPECT_TRUE(ValuesMatch(x.grad().local(), RefLinearBackwardInput(dyv, w.local().ToDoubleVector(), 6, 4, 5),
+                                DType::kFloat32));
+    }
+    if (n.w) {
+        EXPECT_TRUE(ValuesMatch(w.grad().local(), RefLinearBackwardWeight(dyv, x.local().ToDoubleVector(), 6, 4, 5),
+                                DType::kFloat32));
+    }
+    if (n.b) {
+        EXPECT_TRUE(ValuesMatch(b.grad().local(), RefColumnSum(dyv, 6, 4), DType::kFloat32));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(EverySubset, LinearBackwardKernelsTest, kEveryNeed, NeedsName);
+
+// ---- SetupContext saves only what the requested gradients need --------------------------------------------------
+
+class LinearSavedTensorsTest : public ::testing::TestWithParam<Needs> {};
+
+TEST_P(LinearSavedTensorsTest, SavesXOnlyForTheWeightGradAndWOnlyForTheInputGrad) {
+    // The graph holds a reference to x's storage exactly when W needs a grad (dW = dYᵀ·x), and to W's exactly when x
+    // needs one (dX = dY·W); backward without retain_graph releases both.
+    const Needs n = GetParam();
+    const Tensor xt = Data({3, 5}, "x");
+    const Tensor wt = Data({2, 5}, "w");
+    Variable x(xt, n.x);
+    Variable w(wt, n.w);
+    Variable b(Data({2}, "b"), n.b);
+    const long x_before = Holders(xt);
+    const long w_before = Holders(wt);
+    Variable y = Linear(x, w, b);
+    EXPECT_EQ(Holders(xt) - x_before, n.w ? 1 : 0) << "x saved";
+    EXPECT_EQ(Holders(wt) - w_before, n.x ? 1 : 0) << "W saved";
+    y.Backward(nullptr);
+    EXPECT_EQ(Holders(xt), x_before);
+    EXPECT_EQ(Holders(wt), w_before);
+}
+
+INSTANTIATE_TEST_SUITE_P(EverySubset, LinearSavedTensorsTest, kEveryNeed, NeedsName);
+
+TEST(LinearSavedTensorsTest, RetainGraphKeepsTheSavedInputUntilTheLastBackward) {
+    const Tensor xt = Data({3, 5}, "x");
+    Variable x(xt, false);
+    Variable w(Data({2, 5}, "w"), true);
+    const long before = Holders(xt);
+    Variable y = Linear(x, w);
+    y.Backward(nullptr, /*retain_graph=*/true);
+    EXPECT_EQ(Holders(xt), before + 1);
+    y.Backward(nullptr);
+    EXPECT_EQ(Holders(xt), before);
+}
+
+// ---- topological order --------------------------------------------------------------------------------------------
+
+/// An identity Function that records its backward calls and the gradient it received.
+class Probe final : public Function {
+public:
+    Probe(std::string tag, std::vector<std::string> *log) : tag_(std::move(tag)), log_(log) {}
+    std::string name() const override { return "Probe"; }
+    int calls = 0;
+    Values received;
+
+protected:
+    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override { return {in[0]}; }
+    void SetupContext(const std::vector<DistTensor> &, const std::vector<DistTensor> &) override {}
+    std::vector<dist::Grad> Backward(const std::vector<DistTensor> &g) override {
+        ++calls;
+        log_->push_back(tag_);
+        received = g[0].local().ToDoubleVector();
+        return {dist::Grad{.value = g[0]}};
+    }
+
+private:
+    std::string tag_;
+    std::vector<std::string> *log_;
+};
+
+Variable Through(const std::shared_ptr<Probe> &probe, const Variable &x) {
+    return Function::Apply(probe, {x}).at(0);
+}
+
+std::ptrdiff_t Position(const std::vector<std::string> &log, const std::string &tag) {
+    return std::find(log.begin(), log.end(), tag) - log.begin();
+}
+
+TEST(AutogradEngineTest, DiamondRunsEachNodeOnceWithTheSummedGradient) {
+    //        x
+    //        |
+    //        A            A's output is used by a long path (C -> B) and a short one (Scale 3):
+    //      /   \          A must wait for both, run once, and receive 1 + 3 = 4.
+    //     C    Scale(3)
+    //     |     |
+    //     B     |
+    //      \   /
+    //       Add -> z
+    std::vector<std::string> log;
+    auto a = std::make_shared<Probe>("A", &log);
+    auto b = std::make_shared<Probe>("B", &log);
+    auto c = std::make_shared<Probe>("C", &log);
+    Variable x(Data({2, 3}, "x"), true);
+    Variable h = Through(a, x);
+    Variable z = autograd::Add(Through(b, Through(c, h)), Scale(h, 3.0));
+    z.Backward(nullptr);
+    EXPECT_EQ(a->calls, 1);
+    EXPECT_EQ(b->calls, 1);
+    EXPECT_EQ(c->calls, 1);
+    ASSERT_EQ(log.size(), 3u);
+    EXPECT_LT(Position(log, "B"), Position(log, "C"));
+    EXPECT_LT(Position(log, "C"), Position(log, "A"));
+    EXPECT_EQ(a->received, Values(6, 4.0));
+    EXPECT_EQ(x.grad().local().ToDoubleVector(), Values(6, 4.0));
+}
+
+TEST(AutogradEngineTest, InputUsedTwiceByOneFunctionGetsBothGradients) {
+    // z = x + 3·x: dz/dx = 4.
+    Variable x(Data({5}, "x"), true);
+    Variable z = autograd::Add(x, x, 3.0);
+    z.Backward(nullptr);
+    EXPECT_EQ(x.grad().local().ToDoubleVector(), Values(5, 4.0));
+}
+
+TEST_F(CountingKernelsTest, LinearInADiamondRunsItsBackwardOnce) {
+    // h = x·Wᵀ; z = 2·h + gelu(h): dh = dz·(2 + gelu'(h)), dX = dh·W, dW = dhᵀ·x, each GEMM once.
+    const Tensor xt = Data({4, 3}, "x");
+    const Tensor wt = Data({5, 3}, "w");
+    const Tensor dzt = Data({4, 5}, "dz");
+    Variable x(xt, true);
+    Variable w(wt, true);
+    Variable h = Linear(x, w);
+    Variable z = autograd::Add(Scale(h, 2.0), Gelu(h));
+    g_calls = {};
+    const DistTensor dz = DistTensor::Local(dzt);
+    z.Backward(&dz);
+    EXPECT_EQ(g_calls.input, 1);
+    EXPECT_EQ(g_calls.weight, 1);
+    const Values hv = h.local().ToDoubleVector();
+    const Values dzv = dzt.ToDoubleVector();
+    Values dh(hv.size());
+    for (std::size_t i = 0; i < hv.size(); ++i) {
+        dh[i] = dzv[i] * (2.0 + testing::RefGeluTanhGrad(hv[i]));
+    }
+    EXPECT_TRUE(
+        ValuesMatch(x.grad().local(), RefLinearBackwardInput(dh, wt.ToDoubleVector(), 4, 5, 3), DType::kFloat32, 4.0));
+    EXPECT_TRUE(
+        ValuesMatch(w.grad().local(), RefLinearBackwardWeight(dh, xt.ToDoubleVector(), 4, 5, 3), DType::kFloat32, 4.0));
+}
+
+TEST(AutogradEngineTest, RootThatFeedsAnotherRootRunsOnce) {
+    // y = A(x), z = 3·y; Backward({y, z}, {gy, gz}): A runs once, after z's gradient reached it: dx = gy + 3·gz.
+    std::vector<std::string> log;
+    auto a = std::make_shared<Probe>("A", &log);
+    Variable x(Data({4}, "x"), true);
+    Variable y = Through(a, x);
+    Variable z = Scale(y, 3.0);
+    const Tensor gy = Data({4}, "gy");
+    const Tensor gz = Data({4}, "gz");
+    Backward({y, z}, {DistTensor::Local(gy), DistTensor::Local(gz)});
+    EXPECT_EQ(a->calls, 1);
+    const Values gyv = gy.ToDoubleVector();
+    const Values gzv = gz.ToDoubleVector();
+    Values expected(4);
+    for (std::size_t i = 0; i < 4; ++i) {
+        expected[i] = gyv[i] + 3.0 * gzv[i];
+    }
+    EXPECT_TRUE(ValuesMatch(x.grad().local(), expected, DType::kFloat32));
+}
+
+// ---- accumulation --------------------------------------------------------------------------------------------------
+
+TEST(AutogradAccumulationTest, TwoBackwardCallsSumIntoTheLeafGrads) {
+    const Tensor xt = Data({3, 4}, "x");
+    const Tensor wt = Data({2, 4}, "w");
+    Variable x(xt, true);
+    Variable w(wt, true);
+    Variable b(Data({2}, "b"), true);
+    const Tensor dy1 = Data({3, 2}, "dy1");
+    const Tensor dy2 = Data({3, 2}, "dy2");
+    const DistTensor g1 = DistTensor::Local(dy1);
+    const DistTensor g2 = DistTensor::Local(dy2);
+    Linear(x, w, b).Backward(&g1);
+    const Tensor dw1 = w.grad().local().Clone();
+    Linear(x, w, b).Backward(&g2);
+    const Values sum = Add(dy1.ToDoubleVector(), dy2.ToDoubleVector());
+    EXPECT_TRUE(
+        ValuesMatch(w.grad().local(), RefLinearBackwardWeight(sum, xt.ToDoubleVector(), 3, 2, 4), DType::kFloat32));
+    EXPECT_TRUE(
+        ValuesMatch(x.grad().local(), RefLinearBackwardInput(sum, wt.ToDoubleVector(), 3, 2, 4), DType::kFloat32));
+    EXPECT_TRUE(ValuesMatch(b.grad().local(), RefColumnSum(sum, 3, 2), DType::kFloat32));
+    // The first gradient was not modified in place by the second backward (it is the caller's to keep).
+    EXPECT_TRUE(
+        ValuesMatch(dw1, RefLinearBackwardWeight(dy1.ToDoubleVector(), xt.ToDoubleVector(), 3, 2, 4), DType::kFloat32));
+
+    w.ZeroGrad();
+    EXPECT_FALSE(w.grad().defined());
+    Linear(x, w, b).Backward(&g2);
+    EXPECT_TRUE(ValuesMatch(w.grad().local(),
+                            RefLinearBackwardWeight(dy2.ToDoubleVector(), xt.ToDoubleVector(), 3, 2, 4),
+                            DType::kFloat32));
+}
+
+TEST(AutogradAccumulationTest, RetainedGraphBackpropagatesTwice) {
+    Variable x(Data({6}, "x"), true);
+    Variable y = Gelu(Scale(x, 2.0));
+    y.Backward(nullptr, /*retain_graph=*/true);
+    const Values once = x.grad().local().ToDoubleVector();
+    y.Backward(nullptr);
+    Values twice = once;
+    for (double &v : twice) {
+        v *= 2.0;
+    }
+    EXPECT_TRUE(ValuesMatch(x.grad().local(), twice, DType::kFloat32));
+    // The saved input was released by the last backward: a third one is an error, not a wrong gradient.
+    EXPECT_THROW(y.Backward(nullptr), Error);
+}
+
+// ---- main grads ----------------------------------------------------------------------------------------------------
+
+TEST_F(CountingKernelsTest, MainGradAccumulatesTheWeightGradWithBetaOne) {
+    // W and b have main grads: the weight-grad GEMM writes into W's buffer with accumulate (beta = 1) and the bias grad
+    // into b's; no gradient tensor is allocated and added afterwards.
+    const Tensor xt = Data({5, 3}, "x");
+    Variable x(xt, false);
+    Variable w(Data({4, 3}, "w"), true);
+    Variable b(Data({4}, "b"), true);
+    w.AllocateMainGrad(DType::kFloat32);
+    b.AllocateMainGrad(DType::kFloat32);
+    ASSERT_TRUE(w.has_main_grad());
+    const void *w_buffer = w.grad().local().data();
+    const void *b_buffer = b.grad().local().data();
+    EXPECT_EQ(w.grad().local().ToDoubleVector(), Values(12, 0.0));
+
+    const Tensor dy1 = Data({5, 4}, "dy1");
+    const Tensor dy2 = Data({5, 4}, "dy2");
+    const DistTensor g1 = DistTensor::Local(dy1);
+    const DistTensor g2 = DistTensor::Local(dy2);
+    Linear(x, w, b).Backward(&g1);
+    EXPECT_EQ(g_calls.weight, 1);
+    EXPECT_TRUE(g_calls.weight_accumulated);
+    EXPECT_EQ(g_calls.weight_out, w_buffer);
+    EXPECT_TRUE(g_calls.bias_accumulated);
+    EXPECT_EQ(g_calls.bias_out, b_buffer);
+    Linear(x, w, b).Backward(&g2);
+    EXPECT_EQ(g_calls.weight, 2);
+    EXPECT_EQ(g_calls.weight_out, w_buffer);
+
+    EXPECT_EQ(w.grad().local().data(), w_buffer);
+    EXPECT_EQ(b.grad().local().data(), b_buffer);
+    const Values sum = Add(dy1.ToDoubleVector(), dy2.ToDoubleVector());
+    EXPECT_TRUE(
+        ValuesMatch(w.grad().local(), RefLinearBackwardWeight(sum, xt.ToDoubleVector(), 5, 4, 3), DType::kFloat32));
+    EXPECT_TRUE(ValuesMatch(b.grad().local(), RefColumnSum(sum, 5, 4), DType::kFloat32));
+
+    // ZeroGrad keeps the buffer and zeroes it.
+    w.ZeroGrad();
+    EXPECT_EQ(w.grad().local().data(), w_buffer);
+    EXPECT_EQ(w.grad().local().ToDoubleVector(), Values(12, 0.0));
+}
+
+TEST(AutogradMainGradTest, CallerBufferReceivesTheGradient) {
+    // A view into a caller-owned flat buffer (as GradSync's buckets): the gradients land in it.
+    Tensor flat = Tensor::Zeros({20}, DType::kFloat32);
+    Variable w(Data({3, 4}, "w"), true);
+    Variable e(Data({8}, "table").View({4, 2}), true);
+    w.AllocateMainGrad(DType::kFloat32, Tensor::FromBlob(flat.data(), {3, 4}, DType::kFloat32, Device::CPU()));
+    e.AllocateMainGrad(DType::kFloat32, Tensor::FromBlob(static_cast<float *>(flat.data()) + 12, {4, 2},
+                                                         DType::kFloat32, Device::CPU()));
+    const Tensor xt = Data({2, 4}, "x");
+    Variable x(xt, false);
+    Linear(x, w).Backward(nullptr);
+    Variable ids(Tensor::FromVector({1, 1, 3}, {3}, DType::kInt64));
+    Embedding(ids, e).Backward(nullptr);
+    Embedding(ids, e).Backward(nullptr);
+    const Values f = flat.ToDoubleVector();
+    const Values want_w = RefLinearBackwardWeight(Values(6, 1.0), xt.ToDoubleVector(), 2, 3, 4);
+    EXPECT_TRUE(ValuesMatch(Values(f.begin(), f.begin() + 12), want_w, DType::kFloat32));
+    // Two backward calls, id 1 twice and id 3 once each: rows 1 and 3 get 4 and 2, rows 0 and 2 nothing.
+    EXPECT_EQ(Values(f.begin() + 12, f.end()), (Values{0, 0, 4, 4, 0, 0, 2, 2}));
+}
+
+TEST(AutogradMainGradTest, WrongBufferIsRejected) {
+    Variable w(Data({3, 4}, "w"), true);
+    EXPECT_THROW(w.AllocateMainGrad(DType::kFloat32, Tensor::Zeros({4, 3}, DType::kFloat32)), ShapeError);
+    EXPECT_THROW(w.AllocateMainGrad(DType::kFloat32, Tensor::Zeros({3, 4}, DType::kFloat64)), ShapeError);
+}
+
+// ---- no-grad mode --------------------------------------------------------------------------------------------------
+
+TEST(NoGradGuardTest, RecordsNothing) {
+    const Tensor xt = Data({3, 5}, "x");
+    const Tensor wt = Data({2, 5}, "w");
+    Variable x(xt, true);
+    Variable w(wt, true);
+    Variable b(Data({2}, "b"), true);
+    const long x_before = Holders(xt);
+    const long w_before = Holders(wt);
+    EXPECT_TRUE(GradEnabled());
+    {
+        NoGradGuard outer;
+        EXPECT_FALSE(GradEnabled());
+        {
+            NoGradGuard inner;
+            EXPECT_FALSE(GradEnabled());
+        }
+        EXPECT_FALSE(GradEnabled());
+        Variable y = Gelu(Linear(x, w, b));
+        EXPECT_FALSE(y.requires_grad());
+        EXPECT_EQ(y.grad_fn(), nullptr);
+        EXPECT_TRUE(y.is_leaf());
+        EXPECT_EQ(Holders(xt), x_before);
+        EXPECT_EQ(Holders(wt), w_before);
+        EXPECT_THROW(y.Backward(nullptr), Error);
+        EXPECT_EQ(y.local().ToDoubleVector(),
+                  kernels::GeluForward(kernels::LinearForward(xt, wt, &b.local()), kernels::GeluApproximation::kTanh)
+                      .ToDoubleVector());
+    }
+    EXPECT_TRUE(GradEnabled());
+    Variable y = Linear(x, w, b);
+    EXPECT_TRUE(y.requires_grad());
+    EXPECT_NE(y.grad_fn(), nullptr);
+    EXPECT_FALSE(x.grad().defined());
+}
+
+// ---- errors --------------------------------------------------------------------------------------------------------
+
+template <class E, class F> std::string Message(F &&f) {
+    try {
+        f();
+    } catch (const E &e) {
+        return e.what();
+    }
+    ADD_FAILURE() << "expected an exception";
+    return {};
+}
+
+TEST(AutogradErrorTest, BackwardFromAVariableThatDoesNotRequireGrad) {
+    Variable x(Data({3}, "x"), false);
+    Variable y = Scale(x, 2.0);
+    EXPECT_FALSE(y.requires_grad());
+    const std::string m = Message<Error>([&] { y.Backward(nullptr); });
+    EXPECT_NE(m.find("does not require grad"), std::string::npos) << m;
+}
+
+TEST(AutogradErrorTest, GradientOfTheWrongShape) {
+    Variable x(Data({3, 2}, "x"), true);
+    Variable y = Scale(x, 2.0);
+    const DistTensor g = DistTensor::Local(Data({2, 3}, "g"));
+    const std::string m = Message<ShapeError>([&] { y.Backward(&g); });
+    EXPECT_NE(m.find("[3, 2]"), std::string::npos) << m;
+    EXPECT_FALSE(x.grad().defined());
+    EXPECT_THROW(x.set_grad(DistTensor::Local(Data({6}, "g"))), ShapeError);
+}
+
+TEST(AutogradErrorTest, OneGradientPerRoot) {
+    Variable x(Data({3}, "x"), true);
+    Variable y = Scale(x, 2.0);
+    Variable z = Scale(x, 3.0);
+    EXPECT_THROW(Backward({y, z}, {DistTensor::Local(Data({3}, "g"))}), Error);
+}
+
+TEST(AutogradErrorTest, OnlyLeavesChangeRequiresGrad) {
+    Variable x(Data({3}, "x"), true);
+    Variable y = Scale(x, 2.0);
+    EXPECT_FALSE(y.is_leaf());
+    EXPECT_THROW(y.set_requires_grad(false), Error);
+}
+
+TEST(AutogradErrorTest, IdsAndLabelsHaveNoGradient) {
+    Variable ids(Tensor::FromVector({0, 1}, {2}, DType::kInt64), true);
+    Variable w(Data({3, 2}, "w"), true);
+    EXPECT_THROW(Embedding(ids, w), Error);
+    Variable logits(Data({2, 3}, "z"), true);
+    EXPECT_THROW(CrossEntropy(logits, ids), Error);
+}
+
+TEST(AutogradErrorTest, UndefinedVariable) {
+    Variable v;
+    EXPECT_FALSE(v.defined());
+    EXPECT_FALSE(v.requires_grad());
+    EXPECT_THROW(v.value(), Error);
+    EXPECT_THROW(v.Backward(nullptr), Error);
+}
+
+} // namespace
+} // namespace shardline::autograd

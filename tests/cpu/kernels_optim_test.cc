@@ -1,0 +1,304 @@
+// SgdStep and AdamWStep on the CPU over several steps against a float64 implementation of torch.optim's formulas,
+// the model-copy refresh, and the error messages.
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <shardline/core/error.h>
+#include <shardline/kernels/optim.h>
+
+#include "helpers.h"
+#include "reference.h"
+
+namespace shardline::kernels {
+namespace {
+
+using testing::AbsSum;
+using ::testing::AllOf;
+using testing::CpuDTypes;
+using testing::DTypeParamName;
+using ::testing::HasSubstr;
+using testing::RandomTensor;
+using testing::Values;
+using testing::ValuesMatch;
+
+struct SgdConfig {
+    double lr;
+    double momentum;
+    double dampening;
+    double weight_decay;
+    bool nesterov;
+};
+
+/// torch.optim.SGD's _single_tensor_sgd for one step, in float64.
+void RefSgdStep(Values &p, Values &buf, const Values &grad, const SgdConfig &c, bool first_step) {
+    for (std::size_t i = 0; i < p.size(); ++i) {
+        double d = grad[i];
+        if (c.weight_decay != 0) {
+            d += c.weight_decay * p[i];
+        }
+        if (c.momentum != 0) {
+            buf[i] = first_step ? d : c.momentum * buf[i] + (1 - c.dampening) * d;
+            d = c.nesterov ? d + c.momentum * buf[i] : buf[i];
+        }
+        p[i] -= c.lr * d;
+    }
+}
+
+struct AdamWConfig {
+    double lr;
+    double beta1;
+    double beta2;
+    double eps;
+    double weight_decay;
+};
+
+/// torch.optim.AdamW's _single_tensor_adamw (amsgrad off) for step t, in float64.
+void RefAdamWStep(Values &p, Values &m, Values &v, const Values &grad, const AdamWConfig &c, std::int64_t t) {
+    const double bias_correction1 = 1 - std::pow(c.beta1, static_cast<double>(t));
+    const double bias_correction2 = 1 - std::pow(c.beta2, static_cast<double>(t));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+        p[i] *= 1 - c.lr * c.weight_decay;
+        m[i] += (grad[i] - m[i]) * (1 - c.beta1); // exp_avg.lerp_(grad, 1 - beta1)
+        v[i] = v[i] * c.beta2 + (1 - c.beta2) * grad[i] * grad[i];
+        const double denom = std::sqrt(v[i]) / std::sqrt(bias_correction2) + c.eps;
+        p[i] -= c.lr / bias_correction1 * m[i] / denom;
+    }
+}
+
+const std::vector<Shape> kShapes = {{1}, {7}, {3, 33}, {1025}};
+constexpr int kSteps = 5;
+
+Tensor Grad(const Shape &shape, DType dtype, int step) {
+    return RandomTensor(shape, dtype, Device::CPU(), static_cast<std::uint64_t>(100 + step), "grad");
+}
+
+class OptimTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OptimTest, SgdFollowsTorchOverSeveralSteps) {
+    const DType dtype = GetParam();
+    const std::vector<SgdConfig> configs = {
+        {.lr = 0.1, .momentum = 0, .dampening = 0, .weight_decay = 0, .nesterov = false},
+        {.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01, .nesterov = false},
+        {.lr = 0.02, .momentum = 0.8, .dampening = 0, .weight_decay = 0.1, .nesterov = true},
+    };
+    for (const SgdConfig &c : configs) {
+        for (const Shape &shape : kShapes) {
+            SCOPED_TRACE(::testing::Message()
+                         << ShapeToString(shape) << " momentum " << c.momentum << " nesterov " << c.nesterov);
+            Tensor param = RandomTensor(shape, dtype, Device::CPU(), 30, "param");
+            // The buffer's first contents must not matter (first_step): poison it.
+            Tensor buf = RandomTensor(shape, dtype, Device::CPU(), 30, "poison", RandomDistribution::kNormal, 0, 1e3);
+            Values p = param.ToDoubleVector();
+            Values b(p.size(), 0.0);
+            ASSERT_GT(AbsSum(p), 0.0);
+            for (int step = 1; step <= kSteps; ++step) {
+                const Tensor grad = Grad(shape, dtype, step);
+                SgdStep(SgdStepArgs{.param = param,
+                                    .grad = grad,
+                                    .momentum_buffer = c.momentum != 0 ? &buf : nullptr,
+                                    .lr = c.lr,
+                                    .momentum = c.momentum,
+                                    .dampening = c.dampening,
+                                    .weight_decay = c.weight_decay,
+                                    .nesterov = c.nesterov,
+                                    .first_step = step == 1});
+                RefSgdStep(p, b, grad.ToDoubleVector(), c, step == 1);
+                ASSERT_TRUE(ValuesMatch(param, p, dtype, step)) << "step " << step;
+                if (c.momentum != 0) {
+                    ASSERT_TRUE(ValuesMatch(buf, b, dtype, step)) << "momentum buffer, step " << step;
+                }
+            }
+        }
+    }
+}
+
+TEST_P(OptimTest, AdamWFollowsTorchOverSeveralSteps) {
+    const DType dtype = GetParam();
+    const std::vector<AdamWConfig> configs = {
+        {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01},
+        {.lr = 3e-3, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-3, .weight_decay = 0.5},
+        {.lr = 1e-1, .beta1 = 0.0, .beta2 = 0.5, .eps = 1e-6, .weight_decay = 0.0},
+    };
+    for (const AdamWConfig &c : configs) {
+        for (const Shape &shape : kShapes) {
+            SCOPED_TRACE(::testing::Message()
+                         << ShapeToString(shape) << " lr " << c.lr << " betas " << c.beta1 << ", " << c.beta2);
+            Tensor param = RandomTensor(shape, dtype, Device::CPU(), 31, "param");
+            Tensor exp_avg = Tensor::Zeros(shape, dtype);
+            Tensor exp_avg_sq = Tensor::Zeros(shape, dtype);
+            Values p = param.ToDoubleVector();
+            Values m(p.size(), 0.0);
+            Values v(p.size(), 0.0);
+            for (int step = 1; step <= kSteps; ++step) {
+                const Tensor grad = Grad(shape, dtype, step);
+                AdamWStep(AdamWStepArgs{.param = param,
+                                        .grad = grad,
+                                        .exp_avg = exp_avg,
+                                        .exp_avg_sq = exp_avg_sq,
+                                        .lr = c.lr,
+                                        .beta1 = c.beta1,
+                                        .beta2 = c.beta2,
+                                        .eps = c.eps,
+                                        .weight_decay = c.weight_decay,
+                                        .step = step});
+                RefAdamWStep(p, m, v, grad.ToDoubleVector(), c, step);
+                ASSERT_TRUE(ValuesMatch(param, p, dtype, 2 * step)) << "step " << step;
+                ASSERT_TRUE(ValuesMatch(exp_avg, m, dtype, step)) << "exp_avg, step " << step;
+                ASSERT_TRUE(ValuesMatch(exp_avg_sq, v, dtype, step)) << "exp_avg_sq, step " << step;
+            }
+        }
+    }
+}
+
+TEST_P(OptimTest, EmptyShardIsANoOp) {
+    const DType dtype = GetParam();
+    Tensor param = Tensor::Empty({0, 3}, dtype);
+    const Tensor grad = Tensor::Empty({0, 3}, dtype);
+    Tensor m = Tensor::Empty({0, 3}, dtype);
+    Tensor v = Tensor::Empty({0, 3}, dtype);
+    SgdStep(SgdStepArgs{.param = param, .grad = grad, .momentum_buffer = &m, .lr = 0.1, .momentum = 0.9});
+    AdamWStep(AdamWStepArgs{.param = param, .grad = grad, .exp_avg = m, .exp_avg_sq = v});
+    EXPECT_EQ(param.numel(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuDTypes, OptimTest, CpuDTypes(), DTypeParamName);
+
+TEST(OptimTest, StepsRefreshTheModelCopyFromTheUpdatedMaster) {
+    // A float64 master with a float32 model copy: the copy is the master rounded once, bit for bit.
+    Tensor master = RandomTensor({129}, DType::kFloat64, Device::CPU(), 32, "param");
+    Tensor model = Tensor::Zeros({129}, DType::kFloat32);
+    Tensor buf = Tensor::Zeros({129}, DType::kFloat64);
+    Tensor m = Tensor::Zeros({129}, DType::kFloat64);
+    Tensor v = Tensor::Zeros({129}, DType::kFloat64);
+    for (int step = 1; step <= 3; ++step) {
+        const Tensor grad = Grad({129}, DType::kFloat64, step);
+        SgdStep(SgdStepArgs{.param = master,
+                            .grad = grad,
+                            .momentum_buffer = &buf,
+                            .lr = 0.1,
+                            .momentum = 0.9,
+                            .first_step = step == 1,
+                            .model_param = &model});
+        EXPECT_EQ(model.ToDoubleVector(), master.To(DType::kFloat32).ToDoubleVector()) << "SGD step " << step;
+        AdamWStep(AdamWStepArgs{
+            .param = master, .grad = grad, .exp_avg = m, .exp_avg_sq = v, .step = step, .model_param = &model});
+        EXPECT_EQ(model.ToDoubleVector(), master.To(DType::kFloat32).ToDoubleVector()) << "AdamW step " << step;
+    }
+    ASSERT_GT(AbsSum(model.ToDoubleVector()), 0.0);
+    // A float32 master with a float64 copy: exact.
+    Tensor master32 = RandomTensor({17}, DType::kFloat32, Device::CPU(), 33, "param");
+    Tensor model64 = Tensor::Zeros({17}, DType::kFloat64);
+    SgdStep(SgdStepArgs{.param = master32, .grad = Grad({17}, DType::kFloat32, 1), .lr = 0.5, .model_param = &model64});
+    EXPECT_EQ(model64.ToDoubleVector(), master32.ToDoubleVector());
+}
+
+TEST(OptimTest, SgdWithoutMomentumReadsNoBuffer) {
+    Tensor param = RandomTensor({9}, DType::kFloat32, Device::CPU(), 34, "param");
+    const Tensor grad = Grad({9}, DType::kFloat32, 1);
+    Values p = param.ToDoubleVector();
+    Values unused;
+    SgdStep(SgdStepArgs{.param = param, .grad = grad, .lr = 0.25, .weight_decay = 0.5});
+    RefSgdStep(p, unused, grad.ToDoubleVector(),
+               SgdConfig{.lr = 0.25, .momentum = 0, .dampening = 0, .weight_decay = 0.5, .nesterov = false}, true);
+    EXPECT_TRUE(ValuesMatch(param, p, DType::kFloat32));
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Errors
+
+template <class ErrorType> std::string MessageOf(const std::function<void()> &f) {
+    try {
+        f();
+    } catch (const ErrorType &e) {
+        return e.what();
+    } catch (const std::exception &e) {
+        ADD_FAILURE() << "threw the wrong type: " << e.what();
+        return {};
+    }
+    ADD_FAILURE() << "threw nothing";
+    return {};
+}
+
+TEST(OptimErrorsTest, SgdHyperParametersFollowTorchsChecks) {
+    Tensor param = Tensor::Zeros({4}, DType::kFloat32);
+    const Tensor grad = Tensor::Zeros({4}, DType::kFloat32);
+    Tensor buf = Tensor::Zeros({4}, DType::kFloat32);
+    EXPECT_THAT(
+        MessageOf<Error>([&] { SgdStep(SgdStepArgs{.param = param, .grad = grad, .lr = 0.1, .momentum = 0.9}); }),
+        AllOf(HasSubstr("SgdStep"), HasSubstr("momentum 0.9 needs a momentum_buffer")));
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    SgdStep(SgdStepArgs{.param = param,
+                                        .grad = grad,
+                                        .momentum_buffer = &buf,
+                                        .momentum = 0.9,
+                                        .dampening = 0.1,
+                                        .nesterov = true});
+                }),
+                AllOf(HasSubstr("SgdStep"), HasSubstr("nesterov needs momentum > 0 and dampening == 0"),
+                      HasSubstr("dampening 0.1")));
+    EXPECT_THAT(MessageOf<Error>([&] { SgdStep(SgdStepArgs{.param = param, .grad = grad, .lr = -1}); }),
+                AllOf(HasSubstr("SgdStep"), HasSubstr("lr must be >= 0, got -1")));
+    EXPECT_THAT(MessageOf<Error>([&] { SgdStep(SgdStepArgs{.param = param, .grad = grad, .weight_decay = -0.5}); }),
+                AllOf(HasSubstr("SgdStep"), HasSubstr("weight_decay must be >= 0")));
+}
+
+TEST(OptimErrorsTest, StateMustMatchTheMaster) {
+    Tensor param = Tensor::Zeros({4}, DType::kFloat32);
+    const Tensor grad64 = Tensor::Zeros({4}, DType::kFloat64);
+    EXPECT_THAT(MessageOf<DTypeError>([&] { SgdStep(SgdStepArgs{.param = param, .grad = grad64}); }),
+                AllOf(HasSubstr("SgdStep"), HasSubstr("grad and param must have one dtype"),
+                      HasSubstr("Tensor[4] float64 cpu")));
+    const Tensor grad = Tensor::Zeros({4}, DType::kFloat32);
+    Tensor m = Tensor::Zeros({4}, DType::kFloat32);
+    Tensor v5 = Tensor::Zeros({5}, DType::kFloat32);
+    EXPECT_THAT(MessageOf<ShapeError>(
+                    [&] { AdamWStep(AdamWStepArgs{.param = param, .grad = grad, .exp_avg = m, .exp_avg_sq = v5}); }),
+                AllOf(HasSubstr("AdamWStep"), HasSubstr("exp_avg_sq must have shape [4]"), HasSubstr("Tensor[5]")));
+    Tensor i64 = Tensor::Zeros({4}, DType::kInt64);
+    EXPECT_THAT(MessageOf<DTypeError>([&] { SgdStep(SgdStepArgs{.param = i64, .grad = i64}); }),
+                AllOf(HasSubstr("SgdStep"), HasSubstr("param must be a float32 or float64 master on the CPU"),
+                      HasSubstr("Tensor[4] int64 cpu")));
+    Tensor half = Tensor::Zeros({4}, DType::kBFloat16);
+    EXPECT_THAT(
+        MessageOf<DTypeError>([&] { SgdStep(SgdStepArgs{.param = param, .grad = grad, .model_param = &half}); }),
+        AllOf(HasSubstr("SgdStep"), HasSubstr("CPU kernels take float32 or float64"),
+              HasSubstr("model_param Tensor[4] bfloat16 cpu")));
+    Tensor model3 = Tensor::Zeros({3}, DType::kFloat64);
+    EXPECT_THAT(
+        MessageOf<ShapeError>([&] { SgdStep(SgdStepArgs{.param = param, .grad = grad, .model_param = &model3}); }),
+        AllOf(HasSubstr("SgdStep"), HasSubstr("model_param must have shape [4]")));
+}
+
+TEST(OptimErrorsTest, AdamWHyperParametersFollowTorchsChecks) {
+    Tensor param = Tensor::Zeros({4}, DType::kFloat32);
+    const Tensor grad = Tensor::Zeros({4}, DType::kFloat32);
+    Tensor m = Tensor::Zeros({4}, DType::kFloat32);
+    Tensor v = Tensor::Zeros({4}, DType::kFloat32);
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    AdamWStep(AdamWStepArgs{.param = param, .grad = grad, .exp_avg = m, .exp_avg_sq = v, .beta1 = 1.0});
+                }),
+                AllOf(HasSubstr("AdamWStep"), HasSubstr("beta1 must be in [0, 1), got 1")));
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    AdamWStep(
+                        AdamWStepArgs{.param = param, .grad = grad, .exp_avg = m, .exp_avg_sq = v, .beta2 = -0.1});
+                }),
+                AllOf(HasSubstr("AdamWStep"), HasSubstr("beta2 must be in [0, 1)")));
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    AdamWStep(AdamWStepArgs{.param = param, .grad = grad, .exp_avg = m, .exp_avg_sq = v, .step = 0});
+                }),
+                AllOf(HasSubstr("AdamWStep"), HasSubstr("step must be >= 1"), HasSubstr("got 0")));
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    AdamWStep(AdamWStepArgs{.param = param, .grad = grad, .exp_avg = m, .exp_avg_sq = v, .eps = -1e-8});
+                }),
+                AllOf(HasSubstr("AdamWStep"), HasSubstr("eps must be >= 0")));
+}
+
+} // namespace
+} // namespace shardline::kernels

@@ -212,8 +212,8 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 2, figsize=(16, 6))
-        labels = [f"{c[1]}\nM={c[2]} {c[5]}" for c, *_ in rows_png]
+        fig, axes = plt.subplots(1, 2, figsize=(18, 7))
+        labels = [f"{c[1]} M={c[2]} {c[5]}" for c, *_ in rows_png]
         xs = range(len(rows_png))
         for j, (name, style) in enumerate((("shardline", "o"), ("legacy", "^"), ("torch", "s"))):
             ys = []

@@ -18,7 +18,7 @@
 #include <shardline/core/tensor.h>
 #include <shardline/dist/dist_tensor.h>
 #include <shardline/functional/parallel_linear.h>
-#include <shardline/kernels/gemm.h>
+#include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/linear.h>
 #include <shardline/spmd/layout.h>
 #include <shardline/spmd/mesh.h>
@@ -244,8 +244,8 @@ public:
     }
 
     /// `local` (this rank's shard of a global tensor in `layout`) moved by `plan`, a cached plan of the rule: nothing
-    /// to do for an empty plan, else DistTensor::Redistribute to the plan's destination, which issues exactly the
-    /// plan's collectives on the mesh dims' groups.
+    /// to do for an empty plan, else DistTensor::Redistribute runs exactly the plan's steps (no planning) on the mesh
+    /// dims' groups and returns a tensor of its own.
     Tensor Move(const Tensor &local, const Shape &global, const spmd::Layout &layout,
                 const spmd::RedistributePlan &plan) {
         if (plan.steps.empty()) {
@@ -253,7 +253,7 @@ public:
         }
         collectives_ += plan.NumCollectives();
         const dist::DistTensor t(local, global, layout, mesh_);
-        return t.Redistribute(plan.steps.back().after).local();
+        return t.Redistribute(plan.steps.back().after, plan).local();
     }
 
 private:
@@ -286,30 +286,8 @@ void Deliver(const Tensor &result, const Tensor &caller) {
 
 /// y[r, :] += bias for every row r: the bias the rule adds once, after the reduction of a Partial output.
 void AddBiasRows(const Tensor &y, const Tensor &bias) {
-    const std::int64_t n = bias.numel();
-    const std::int64_t rows = n == 0 ? 0 : y.numel() / n;
-    if (rows == 0) {
-        return;
-    }
-    const Tensor ones = Tensor::Full({rows}, 1.0, y.dtype(), y.device());
-    // Row-major Y[rows, N] += 1[rows, 1]·b[1, N]. Column-major, Y is Yᶜ[N, rows] (ld N) and the update is the rank-1
-    // product bᶜ[N, 1]·(1ᶜ[rows, 1])ᵀ: A = b viewed [N, 1] (ld N), B = ones viewed [rows, 1] (ld rows, a contiguous
-    // column) and transposed; beta = 1 keeps Y, so each element is y + b rounded once, as a separate add gives.
-    kernels::Gemm(kernels::GemmParams{.trans_b = true,
-                                      .m = n,
-                                      .n = rows,
-                                      .k = 1,
-                                      .a = bias.data(),
-                                      .lda = n,
-                                      .a_type = bias.dtype(),
-                                      .b = ones.data(),
-                                      .ldb = rows,
-                                      .b_type = ones.dtype(),
-                                      .c = y.data(),
-                                      .ldc = n,
-                                      .c_type = y.dtype(),
-                                      .beta = 1.0,
-                                      .device = y.device()});
+    Tensor out = y;
+    kernels::BiasAdd(kernels::BiasAddArgs{.x = y, .bias = bias, .out = out});
 }
 
 struct ForwardTensors {
@@ -374,42 +352,45 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     const Tensor dy_used =
         call.Move(t.dy, plan.y_shape, plan.y_layout, rule.input_plans[static_cast<std::size_t>(plan.grad_out_grad)]);
 
+    // x into the layout of the wgrad GEMM: the forward's gathered input when kept, else all-gathered again (column,
+    // sequence parallel), sliced locally (row, input not parallel), or as given.
+    Tensor x_used;
+    if (want_dw) {
+        x_used = t.x_total.defined() ? t.x_total
+                                     : call.Move(t.x, plan.x_shape, plan.x_layout,
+                                                 rule.input_plans[static_cast<std::size_t>(plan.grad_x)]);
+    }
+    // dx = dy·W comes out in the grad rule's layout (column: Partial over tp) and goes back to x's layout after the
+    // kernels: an all-reduce, a reduce-scatter (sequence parallel) or an all-gather (row, input not parallel).
+    const auto o = static_cast<std::size_t>(plan.grad_x_grad);
+    const spmd::TensorSpec &dx_rule = rule.info.outputs[o];
+    const spmd::RedistributePlan &dx_plan = rule.output_plans[o];
+    Tensor dx_local;
     if (want_dx) {
-        // dx = dy·W comes out in the grad rule's layout (column: Partial over tp) and goes back to x's layout: an
-        // all-reduce, a reduce-scatter (sequence parallel) or an all-gather (row, input not parallel).
-        const auto o = static_cast<std::size_t>(plan.grad_x_grad);
-        const spmd::TensorSpec &dx_rule = rule.info.outputs[o];
-        const spmd::RedistributePlan &dx_plan = rule.output_plans[o];
-        Tensor dx_local =
-            dx_plan.steps.empty() ? t.dx : OutputBuffer(t.dx, call.LocalShape(plan.x_shape, dx_rule.layout));
-        kernels::LinearBackwardInput(
-            kernels::LinearBackwardInputArgs{.dy = dy_used, .weight = t.weight, .dx = dx_local});
-        Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan), t.dx);
+        dx_local = dx_plan.steps.empty() ? t.dx : OutputBuffer(t.dx, call.LocalShape(plan.x_shape, dx_rule.layout));
     }
 
-    // Parameter gradients stay in their parameters' layouts (checked when the plan was built): no collective, and
-    // they can accumulate straight into the caller's (main) grads.
+    // One LinearBackward for what is wanted, so the kernels decide per shape whether the bias grad rides in the wgrad
+    // GEMM or runs beside it. Parameter gradients stay in their parameters' layouts (checked when the plan was built):
+    // no collective, and they accumulate straight into the caller's (main) grads. The kernel takes dbias in dweight's
+    // dtype only; a float32 main grad for one and not the other gets its own column sum.
     const bool accumulate = t.mode == GradMode::kAccumulate;
-    if (want_dw) {
-        const Tensor x_used = t.x_total.defined() ? t.x_total
-                                                  : call.Move(t.x, plan.x_shape, plan.x_layout,
-                                                              rule.input_plans[static_cast<std::size_t>(plan.grad_x)]);
-        const bool fuse_bias = want_db && t.dbias.dtype() == t.dweight.dtype();
-        Tensor dweight = t.dweight;
-        Tensor dbias = t.dbias;
-        kernels::LinearBackwardWeight(kernels::LinearBackwardWeightArgs{.dy = dy_used,
-                                                                        .x = x_used,
-                                                                        .dweight = dweight,
-                                                                        .dbias = fuse_bias ? &dbias : nullptr,
-                                                                        .accumulate = accumulate});
-        if (want_db && !fuse_bias) {
-            kernels::LinearBackwardBias(
-                kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
-        }
-    } else if (want_db) {
-        Tensor dbias = t.dbias;
+    const bool bias_apart = want_db && want_dw && t.dbias.dtype() != t.dweight.dtype();
+    Tensor dweight = t.dweight;
+    Tensor dbias = t.dbias;
+    kernels::LinearBackward(kernels::LinearBackwardArgs{.dy = dy_used,
+                                                        .x = want_dw ? &x_used : nullptr,
+                                                        .weight = want_dx ? &t.weight : nullptr,
+                                                        .dx = want_dx ? &dx_local : nullptr,
+                                                        .dweight = want_dw ? &dweight : nullptr,
+                                                        .dbias = want_db && !bias_apart ? &dbias : nullptr,
+                                                        .accumulate = accumulate});
+    if (bias_apart) {
         kernels::LinearBackwardBias(
             kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
+    }
+    if (want_dx) {
+        Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan), t.dx);
     }
     return BackwardInfo{.collectives = call.collectives()};
 }

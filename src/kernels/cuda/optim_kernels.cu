@@ -39,7 +39,7 @@ __global__ void SgdKernel(float *__restrict__ param, const float *__restrict__ g
         for (int k = 0; k < kN; ++k) {
             float d = g.val[k] + h.weight_decay * p.val[k];
             if (h.use_momentum) {
-                b.val[k] = h.first_step ? d : h.momentum * b.val[k] + (1.0f - h.dampening) * d;
+                b.val[k] = h.first_step ? d : h.momentum * b.val[k] + h.one_minus_dampening * d;
                 d = h.nesterov ? d + h.momentum * b.val[k] : b.val[k];
             }
             p.val[k] -= h.lr * d;
@@ -70,8 +70,8 @@ __global__ void AdamWKernel(float *__restrict__ param, const float *__restrict__
 #pragma unroll
         for (int k = 0; k < kN; ++k) {
             const float gk = g.val[k];
-            m.val[k] = h.beta1 * m.val[k] + (1.0f - h.beta1) * gk;
-            v.val[k] = h.beta2 * v.val[k] + (1.0f - h.beta2) * gk * gk;
+            m.val[k] = h.beta1 * m.val[k] + h.one_minus_beta1 * gk;
+            v.val[k] = h.beta2 * v.val[k] + h.one_minus_beta2 * gk * gk;
             const float denom = sqrtf(v.val[k]) / h.bias_correction2_sqrt + h.eps;
             p.val[k] = p.val[k] * h.decay - h.step_size * m.val[k] / denom;
             mv.val[k] = FromFloat<M>(p.val[k]);

@@ -15,7 +15,7 @@ namespace shardline::kernels::cuda {
 struct SgdHyper {
     float lr = 0;
     float momentum = 0;
-    float dampening = 0;
+    float one_minus_dampening = 1; ///< from the double on the host, like AdamW's 1 - beta
     float weight_decay = 0;
     bool use_momentum = false;
     bool nesterov = false;
@@ -29,6 +29,10 @@ struct AdamWHyper {
     float decay = 1; ///< 1 - lr·weight_decay
     float beta1 = 0.9f;
     float beta2 = 0.999f;
+    /// 1 - beta, rounded once from the double on the host: 1.0f - 0.999f loses 1.3e-5 to cancellation, which torch
+    /// (and the CPU kernel) do not.
+    float one_minus_beta1 = 0.1f;
+    float one_minus_beta2 = 0.001f;
     float step_size = 0;             ///< lr / (1 - beta1^t)
     float bias_correction2_sqrt = 1; ///< sqrt(1 - beta2^t)
     float eps = 1e-8f;

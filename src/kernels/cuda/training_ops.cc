@@ -93,7 +93,7 @@ void CudaSgdStep(const SgdStepArgs &args) {
     const bool use_momentum = args.momentum != 0.0;
     const SgdHyper hyper{.lr = static_cast<float>(args.lr),
                          .momentum = static_cast<float>(args.momentum),
-                         .dampening = static_cast<float>(args.dampening),
+                         .one_minus_dampening = static_cast<float>(1.0 - args.dampening),
                          .weight_decay = static_cast<float>(args.weight_decay),
                          .use_momentum = use_momentum,
                          .nesterov = args.nesterov,
@@ -112,6 +112,8 @@ void CudaAdamWStep(const AdamWStepArgs &args) {
     const AdamWHyper hyper{.decay = static_cast<float>(1.0 - args.lr * args.weight_decay),
                            .beta1 = static_cast<float>(args.beta1),
                            .beta2 = static_cast<float>(args.beta2),
+                           .one_minus_beta1 = static_cast<float>(1.0 - args.beta1),
+                           .one_minus_beta2 = static_cast<float>(1.0 - args.beta2),
                            .step_size = static_cast<float>(args.lr / (1.0 - std::pow(args.beta1, t))),
                            .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(args.beta2, t))),
                            .eps = static_cast<float>(args.eps)};

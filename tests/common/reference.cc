@@ -162,6 +162,10 @@ double RelativeTolerance(DType dtype) {
     return 0.0;
 }
 
+double SubnormalTolerance(DType dtype) {
+    return dtype == DType::kFloat16 ? std::ldexp(1.0, -25) : 0.0;
+}
+
 std::string CompareValues(const Values& actual, const Values& expected, double rtol, double atol) {
     if (actual.size() != expected.size()) {
         return fmt::format("size mismatch: actual {} vs expected {}", actual.size(), expected.size());

@@ -43,6 +43,11 @@ Tensor RandomTensor(const Shape& shape, DType dtype, Device device, std::uint64_
 /// fp16 1e-3, bf16 1.6e-2 (about one ulp of the output, scaled by the reduction size in the check below).
 double RelativeTolerance(DType dtype);
 
+/// Absolute error of one correct rounding to `dtype` below its smallest normal number, where the relative bound no
+/// longer holds: half of the smallest subnormal. Only fp16 reaches there on test data (2^-25 ≈ 3e-8, e.g. softmax
+/// grads scaled by 1/N); 0 for the other dtypes (their subnormals are below 1e-38).
+double SubnormalTolerance(DType dtype);
+
 /// The check every kernel test uses: |actual - expected| <= atol + rtol·max(|expected|, rms(expected))
 /// elementwise. The rms term absorbs cancellation in long sums (an output near zero made of large terms carries
 /// the rounding of those terms, and random-data outputs have rms ≈ √K·|term|). Returns a message naming the worst

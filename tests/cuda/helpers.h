@@ -67,7 +67,7 @@ inline std::string_view ShortDTypeName(DType dtype) {
     return "?";
 }
 
-/// The tolerance of one check: RelativeTolerance(dtype) (tests/common/reference.cc, the one place that holds the
+/// The tolerance of one check (plus SubnormalTolerance(dtype) per rounding, absolute): RelativeTolerance(dtype) (tests/common/reference.cc, the one place that holds the
 /// per-dtype numbers) times the number of roundings to `dtype` the kernel may make on the way from exact inputs to
 /// the output: 1 for a correctly rounded result (a plain GEMM with fp32 accumulation, an elementwise op, a reduction);
 /// 2 where an intermediate is rounded first (a broadcast matmul grad before its batch sum); the named budgets below
@@ -93,7 +93,8 @@ inline constexpr int kGeluEpilogueRoundings = 4;
 
 inline ::testing::AssertionResult ValuesMatch(const Values& actual, const Values& expected, DType dtype,
                                               int roundings = 1) {
-    const std::string diff = CompareValues(actual, expected, Tolerance(dtype, roundings));
+    const std::string diff =
+        CompareValues(actual, expected, Tolerance(dtype, roundings), SubnormalTolerance(dtype) * roundings);
     if (diff.empty()) {
         return ::testing::AssertionSuccess();
     }

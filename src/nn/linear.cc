@@ -106,6 +106,12 @@ RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions &options, co
     CheckFeatures(kLayer, options.name, options.in_features, options.out_features);
     const std::int64_t size = tp.mesh->shape()[static_cast<std::size_t>(tp_dim_)];
     CheckDivisible(kLayer, options.name, "in_features", options.in_features, size);
+    // As in Megatron (and the functional layer): a sequence-parallel row layer follows a column layer whose output is
+    // already sharded on the features; a replicated input would be sharded here only to be reduce-scattered.
+    SHARDLINE_CHECK(!options.sequence_parallel || options.input_is_parallel, kLayer,
+                    "'{}': sequence_parallel needs input_is_parallel (the input of a sequence-parallel row layer is "
+                    "the tp-sharded output of a column layer), got input_is_parallel=false",
+                    options.name);
     const std::string wname = options.name + ".weight";
     weight = RegisterParameter("weight", MakeParameter({options.out_features, options.in_features},
                                                        spmd::Layout(std::vector<std::vector<int>>{{}, {tp_dim_}}), tp.mesh, options.param,

@@ -1077,5 +1077,25 @@ TEST(ParallelLinearErrorsTest, ColumnGatherOutputWithSequenceParallelIsRejected)
     ExpectCalls(mesh, {}, "the failed constructor");
 }
 
+// Megatron's rule (and the functional layer's): a sequence-parallel row layer takes a column layer's tp-sharded output.
+TEST(ParallelLinearErrorsTest, RowSequenceParallelWithoutInputIsParallelIsRejected) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh &mesh = TpMesh();
+    ResetCounts(mesh);
+    std::string message = "<no error>";
+    try {
+        nn::RowParallelLinear({.in_features = kFfn,
+                               .out_features = kHidden,
+                               .input_is_parallel = false,
+                               .sequence_parallel = true,
+                               .name = "proj"},
+                              Tp(mesh));
+    } catch (const Error &e) {
+        message = e.what();
+    }
+    ExpectNames(message, {"RowParallelLinear", "'proj'", "sequence_parallel needs input_is_parallel"});
+    ExpectCalls(mesh, {}, "the failed constructor");
+}
+
 } // namespace
 } // namespace shardline

@@ -82,7 +82,8 @@ struct RowParallelLinearOptions {
     /// The input is already sharded on its last dim over tp (a ColumnParallelLinear's output). Else it is split
     /// locally (free) and its gradient all-gathered.
     bool input_is_parallel = true;
-    /// Reduce-scatter the output on dim 0 (sequence) instead of all-reducing it; the backward all-gathers dY.
+    /// Reduce-scatter the output on dim 0 (sequence) instead of all-reducing it; the backward all-gathers dY. Needs
+    /// input_is_parallel (as in Megatron).
     bool sequence_parallel = false;
     bool skip_bias_add = false;
     ParameterOptions param{};

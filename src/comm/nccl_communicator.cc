@@ -154,6 +154,9 @@ struct NcclOp {
     DType dtype;
     Clock::time_point issued;
     cudaEvent_t done = nullptr;
+    /// Issued while the compute stream was capturing a CUDA graph: it runs when the graph is launched, so the host
+    /// neither tracks nor waits for it (the watchdog never sees it; its events belong to the capture).
+    bool captured = false;
     std::atomic<int> status{kPending};
     std::mutex keep_mutex;
     std::vector<std::shared_ptr<Storage>> keep; // released once the collective is complete or ordered on compute
@@ -521,6 +524,15 @@ public:
 
     void Wait(bool host) override {
         NcclState& state = *op_->state;
+        if (op_->captured) {
+            SHARDLINE_CHECK_AS(CommError, !host, "Work::Wait",
+                               "{} was captured into a CUDA graph: it runs when the graph is launched, so the host "
+                               "cannot wait for it (Wait(false) orders it on the stream)",
+                               op_->Describe());
+            DeviceGuard guard(state.device);
+            SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(CudaContext::Get(state.device).stream(), op_->done, 0));
+            return;
+        }
         ThrowIfFailed("Work::Wait");
         if (op_->status != NcclOp::kDone) {
             DeviceGuard guard(state.device);
@@ -543,6 +555,10 @@ public:
 
     bool Test() override {
         NcclState& state = *op_->state;
+        SHARDLINE_CHECK_AS(CommError, !op_->captured, "Work::Test",
+                           "{} was captured into a CUDA graph: it completes when the graph runs, not now (Wait(false) "
+                           "orders it on the stream)",
+                           op_->Describe());
         ThrowIfFailed("Work::Test");
         if (op_->status == NcclOp::kDone) {
             return true;
@@ -940,6 +956,13 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
     Count(issue.kind, issue.bytes);
     DeviceGuard guard(device_);
     cudaStream_t compute = CudaContext::Get(device_).stream();
+    // Under CUDA graph capture of the compute stream the collective becomes part of the graph: s.stream joins the
+    // capture through ready_event and rejoins the compute stream through op->done in Wait.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SHARDLINE_CHECK_CUDA(cudaStreamIsCapturing(compute, &capture));
+    SHARDLINE_CHECK_AS(CommError, capture != cudaStreamCaptureStatusInvalidated, issue.api,
+                       "the compute stream of cuda:{} is in an invalidated CUDA graph capture", device_);
+    const bool captured = capture == cudaStreamCaptureStatusActive;
 
     std::shared_ptr<NcclOp> op;
     std::string mismatch;
@@ -950,7 +973,9 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
         }
         const std::int64_t seq = ++s.seq;
         try {
-            if (CommCheckEnabled()) {
+            // The agreement check waits on the host for its own all-gather, which a capture cannot contain: it runs
+            // on the eager calls (e.g. the warm-up step before capture), not on the captured ones.
+            if (CommCheckEnabled() && !captured) {
                 mismatch = CheckAgreement(s, issue, seq);
             }
             if (mismatch.empty()) {
@@ -963,9 +988,13 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
                 op->dtype = issue.dtype;
                 op->done = s.AcquireEvent();
                 op->issued = Clock::now();
-                std::vector<std::shared_ptr<Storage>> keep;
-                enqueue.Keep(keep);
-                op->keep = std::move(keep);
+                op->captured = captured;
+                if (!captured) {
+                    // (Captured tensors are graph memory whose frees the capture orders after the collective.)
+                    std::vector<std::shared_ptr<Storage>> keep;
+                    enqueue.Keep(keep);
+                    op->keep = std::move(keep);
+                }
 
                 SHARDLINE_CHECK_CUDA(cudaEventRecord(s.ready_event, compute));
                 SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(s.stream, s.ready_event, 0));
@@ -986,18 +1015,22 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
                         // Kernels may already be queued on s.stream and still touch the kept tensors: track the op
                         // as failed so the watchdog releases them only once its done-event has fired (after the
                         // abort this failure leads to).
-                        (void)cudaEventRecord(op->done, s.stream);
                         op->status = NcclOp::kFailed;
-                        std::lock_guard track(s.mutex);
-                        s.outstanding.push_back(op);
+                        if (!captured) {
+                            (void)cudaEventRecord(op->done, s.stream);
+                            std::lock_guard track(s.mutex);
+                            s.outstanding.push_back(op);
+                        }
                         throw;
                     }
                 }
                 SHARDLINE_CHECK_CUDA(cudaEventRecord(op->done, s.stream));
-                // Registered before nccl_mutex is released: an abort carried out by NcclLock's destructor must see
-                // this op, or it would stay pending and be reported done once the aborted kernel's event fires.
-                std::lock_guard track(s.mutex);
-                s.outstanding.push_back(op);
+                if (!captured) {
+                    // Registered before nccl_mutex is released: an abort carried out by NcclLock's destructor must see
+                    // this op, or it would stay pending and be reported done once the aborted kernel's event fires.
+                    std::lock_guard track(s.mutex);
+                    s.outstanding.push_back(op);
+                }
             }
         } catch (const CommError& e) {
             s.NoteAbort(e.what());

@@ -40,3 +40,11 @@ if(SHARDLINE_WITH_NCCL)
                           NP 2 4 BACKEND cuda TIMEOUT 300)
   target_compile_definitions(shardline_nn_gradient_consistency_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
 endif()
+if(SHARDLINE_WITH_NCCL)
+  # A ParallelMLP fwd+bwd step captured into a CUDA graph and replayed, collectives included (issue 7); np 1 has no
+  # collectives, np 2 and 4 capture NCCL's.
+  shardline_add_dist_test(NAME shardline_nn_cuda_graph_tests_cuda
+                          SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_cuda_graph_test.cc
+                          NP 1 2 4 BACKEND cuda TIMEOUT 300)
+  target_compile_definitions(shardline_nn_cuda_graph_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
+endif()

@@ -45,6 +45,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <shardline/autograd/engine.h>
+#include <shardline/autograd/functions.h>
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
 #include <shardline/core/random.h>
@@ -1106,6 +1108,35 @@ void HostBench(Run& run, const Options& o) {
     for (const bool split : {true, false}) {
         cudaGraphExec_t exec = split ? graph_of(split_step) : graph_of([&] { forward(); backward(); });
         emit(split ? "CUDA graph: fwd+bwd split ops" : "CUDA graph: fwd+bwd (LinearBackward)", split ? 4 : 2,
+             TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); }));
+        SHARDLINE_CHECK_CUDA(cudaGraphExecDestroy(exec));
+    }
+
+    // Through shardline autograd (local Variables, no mesh): y = Linear(x, w, b), then backward from dY into x, w and
+    // b, as torch's fwd+bwd autograd peer does. Fresh grads each step (ZeroGrad drops them: backward allocates them
+    // from the pool, as torch.autograd.grad does), and with fp32 main grads that backward accumulates into (ZeroGrad
+    // is a fill), which is what a CUDA graph of the step needs.
+    {
+        autograd::Variable xv(x, true), wv(w, true), bv(b, true);
+        const dist::DistTensor dyv = dist::DistTensor::Local(dy);
+        auto autograd_step = [&] {
+            xv.ZeroGrad();
+            wv.ZeroGrad();
+            bv.ZeroGrad();
+            const autograd::Variable yv = autograd::Linear(xv, wv, bv);
+            yv.Backward(&dyv);
+        };
+        emit("fwd+bwd autograd (Linear)", 2, TimeHost(stream, o.host_calls, autograd_step));
+        emit("fwd autograd (Linear, no grad)", 1, TimeHost(stream, o.host_calls, [&] {
+                 const autograd::NoGradGuard no_grad;
+                 const autograd::Variable yv = autograd::Linear(xv, wv, bv);
+             }));
+        for (autograd::Variable* v : {&xv, &wv, &bv}) {
+            v->AllocateMainGrad(DType::kFloat32);
+        }
+        emit("fwd+bwd autograd (Linear, main grads)", 2, TimeHost(stream, o.host_calls, autograd_step));
+        cudaGraphExec_t exec = graph_of(autograd_step);
+        emit("CUDA graph: fwd+bwd autograd (main grads)", 2,
              TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); }));
         SHARDLINE_CHECK_CUDA(cudaGraphExecDestroy(exec));
     }

@@ -359,21 +359,26 @@ CachedRule InferRuleWithPlans(const RuleRequest &request) {
     return rule;
 }
 
-RuleKey::RuleKey(RuleRequest request) : request_(std::move(request)) {
-    std::vector<int64_t> &w = words_;
-    w.reserve(64);
-    PutString(w, request_.op);
-    w.push_back(static_cast<int64_t>(request_.direction));
-    PutList(w, request_.mesh.Shape());
-    w.push_back(static_cast<int64_t>(request_.inputs.size()));
-    for (const TensorSpec &spec : request_.inputs) {
+void RuleKey::Encode(const RuleRequest &request, std::vector<int64_t> &w) {
+    PutString(w, request.op);
+    w.push_back(static_cast<int64_t>(request.direction));
+    PutList(w, request.mesh.Shape());
+    w.push_back(static_cast<int64_t>(request.inputs.size()));
+    for (const TensorSpec &spec : request.inputs) {
         PutTensor(w, spec);
     }
-    PutTensor(w, request_.out);
-    PutTensor(w, request_.out_grad);
-    PutAttrs(w, request_.attrs);
-    PutOptions(w, request_.options);
-    hash_ = HashWords(w);
+    PutTensor(w, request.out);
+    PutTensor(w, request.out_grad);
+    PutAttrs(w, request.attrs);
+    PutOptions(w, request.options);
+}
+
+uint64_t RuleKey::HashOf(const std::vector<int64_t> &words) { return HashWords(words); }
+
+RuleKey::RuleKey(RuleRequest request) : request_(std::move(request)) {
+    words_.reserve(64);
+    Encode(request_, words_);
+    hash_ = HashWords(words_);
 }
 
 std::shared_ptr<const CachedRule> RuleCache::Find(const RuleKey &key) const {
@@ -395,6 +400,21 @@ std::shared_ptr<const CachedRule> RuleCache::GetOrInfer(const RuleKey &key) {
     auto inferred = std::make_shared<const CachedRule>(InferRuleWithPlans(key.Request()));
     std::unique_lock lock(mutex_);
     return entries_.try_emplace(key, std::move(inferred)).first->second;
+}
+
+std::shared_ptr<const CachedRule> RuleCache::GetOrInfer(RuleRequest request) {
+    thread_local std::vector<int64_t> words;
+    words.clear();
+    RuleKey::Encode(request, words);
+    const RuleKeyView view{&words, RuleKey::HashOf(words)};
+    {
+        std::shared_lock lock(mutex_);
+        if (auto it = entries_.find(view); it != entries_.end()) {
+            hits_.fetch_add(1, std::memory_order_relaxed);
+            return it->second;
+        }
+    }
+    return GetOrInfer(RuleKey(std::move(request)));
 }
 
 RuleCache::Stats RuleCache::GetStats() const {

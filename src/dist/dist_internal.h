@@ -18,6 +18,17 @@ inline spmd::ProcessMesh ToProcessMesh(const comm::DeviceMesh &mesh) {
     return spmd::ProcessMesh(mesh.shape(), mesh.dim_names());
 }
 
+/// ToProcessMesh(mesh) without building it on every op call: the last one built on this thread, rebuilt when the
+/// mesh differs (compared by value, so a new mesh at a freed one's address is never confused with it). The reference
+/// is valid until the next call on this thread.
+inline const spmd::ProcessMesh &ProcessMeshOf(const comm::DeviceMesh &mesh) {
+    thread_local spmd::ProcessMesh cached;
+    if (cached.Shape() != mesh.shape() || cached.DimNames() != mesh.dim_names()) {
+        cached = ToProcessMesh(mesh);
+    }
+    return cached;
+}
+
 inline comm::ReduceOp ToCommOp(spmd::ReduceOp op) {
     switch (op) {
     case spmd::ReduceOp::kSum:

@@ -13,10 +13,10 @@ spmd::RuleCache &Rules() {
 
 std::shared_ptr<const spmd::CachedRule> LookupRule(std::string_view op, comm::DeviceMesh &mesh,
                                                    spmd::RuleRequest request) {
-    request.mesh = detail::ToProcessMesh(mesh);
+    request.mesh = detail::ProcessMeshOf(mesh);
     // The rule is a pure function of the request, identical on every rank: an error here fails every rank alike,
-    // before any collective.
-    return SHARDLINE_DIST_SPMD(op, Rules().GetOrInfer(spmd::RuleKey(std::move(request))));
+    // before any collective. A hit copies nothing more (RuleCache::GetOrInfer(RuleRequest)).
+    return SHARDLINE_DIST_SPMD(op, Rules().GetOrInfer(std::move(request)));
 }
 
 DistTensor MoveToLayout(const DistTensor &t, const spmd::Layout &layout) { return detail::MoveTo(t, layout); }
@@ -48,7 +48,7 @@ bool SameLayout(comm::DeviceMesh &mesh, const spmd::Layout &a, const spmd::Layou
     if (a == b) {
         return true;
     }
-    const spmd::ProcessMesh pm = ToProcessMesh(mesh);
+    const spmd::ProcessMesh &pm = ProcessMeshOf(mesh);
     return a.Canonical(pm) == b.Canonical(pm);
 }
 
@@ -74,7 +74,7 @@ std::int64_t LocalOffset(const DistTensor &t, int dim) {
         return 0;
     }
     const spmd::LocalShard shard =
-        spmd::ComputeLocalShard(ToProcessMesh(t.mesh()), t.global_shape(), t.layout(), t.mesh().coordinate());
+        spmd::ComputeLocalShard(ProcessMeshOf(t.mesh()), t.global_shape(), t.layout(), t.mesh().coordinate());
     return shard.offset[static_cast<std::size_t>(dim)];
 }
 

@@ -90,6 +90,9 @@ class RuleKey {
 public:
     RuleKey() = default;
     explicit RuleKey(RuleRequest request);
+    /// Appends the encoding of `request` to `words` (what Words() holds), for a lookup that builds no key.
+    static void Encode(const RuleRequest &request, std::vector<int64_t> &words);
+    static uint64_t HashOf(const std::vector<int64_t> &words);
 
     const RuleRequest &Request() const { return request_; }
     uint64_t Hash() const { return hash_; }
@@ -104,8 +107,22 @@ private:
     uint64_t hash_ = 0;
 };
 
+/// An encoded request without its RuleKey (no copy of the request): what a cache hit looks up by.
+struct RuleKeyView {
+    const std::vector<int64_t> *words = nullptr;
+    uint64_t hash = 0;
+};
+
 struct RuleKeyHash {
+    using is_transparent = void;
     size_t operator()(const RuleKey &key) const noexcept { return static_cast<size_t>(key.Hash()); }
+    size_t operator()(const RuleKeyView &key) const noexcept { return static_cast<size_t>(key.hash); }
+};
+struct RuleKeyEqual {
+    using is_transparent = void;
+    bool operator()(const RuleKey &a, const RuleKey &b) const { return a == b; }
+    bool operator()(const RuleKeyView &a, const RuleKey &b) const { return a.hash == b.Hash() && *a.words == b.Words(); }
+    bool operator()(const RuleKey &a, const RuleKeyView &b) const { return b.hash == a.Hash() && *b.words == a.Words(); }
 };
 
 /// A thread-safe map RuleKey -> CachedRule. Lookups take a shared lock; a miss infers outside the lock, so two
@@ -123,7 +140,9 @@ public:
     std::shared_ptr<const CachedRule> Lookup(const RuleKey &key) const;
     /// The cached answer, inferring and inserting it on a miss; inference errors propagate and cache nothing.
     std::shared_ptr<const CachedRule> GetOrInfer(const RuleKey &key);
-    std::shared_ptr<const CachedRule> GetOrInfer(const RuleRequest &request) { return GetOrInfer(RuleKey(request)); }
+    /// The same for a request: a hit encodes it into a per-thread buffer and copies nothing (the per-op-call path);
+    /// only a miss builds the RuleKey.
+    std::shared_ptr<const CachedRule> GetOrInfer(RuleRequest request);
 
     Stats GetStats() const;
     void Clear();
@@ -132,7 +151,7 @@ private:
     std::shared_ptr<const CachedRule> Find(const RuleKey &key) const;
 
     mutable std::shared_mutex mutex_;
-    std::unordered_map<RuleKey, std::shared_ptr<const CachedRule>, RuleKeyHash> entries_;
+    std::unordered_map<RuleKey, std::shared_ptr<const CachedRule>, RuleKeyHash, RuleKeyEqual> entries_;
     mutable std::atomic<uint64_t> hits_{0};
     mutable std::atomic<uint64_t> misses_{0};
 };

@@ -1,0 +1,304 @@
+#include "char_lm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <shardline/autograd/engine.h>
+#include <shardline/autograd/functions.h>
+#include <shardline/core/error.h>
+#include <shardline/dist/dist_tensor.h>
+
+namespace char_lm {
+
+using namespace shardline;
+using dist::DistTensor;
+using nlohmann::json;
+
+void LoadConfig(const std::string &path, Config &c, const char *program) {
+    std::ifstream in(path);
+    SHARDLINE_CHECK(in.good(), program, "cannot read the config file '{}'", path);
+    json j;
+    try {
+        in >> j;
+    } catch (const json::exception &e) {
+        SHARDLINE_THROW(Error, program, "config '{}' is not valid JSON: {}", path, e.what());
+    }
+    SHARDLINE_CHECK(j.is_object(), program, "config '{}' must be a JSON object", path);
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        const std::string &k = it.key();
+        const json &v = it.value();
+        auto integer = [&](auto &field) {
+            SHARDLINE_CHECK(v.is_number_integer(), program, "config key '{}' must be an integer, got {}", k, v.dump());
+            field = v.get<std::remove_reference_t<decltype(field)>>();
+        };
+        auto number = [&](double &field) {
+            SHARDLINE_CHECK(v.is_number(), program, "config key '{}' must be a number, got {}", k, v.dump());
+            field = v.get<double>();
+        };
+        auto text = [&](std::string &field) {
+            SHARDLINE_CHECK(v.is_string(), program, "config key '{}' must be a string, got {}", k, v.dump());
+            field = v.get<std::string>();
+        };
+        if (k == "steps") integer(c.steps);
+        else if (k == "tp") integer(c.tp);
+        else if (k == "dp") integer(c.dp);
+        else if (k == "context") integer(c.context);
+        else if (k == "hidden") integer(c.hidden);
+        else if (k == "ffn") integer(c.ffn);
+        else if (k == "layers") integer(c.layers);
+        else if (k == "batch") integer(c.batch);
+        else if (k == "lr") number(c.lr);
+        else if (k == "weight_decay") number(c.weight_decay);
+        else if (k == "dtype") text(c.dtype);
+        else if (k == "seed") integer(c.seed);
+        else if (k == "log_interval") integer(c.log_interval);
+        else if (k == "eval_interval") integer(c.eval_interval);
+        else if (k == "eval_batches") integer(c.eval_batches);
+        else if (k == "data") text(c.data);
+        else if (k == "metrics") text(c.metrics);
+        else if (k == "sample_chars") integer(c.sample_chars);
+        else if (k == "peak_tflops") number(c.peak_tflops);
+        else {
+            SHARDLINE_THROW(Error, program,
+                            "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
+                            "batch, lr, weight_decay, dtype, seed, log_interval, eval_interval, eval_batches, data, "
+                            "metrics, sample_chars, peak_tflops)",
+                            k, path);
+        }
+    }
+}
+
+void ConfigFlags::Add(CLI::App &app) {
+    app.add_option("--config", config_path_, "JSON config file (keys as the options below)");
+    steps_ = app.add_option("--steps", cli_.steps, "training steps");
+    tp_ = app.add_option("--tp", cli_.tp, "tensor-parallel size (default: ranks / dp)");
+    dp_ = app.add_option("--dp", cli_.dp, "data-parallel size");
+    hidden_ = app.add_option("--hidden", cli_.hidden, "hidden size");
+    ffn_ = app.add_option("--ffn", cli_.ffn, "MLP inner size (divisible by tp)");
+    layers_ = app.add_option("--layers", cli_.layers, "ParallelMLP blocks");
+    context_ = app.add_option("--context", cli_.context, "characters of context");
+    batch_ = app.add_option("--batch", cli_.batch, "global batch (predictions per step)");
+    lr_ = app.add_option("--lr", cli_.lr, "AdamW learning rate");
+    dtype_ = app.add_option("--dtype", cli_.dtype, "auto, fp32, bf16, fp16");
+    seed_ = app.add_option("--seed", cli_.seed, "seed of the weights and the batches");
+    data_ = app.add_option("--data", cli_.data, "a text file or a directory of text files");
+    metrics_ = app.add_option("--metrics", cli_.metrics, "JSON-lines metrics file (rank 0)");
+    log_interval_ = app.add_option("--log-interval", cli_.log_interval, "steps between progress lines");
+    eval_interval_ = app.add_option("--eval-interval", cli_.eval_interval, "steps between validation losses");
+    sample_ = app.add_option("--sample-chars", cli_.sample_chars, "characters to sample at the end");
+}
+
+Config ConfigFlags::Resolve(Config c, const char *program) const {
+    if (!config_path_.empty()) {
+        LoadConfig(config_path_, c, program);
+    }
+    // Command-line values override the file.
+    if (*steps_) c.steps = cli_.steps;
+    if (*tp_) c.tp = cli_.tp;
+    if (*dp_) c.dp = cli_.dp;
+    if (*hidden_) c.hidden = cli_.hidden;
+    if (*ffn_) c.ffn = cli_.ffn;
+    if (*layers_) c.layers = cli_.layers;
+    if (*context_) c.context = cli_.context;
+    if (*batch_) c.batch = cli_.batch;
+    if (*lr_) c.lr = cli_.lr;
+    if (*dtype_) c.dtype = cli_.dtype;
+    if (*seed_) c.seed = cli_.seed;
+    if (*data_) c.data = cli_.data;
+    if (*metrics_) c.metrics = cli_.metrics;
+    if (*log_interval_) c.log_interval = cli_.log_interval;
+    if (*eval_interval_) c.eval_interval = cli_.eval_interval;
+    if (*sample_) c.sample_chars = cli_.sample_chars;
+    return c;
+}
+
+void Validate(Config &c, int world, const char *program) {
+    if (c.tp == 0) {
+        c.tp = world / std::max(1, c.dp);
+    }
+    SHARDLINE_CHECK(c.steps >= 0 && c.context > 0 && c.hidden > 0 && c.ffn > 0 && c.layers >= 0 && c.batch > 0,
+                    program, "steps >= 0 and context, hidden, ffn, batch > 0, layers >= 0 are required, got steps {} "
+                             "context {} hidden {} ffn {} batch {} layers {}",
+                    c.steps, c.context, c.hidden, c.ffn, c.batch, c.layers);
+    SHARDLINE_CHECK(c.dp >= 1 && c.tp >= 1 && c.dp * c.tp == world, program,
+                    "dp ({}) x tp ({}) must equal the number of ranks ({})", c.dp, c.tp, world);
+    SHARDLINE_CHECK(c.ffn % c.tp == 0, program, "ffn ({}) must be divisible by tp ({})", c.ffn, c.tp);
+    SHARDLINE_CHECK(c.lr > 0 && c.log_interval > 0 && c.eval_interval > 0 && c.eval_batches > 0, program,
+                    "lr, log_interval, eval_interval and eval_batches must be positive");
+    SHARDLINE_CHECK(c.dtype == "auto" || c.dtype == "fp32" || c.dtype == "float32" || c.dtype == "bf16" ||
+                        c.dtype == "bfloat16" || c.dtype == "fp16" || c.dtype == "float16",
+                    program, "dtype must be auto, fp32, bf16 or fp16, got '{}'", c.dtype);
+    SHARDLINE_CHECK(c.batch % c.dp == 0, program, "batch ({}) must be divisible by dp ({})", c.batch, c.dp);
+}
+
+DType ResolveDType(const Config &c, bool gpu, const char *program) {
+    const DType dtype = c.dtype == "auto" ? (gpu ? DType::kBFloat16 : DType::kFloat32) : ParseDType(c.dtype);
+    SHARDLINE_CHECK(gpu || !IsHalf(dtype), program, "dtype {} needs GPUs; this run is on the CPU", DTypeName(dtype));
+    return dtype;
+}
+
+std::string ReadCorpus(const std::string &path, const char *program) {
+    namespace fs = std::filesystem;
+    std::vector<fs::path> files;
+    SHARDLINE_CHECK(fs::exists(path), program, "the data path '{}' does not exist", path);
+    if (fs::is_directory(path)) {
+        for (const auto &e : fs::directory_iterator(path)) {
+            if (fs::is_regular_file(e.path())) {
+                files.push_back(e.path());
+            }
+        }
+        std::sort(files.begin(), files.end());
+    } else {
+        files.emplace_back(path);
+    }
+    std::string text;
+    for (const auto &f : files) {
+        std::ifstream in(f, std::ios::binary);
+        std::ostringstream s;
+        s << in.rdbuf();
+        text += s.str();
+    }
+    return text;
+}
+
+Corpus Encode(const std::string &text, std::int64_t context, const char *program) {
+    Corpus c;
+    std::set<unsigned char> chars(text.begin(), text.end());
+    std::map<unsigned char, std::int64_t> index;
+    for (unsigned char ch : chars) {
+        index[ch] = static_cast<std::int64_t>(c.vocab.size());
+        c.vocab.push_back(static_cast<char>(ch));
+    }
+    c.ids.reserve(text.size());
+    for (unsigned char ch : text) {
+        c.ids.push_back(index[ch]);
+    }
+    c.split = static_cast<std::int64_t>(static_cast<double>(c.ids.size()) * 0.9);
+    SHARDLINE_CHECK(c.split > context + 1 && static_cast<std::int64_t>(c.ids.size()) - c.split > context + 1, program,
+                    "the corpus ({} characters) is too short for a context of {}", c.ids.size(), context);
+    return c;
+}
+
+std::int64_t PaddedVocab(std::int64_t vocab) {
+    return (vocab + 63) / 64 * 64;
+}
+
+Batch MakeBatch(const Corpus &corpus, std::int64_t context, std::int64_t batch, std::int64_t vocab_padded,
+                std::uint64_t seed, bool validation) {
+    std::mt19937_64 rng(seed);
+    const std::int64_t lo = validation ? corpus.split : 0;
+    const std::int64_t hi = (validation ? static_cast<std::int64_t>(corpus.ids.size()) : corpus.split) - context - 1;
+    std::uniform_int_distribution<std::int64_t> pick(lo, hi);
+    std::vector<double> ids(static_cast<std::size_t>(context * batch));
+    std::vector<double> labels(static_cast<std::size_t>(batch));
+    for (std::int64_t b = 0; b < batch; ++b) {
+        const std::int64_t start = pick(rng);
+        for (std::int64_t t = 0; t < context; ++t) {
+            ids[static_cast<std::size_t>(t * batch + b)] =
+                static_cast<double>(t * vocab_padded + corpus.ids[static_cast<std::size_t>(start + t)]);
+        }
+        labels[static_cast<std::size_t>(b)] =
+            static_cast<double>(corpus.ids[static_cast<std::size_t>(start + context)]);
+    }
+    return {Tensor::FromVector(ids, {context, batch}, DType::kInt64),
+            Tensor::FromVector(labels, {batch}, DType::kInt64)};
+}
+
+CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)
+    : c_(c), vocab_(vocab_padded), mesh_(mesh) {
+    nn::TensorParallel tp{.mesh = &mesh, .tp_dim = "tp"};
+    // The embedding table is small and replicated; its gradient arrives replicated over tp.
+    embedding_ = RegisterParameter(
+        "embedding", nn::MakeParameter({c.context * vocab_padded, c.hidden}, spmd::Layout::Replicated(2), &mesh, param,
+                                       {.seed = 0,
+                                        .name = "embedding",
+                                        .distribution = RandomDistribution::kNormal,
+                                        .a = 0.0,
+                                        .b = 1.0 / std::sqrt(static_cast<double>(c.context))}));
+    for (int l = 0; l < c.layers; ++l) {
+        blocks_.push_back(RegisterModule(
+            fmt::format("block{}", l),
+            std::make_shared<nn::ParallelMLP>(nn::ParallelMLPOptions{.hidden = c.hidden,
+                                                                     .ffn_hidden = c.ffn,
+                                                                     .bias = true,
+                                                                     .sequence_parallel = false,
+                                                                     .param = param,
+                                                                     .name = fmt::format("block{}", l)},
+                                              tp)));
+    }
+    head_ = RegisterModule("head", std::make_shared<nn::ColumnParallelLinear>(
+                                       nn::ColumnParallelLinearOptions{.in_features = c.hidden,
+                                                                       .out_features = vocab_padded,
+                                                                       .bias = true,
+                                                                       .param = param,
+                                                                       .name = "head"},
+                                       tp));
+}
+
+Variable CharLM::Forward(const Tensor &ids_full) const {
+    const int dp = mesh_.dim_index("dp");
+    const DistTensor ids = DistTensor::FromFull(ids_full, spmd::Layout(std::vector<std::vector<int>>{{}, {dp}}), mesh_);
+    Variable x = autograd::Embedding(Variable(ids), embedding_); // [context, batch, hidden]
+    x = autograd::Sum(x, {0});                                   // [batch, hidden]
+    for (const auto &block : blocks_) {
+        x = autograd::Add(x, block->Forward(x));
+    }
+    return head_->Forward(x).output;
+}
+
+Variable CharLM::Loss(const Batch &b, Device device) const {
+    const Variable logits = Forward(b.ids.To(device));
+    const spmd::Layout label_layout(std::vector<std::vector<int>>{{mesh_.dim_index("dp")}});
+    const Variable labels(DistTensor::FromFull(b.labels.To(device), label_layout, mesh_));
+    return autograd::CrossEntropy(logits, labels, {.vocab_parallel = true});
+}
+
+double CharLM::FlopsPerPrediction() const {
+    return 2.0 * (static_cast<double>(c_.layers) * 2.0 * static_cast<double>(c_.hidden * c_.ffn) +
+                  static_cast<double>(c_.hidden * vocab_));
+}
+
+double LossValue(const Variable &loss) {
+    return loss.value().FullTensor().ToDoubleVector().at(0);
+}
+
+Trainer::Trainer(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)
+    : model_(c, vocab_padded, mesh, param), params_(model_.Parameters()),
+      sync_(mesh.shape().at(static_cast<std::size_t>(mesh.dim_index("dp"))) > 1
+                ? std::make_unique<nn::GradSync>(params_, mesh, nn::GradSyncOptions{.dp_dim = "dp"})
+                : nullptr),
+      optimizer_(params_, {.lr = c.lr, .weight_decay = c.weight_decay}) {}
+
+Variable Trainer::Step(const Batch &b, Device device) {
+    if (sync_) {
+        sync_->ZeroGrad();
+    } else {
+        optimizer_.ZeroGrad();
+    }
+    Variable loss = model_.Loss(b, device);
+    loss.Backward();
+    if (sync_) {
+        sync_->Finish();
+    }
+    optimizer_.Step();
+    return loss;
+}
+
+std::int64_t Trainer::numel() const {
+    std::int64_t n = 0;
+    for (const auto &p : params_) {
+        n += Numel(p.shape());
+    }
+    return n;
+}
+
+} // namespace char_lm

@@ -1,0 +1,172 @@
+#pragma once
+
+// The character-level language model of examples/train_char_lm.cc, shared with examples/train_dp_tp.cc: the config
+// (JSON file + command-line overrides), the corpus and its batches, the model, and one training step.
+//
+// Model: the previous `context` characters -> a position-wise embedding summed over positions (a linear layer on the
+// one-hot context) -> `layers` residual ParallelMLP blocks (ColumnParallelLinear -> GELU -> RowParallelLinear) -> a
+// ColumnParallelLinear head over the vocabulary -> vocab-parallel cross-entropy (the logits stay sharded). Mesh dp×tp:
+// the batch is sharded on dp (gradients all-reduced in buckets during backward), the layers on tp.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <shardline/autograd/variable.h>
+#include <shardline/comm/device_mesh.h>
+#include <shardline/core/tensor.h>
+#include <shardline/nn/grad_sync.h>
+#include <shardline/nn/init.h>
+#include <shardline/nn/linear.h>
+#include <shardline/nn/mlp.h>
+#include <shardline/nn/module.h>
+#include <shardline/nn/optim.h>
+
+namespace char_lm {
+
+using shardline::autograd::Variable;
+
+struct Config {
+    std::int64_t steps = 300;
+    int tp = 0; ///< 0: the world size divided by dp
+    int dp = 1;
+    std::int64_t context = 16;
+    std::int64_t hidden = 128;
+    std::int64_t ffn = 512;
+    int layers = 2;
+    std::int64_t batch = 64; ///< global: predictions per step
+    double lr = 3e-3;
+    double weight_decay = 0.01;
+    std::string dtype = "auto"; ///< auto: bf16 on GPU, fp32 on CPU
+    std::uint64_t seed = 1234;
+    int log_interval = 25;
+    int eval_interval = 100;
+    int eval_batches = 4;
+    std::string data = "/usr/share/common-licenses";
+    std::string metrics = "train_char_lm_metrics.jsonl";
+    int sample_chars = 200;
+    double peak_tflops = 989.0; ///< per GPU, for MFU (H100/H200 dense bf16)
+};
+
+/// The JSON config: every key must be known and of the right type (checked before anything starts). Errors name
+/// `program`.
+void LoadConfig(const std::string& path, Config& c, const char* program);
+
+/// The command-line options shared by the char-LM programs (--config, --steps, --tp, --dp, ...): Add() registers them
+/// on the app, Resolve() reads the config file over `defaults` and applies the options given on the command line.
+class ConfigFlags {
+public:
+    void Add(CLI::App& app);
+    Config Resolve(Config defaults, const char* program) const;
+
+private:
+    std::string config_path_;
+    Config cli_;
+    CLI::Option* steps_ = nullptr;
+    CLI::Option* tp_ = nullptr;
+    CLI::Option* dp_ = nullptr;
+    CLI::Option* hidden_ = nullptr;
+    CLI::Option* ffn_ = nullptr;
+    CLI::Option* layers_ = nullptr;
+    CLI::Option* context_ = nullptr;
+    CLI::Option* batch_ = nullptr;
+    CLI::Option* lr_ = nullptr;
+    CLI::Option* dtype_ = nullptr;
+    CLI::Option* seed_ = nullptr;
+    CLI::Option* data_ = nullptr;
+    CLI::Option* metrics_ = nullptr;
+    CLI::Option* log_interval_ = nullptr;
+    CLI::Option* eval_interval_ = nullptr;
+    CLI::Option* sample_ = nullptr;
+};
+
+/// Fills tp (0: world / dp) and checks sizes, the mesh against `world` ranks, divisibility and the dtype's name.
+void Validate(Config& c, int world, const char* program);
+
+/// The compute dtype: `auto` is bf16 on GPUs and fp32 on the CPU; a half dtype on the CPU is an error.
+shardline::DType ResolveDType(const Config& c, bool gpu, const char* program);
+
+/// Every regular file under `path` (or the file itself), concatenated in name order.
+std::string ReadCorpus(const std::string& path, const char* program);
+
+struct Corpus {
+    std::vector<char> vocab;       ///< id -> byte
+    std::vector<std::int64_t> ids; ///< the text as ids
+    std::int64_t split = 0;        ///< first validation position
+};
+
+Corpus Encode(const std::string& text, std::int64_t context, const char* program);
+
+/// The vocabulary padded to a multiple of 64 (Megatron's make-vocab-size-divisible-by), the same for every tp up to
+/// 64, so the model and its loss curve do not depend on tp. Padding classes never occur as labels.
+std::int64_t PaddedVocab(std::int64_t vocab);
+
+/// The global batch of one step: ids [context, batch] (position-major, shifted by position·vocab so one embedding
+/// table holds every position) and labels [batch]. The same on every rank.
+struct Batch {
+    shardline::Tensor ids;
+    shardline::Tensor labels;
+};
+
+Batch MakeBatch(const Corpus& corpus, std::int64_t context, std::int64_t batch, std::int64_t vocab_padded,
+                std::uint64_t seed, bool validation);
+
+/// The seed of training step `step`'s batch and of validation batch `i`.
+inline std::uint64_t TrainBatchSeed(const Config& c, std::int64_t step) {
+    return c.seed * 1000003 + static_cast<std::uint64_t>(step);
+}
+inline std::uint64_t EvalBatchSeed(const Config& c, int i) {
+    return c.seed * 7919 + 17 + static_cast<std::uint64_t>(i);
+}
+
+class CharLM : public shardline::nn::Module {
+public:
+    CharLM(const Config& c, std::int64_t vocab_padded, shardline::comm::DeviceMesh& mesh,
+           const shardline::nn::ParameterOptions& param);
+
+    /// Logits [batch, vocab] sharded on dp (rows) and tp (vocabulary); ids_full [context, batch] on every rank.
+    Variable Forward(const shardline::Tensor& ids_full) const;
+    /// The mean vocab-parallel cross-entropy of a global batch (Partial over dp until LossValue reduces it).
+    Variable Loss(const Batch& b, shardline::Device device) const;
+
+    /// Multiply-adds of the matmuls per prediction (for TFLOP/s): blocks and head.
+    double FlopsPerPrediction() const;
+
+private:
+    Config c_;
+    std::int64_t vocab_;
+    shardline::comm::DeviceMesh& mesh_;
+    Variable embedding_;
+    std::vector<std::shared_ptr<shardline::nn::ParallelMLP>> blocks_;
+    std::shared_ptr<shardline::nn::ColumnParallelLinear> head_;
+};
+
+/// The mean loss as a host number (reduces the Partial over dp). A collective: every rank of the mesh takes part.
+double LossValue(const Variable& loss);
+
+/// A CharLM with its optimizer (AdamW) and, when the mesh's dp dim is larger than 1, the GradSync that all-reduces
+/// its gradients over dp in buckets during backward.
+class Trainer {
+public:
+    Trainer(const Config& c, std::int64_t vocab_padded, shardline::comm::DeviceMesh& mesh,
+            const shardline::nn::ParameterOptions& param);
+
+    /// One step on the global batch `b`: zero the gradients, forward, backward (buckets launched as they complete),
+    /// finish the dp reduction, AdamW. Returns the loss (as CharLM::Loss).
+    Variable Step(const Batch& b, shardline::Device device);
+
+    const CharLM& model() const { return model_; }
+    /// Parameters of the global model.
+    std::int64_t numel() const;
+
+private:
+    CharLM model_;
+    std::vector<Variable> params_;
+    std::unique_ptr<shardline::nn::GradSync> sync_;
+    shardline::nn::AdamW optimizer_;
+};
+
+} // namespace char_lm

@@ -30,6 +30,8 @@
 #include <shardline/core/tensor.h>
 #include <shardline/launch/bootstrap.h>
 
+#include "common/bench_util.h"
+
 namespace {
 
 using namespace shardline;
@@ -90,43 +92,11 @@ Options ParseOptions(int argc, char** argv) {
     return o;
 }
 
-std::string Commit() {
-    if (const char* env = std::getenv("SHARDLINE_COMMIT"); env != nullptr && *env != '\0') {
-        return env;
-    }
-    std::string out;
-    if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r"); pipe != nullptr) {
-        char buf[64];
-        while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
-            out += buf;
-        }
-        ::pclose(pipe);
-    }
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) {
-        out.pop_back();
-    }
-    return out.empty() ? "unknown" : out;
-}
-
-std::string Today() {
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
+using bench::Commit;
+using bench::Percentile;
 
 double BusFactor(const std::string& op, int n) {
     return op == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
-}
-
-double Percentile(std::vector<double> v, double q) {
-    std::sort(v.begin(), v.end());
-    const double pos = q * static_cast<double>(v.size() - 1);
-    const auto lo = static_cast<std::size_t>(pos);
-    const std::size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 
 struct Result {
@@ -200,7 +170,7 @@ int Run(launch::Environment& env, int argc, char** argv) {
     SHARDLINE_CHECK_CUDA(cudaGetDeviceProperties(&prop, env.device().index));
     const std::string device = prop.name;
     const std::string commit = Commit();
-    const std::string date = Today();
+    const std::string date = bench::NowUtc();
     const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
 
     std::ofstream json;

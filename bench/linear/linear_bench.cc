@@ -55,6 +55,9 @@
 #include <shardline/kernels/gemm_tuning.h>
 #include <shardline/kernels/linear.h>
 
+#include "common/bench_util.h"
+#include "common/cublaslt_floor.h"
+
 namespace {
 
 using namespace shardline;
@@ -219,45 +222,14 @@ std::vector<Case> Cases(const Options& o) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
-// Run metadata
+// Run metadata (bench/common/bench_util.h)
 
-std::string Commit() {
-    if (const char* env = std::getenv("SHARDLINE_COMMIT"); env != nullptr && *env != '\0') {
-        return env;
-    }
-    std::string out;
-    if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r"); pipe != nullptr) {
-        char buf[64];
-        while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
-            out += buf;
-        }
-        ::pclose(pipe);
-    }
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) {
-        out.pop_back();
-    }
-    return out.empty() ? "unknown" : out;
-}
-
-std::string Now() {
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
-}
-
-double Percentile(std::vector<double> v, double q) {
-    if (v.empty()) {
-        return 0.0;
-    }
-    std::sort(v.begin(), v.end());
-    const double pos = q * static_cast<double>(v.size() - 1);
-    const auto lo = static_cast<std::size_t>(pos);
-    const std::size_t hi = std::min(lo + 1, v.size() - 1);
-    return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
+using bench::ChooseBest;
+using bench::Commit;
+using bench::FloorChoice;
+using bench::LtFloor;
+using bench::MedianUs;
+using bench::Percentile;
 
 struct Run {
     std::string device;
@@ -280,144 +252,6 @@ struct Run {
         }
     }
 };
-
-// ---------------------------------------------------------------------------------------------------------------------
-// Plain cuBLASLt GEMMs: the floors and the calibration ceiling (the bench's own descriptors, no shardline code).
-
-#define BENCH_CHECK_LT(call) SHARDLINE_CHECK_CUBLAS(call)
-
-cudaDataType_t LtType(DType d) {
-    if (d == DType::kFloat16) {
-        return CUDA_R_16F;
-    }
-    if (d == DType::kBFloat16) {
-        return CUDA_R_16BF;
-    }
-    return CUDA_R_32F;
-}
-
-/// One column-major GEMM D[m,n] = op(A)·op(B) with the heuristic's top 8 candidates.
-class LtFloor {
-public:
-    LtFloor(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
-            std::int64_t ldb, std::int64_t ldc, DType dtype, DType c_dtype, bool tf32, float beta)
-        : beta_(beta) {
-        CudaContext& ctx = CudaContext::Current();
-        handle_ = ctx.lt_handle();
-        const cublasComputeType_t compute =
-            dtype == DType::kFloat32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        BENCH_CHECK_LT(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
-        const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-        const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-        BENCH_CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-        BENCH_CHECK_LT(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-        BENCH_CHECK_LT(cublasLtMatrixLayoutCreate(&a_, LtType(dtype), trans_a ? k : m, trans_a ? m : k, lda));
-        BENCH_CHECK_LT(cublasLtMatrixLayoutCreate(&b_, LtType(dtype), trans_b ? n : k, trans_b ? k : n, ldb));
-        BENCH_CHECK_LT(cublasLtMatrixLayoutCreate(&c_, LtType(c_dtype), m, n, ldc));
-        workspace_bytes_ = ctx.workspace_bytes();
-        SHARDLINE_CHECK_CUDA(cudaMalloc(&workspace_, std::max<std::size_t>(workspace_bytes_, 1)));
-        cublasLtMatmulPreference_t pref = nullptr;
-        BENCH_CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-        const std::uint64_t ws = workspace_bytes_;
-        BENCH_CHECK_LT(
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-        std::vector<cublasLtMatmulHeuristicResult_t> results(8);
-        int returned = 0;
-        BENCH_CHECK_LT(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 8, results.data(),
-                                                      &returned));
-        cublasLtMatmulPreferenceDestroy(pref);
-        results.resize(static_cast<std::size_t>(returned));
-        for (const auto& r : results) {
-            if (r.state == CUBLAS_STATUS_SUCCESS) {
-                algos_.push_back(r.algo);
-            }
-        }
-        SHARDLINE_CHECK(!algos_.empty(), kTool, "cuBLASLt has no algorithm for m={} n={} k={}", m, n, k);
-    }
-    ~LtFloor() {
-        cudaFree(workspace_);
-        cublasLtMatrixLayoutDestroy(a_);
-        cublasLtMatrixLayoutDestroy(b_);
-        cublasLtMatrixLayoutDestroy(c_);
-        cublasLtMatmulDescDestroy(desc_);
-    }
-    LtFloor(const LtFloor&) = delete;
-    LtFloor& operator=(const LtFloor&) = delete;
-
-    std::size_t candidates() const { return algos_.size(); }
-    bool Run(std::size_t algo, const void* a, const void* b, void* c, cudaStream_t stream) const {
-        const float alpha = 1.0f;
-        return cublasLtMatmul(handle_, desc_, &alpha, a, a_, b, b_, &beta_, c, c_, c, c_, &algos_[algo], workspace_,
-                              workspace_bytes_, stream) == CUBLAS_STATUS_SUCCESS;
-    }
-
-private:
-    cublasLtHandle_t handle_ = nullptr;
-    cublasLtMatmulDesc_t desc_ = nullptr;
-    cublasLtMatrixLayout_t a_ = nullptr;
-    cublasLtMatrixLayout_t b_ = nullptr;
-    cublasLtMatrixLayout_t c_ = nullptr;
-    void* workspace_ = nullptr;
-    std::size_t workspace_bytes_ = 0;
-    float beta_ = 0.0f;
-    std::vector<cublasLtMatmulAlgo_t> algos_;
-};
-
-/// Median µs of `iters` event-timed runs after `warmup`.
-double MedianUs(cudaStream_t stream, int warmup, int iters, const std::function<void()>& fn) {
-    for (int i = 0; i < warmup; ++i) {
-        fn();
-    }
-    std::vector<cudaEvent_t> ev(static_cast<std::size_t>(2 * iters));
-    for (auto& e : ev) {
-        SHARDLINE_CHECK_CUDA(cudaEventCreate(&e));
-    }
-    for (int i = 0; i < iters; ++i) {
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(ev[2 * i], stream));
-        fn();
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(ev[2 * i + 1], stream));
-    }
-    SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
-    std::vector<double> t(static_cast<std::size_t>(iters));
-    for (int i = 0; i < iters; ++i) {
-        float ms = 0.0f;
-        SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-        t[static_cast<std::size_t>(i)] = 1000.0 * ms;
-    }
-    for (auto& e : ev) {
-        SHARDLINE_CHECK_CUDA(cudaEventDestroy(e));
-    }
-    return Percentile(t, 0.5);
-}
-
-/// The candidate with the lowest median (2 warm-ups, 5 runs each, rotating over `sets` operand sets as the timed
-/// iterations do, so that a problem that fits in L2 is not judged on cached operands) and its time, plus the first
-/// pick's.
-struct FloorChoice {
-    std::size_t best = 0;
-    double best_us = 0.0;
-    double first_us = 0.0;
-};
-FloorChoice ChooseBest(const LtFloor& f, int sets, const std::function<bool(std::size_t, int)>& run,
-                       cudaStream_t stream) {
-    FloorChoice choice;
-    int rotation = 0;
-    for (std::size_t i = 0; i < f.candidates(); ++i) {
-        bool ok = true;
-        const double us = MedianUs(stream, 2, 5, [&] { ok = run(i, rotation++ % sets) && ok; });
-        if (!ok) {
-            continue;
-        }
-        if (i == 0) {
-            choice.first_us = us;
-        }
-        if (choice.best_us == 0.0 || us < choice.best_us) {
-            choice.best = i;
-            choice.best_us = us;
-        }
-    }
-    return choice;
-}
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Host-side spot checks (the correctness gate): sampled outputs against float64 sums of the device inputs.
@@ -915,26 +749,14 @@ private:
 void Calibrate(Run& run) {
     const Device gpu = Device::CUDA(0);
     {
-        const std::int64_t n = 8192;
-        Tensor a = Tensor::Empty({n, n}, DType::kBFloat16, gpu);
-        Tensor b = Tensor::Empty({n, n}, DType::kBFloat16, gpu);
-        Tensor c = Tensor::Empty({n, n}, DType::kBFloat16, gpu);
-        FillRandom(a, RandomSpec{.seed = 1, .name = "ceiling_a"});
-        FillRandom(b, RandomSpec{.seed = 1, .name = "ceiling_b"});
-        const LtFloor gemm(true, false, n, n, n, n, n, n, DType::kBFloat16, DType::kBFloat16, false, 0.0f);
-        const FloorChoice choice = ChooseBest(
-            gemm, 1, [&](std::size_t algo, int) { return gemm.Run(algo, a.data(), b.data(), c.data(), run.stream); },
-            run.stream);
-        const double us = MedianUs(run.stream, 5, 20, [&] { gemm.Run(choice.best, a.data(), b.data(), c.data(), run.stream); });
-        const double first_us =
-            MedianUs(run.stream, 2, 20, [&] { gemm.Run(0, a.data(), b.data(), c.data(), run.stream); });
-        run.ceiling_tflops = 2.0 * n * n * static_cast<double>(n) / (us * 1e-6) / 1e12;
+        const bench::GemmCeiling ceiling = bench::MeasureGemmCeiling(run.stream);
+        run.ceiling_tflops = ceiling.tflops;
         run.Emit(json{{"kind", "calibration"},
                       {"what", "gemm_bf16_8192"},
-                      {"median_us", us},
-                      {"tflops", run.ceiling_tflops},
-                      {"first_pick_tflops", 2.0 * n * n * static_cast<double>(n) / (first_us * 1e-6) / 1e12},
-                      {"best_index", choice.best}});
+                      {"median_us", ceiling.median_us},
+                      {"tflops", ceiling.tflops},
+                      {"first_pick_tflops", ceiling.first_pick_tflops},
+                      {"best_index", ceiling.best_index}});
     }
     {
         const std::size_t bytes = std::size_t{1} << 30;
@@ -1164,7 +986,7 @@ int Main(int argc, char** argv) {
     run.device = prop.name;
     run.l2_bytes = static_cast<std::size_t>(prop.l2CacheSize);
     run.commit = Commit();
-    run.date = Now();
+    run.date = bench::NowUtc();
     if (!o.json.empty()) {
         run.out.open(o.json, std::ios::app);
         SHARDLINE_CHECK(run.out.good(), kTool, "cannot open {} for appending", o.json);

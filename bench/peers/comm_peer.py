@@ -12,52 +12,16 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
-import sys
 
-# NVLink multicast can put shared GPUs out of service: never let NCCL use it, whatever the environment says.
-if os.environ.get("NCCL_NVLS_ENABLE") != "0":
-    if "NCCL_NVLS_ENABLE" in os.environ:
-        print(f"comm_peer: NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']} overridden to 0", file=sys.stderr)
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+from peer_util import commit, no_nvlink_multicast, percentile, rank_env
+
+no_nvlink_multicast("comm_peer")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
-
-
-def rank_env():
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
-        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-        size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-        local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-        return rank, size, local
-    sys.exit("comm_peer.py: launch with torchrun or mpirun (no RANK / OMPI_COMM_WORLD_RANK in the environment)")
-
-
-def commit():
-    if os.environ.get("SHARDLINE_COMMIT"):
-        return os.environ["SHARDLINE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001 - no git, no repository: still a benchmark
-        return "unknown"
-
-
-def percentile(values, q):
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def bus_factor(op, n):
@@ -112,7 +76,7 @@ def main():
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
-    rank, size, local = rank_env()
+    rank, size, local = rank_env("comm_peer.py")
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", rank=rank, world_size=size, device_id=device)

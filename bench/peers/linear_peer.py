@@ -16,33 +16,15 @@ import argparse
 import datetime
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+from peer_util import commit, percentile
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
-
-
-def commit():
-    if os.environ.get("SHARDLINE_COMMIT"):
-        return os.environ["SHARDLINE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001 - no git: still a benchmark
-        return "unknown"
-
-
-def percentile(values, q):
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def cublaslt_in_use():

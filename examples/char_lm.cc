@@ -57,6 +57,7 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
         else if (k == "layers") integer(c.layers);
         else if (k == "batch") integer(c.batch);
         else if (k == "lr") number(c.lr);
+        else if (k == "warmup_steps") integer(c.warmup_steps);
         else if (k == "weight_decay") number(c.weight_decay);
         else if (k == "dtype") text(c.dtype);
         else if (k == "seed") integer(c.seed);
@@ -70,8 +71,8 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
         else {
             SHARDLINE_THROW(Error, program,
                             "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
-                            "batch, lr, weight_decay, dtype, seed, log_interval, eval_interval, eval_batches, data, "
-                            "metrics, sample_chars, peak_tflops)",
+                            "batch, lr, warmup_steps, weight_decay, dtype, seed, log_interval, eval_interval, "
+                            "eval_batches, data, metrics, sample_chars, peak_tflops)",
                             k, path);
         }
     }
@@ -88,6 +89,7 @@ void ConfigFlags::Add(CLI::App &app) {
     context_ = app.add_option("--context", cli_.context, "characters of context");
     batch_ = app.add_option("--batch", cli_.batch, "global batch (predictions per step)");
     lr_ = app.add_option("--lr", cli_.lr, "AdamW learning rate");
+    warmup_ = app.add_option("--warmup", cli_.warmup_steps, "steps of linear learning-rate warmup");
     dtype_ = app.add_option("--dtype", cli_.dtype, "auto, fp32, bf16, fp16");
     seed_ = app.add_option("--seed", cli_.seed, "seed of the weights and the batches");
     data_ = app.add_option("--data", cli_.data, "a text file or a directory of text files");
@@ -111,6 +113,7 @@ Config ConfigFlags::Resolve(Config c, const char *program) const {
     if (*context_) c.context = cli_.context;
     if (*batch_) c.batch = cli_.batch;
     if (*lr_) c.lr = cli_.lr;
+    if (*warmup_) c.warmup_steps = cli_.warmup_steps;
     if (*dtype_) c.dtype = cli_.dtype;
     if (*seed_) c.seed = cli_.seed;
     if (*data_) c.data = cli_.data;
@@ -132,6 +135,7 @@ void Validate(Config &c, int world, const char *program) {
     SHARDLINE_CHECK(c.dp >= 1 && c.tp >= 1 && c.dp * c.tp == world, program,
                     "dp ({}) x tp ({}) must equal the number of ranks ({})", c.dp, c.tp, world);
     SHARDLINE_CHECK(c.ffn % c.tp == 0, program, "ffn ({}) must be divisible by tp ({})", c.ffn, c.tp);
+    SHARDLINE_CHECK(c.warmup_steps >= 0, program, "warmup_steps must be >= 0, got {}", c.warmup_steps);
     SHARDLINE_CHECK(c.lr > 0 && c.log_interval > 0 && c.eval_interval > 0 && c.eval_batches > 0, program,
                     "lr, log_interval, eval_interval and eval_batches must be positive");
     SHARDLINE_CHECK(c.dtype == "auto" || c.dtype == "fp32" || c.dtype == "float32" || c.dtype == "bf16" ||
@@ -276,7 +280,7 @@ Trainer::Trainer(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &m
       sync_(mesh.shape().at(static_cast<std::size_t>(mesh.dim_index("dp"))) > 1
                 ? std::make_unique<nn::GradSync>(params_, mesh, nn::GradSyncOptions{.dp_dim = "dp"})
                 : nullptr),
-      optimizer_(params_, {.lr = c.lr, .weight_decay = c.weight_decay}) {}
+      optimizer_(params_, {.lr = c.lr, .weight_decay = c.weight_decay}), lr_(c.lr), warmup_steps_(c.warmup_steps) {}
 
 Variable Trainer::Step(const Batch &b, Device device) {
     if (sync_) {
@@ -289,6 +293,10 @@ Variable Trainer::Step(const Batch &b, Device device) {
     if (sync_) {
         sync_->Finish();
     }
+    ++step_;
+    optimizer_.set_lr(warmup_steps_ > 0 && step_ < warmup_steps_
+                          ? lr_ * static_cast<double>(step_) / static_cast<double>(warmup_steps_)
+                          : lr_);
     optimizer_.Step();
     return loss;
 }

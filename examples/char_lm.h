@@ -39,6 +39,8 @@ struct Config {
     int layers = 2;
     std::int64_t batch = 64; ///< global: predictions per step
     double lr = 3e-3;
+    /// Linear learning-rate warmup over the first steps (Megatron's lr_warmup_iters): lr·min(1, step / warmup_steps).
+    std::int64_t warmup_steps = 0;
     double weight_decay = 0.01;
     std::string dtype = "auto"; ///< auto: bf16 on GPU, fp32 on CPU
     std::uint64_t seed = 1234;
@@ -74,6 +76,7 @@ private:
     CLI::Option* context_ = nullptr;
     CLI::Option* batch_ = nullptr;
     CLI::Option* lr_ = nullptr;
+    CLI::Option* warmup_ = nullptr;
     CLI::Option* dtype_ = nullptr;
     CLI::Option* seed_ = nullptr;
     CLI::Option* data_ = nullptr;
@@ -155,7 +158,7 @@ public:
             const shardline::nn::ParameterOptions& param);
 
     /// One step on the global batch `b`: zero the gradients, forward, backward (buckets launched as they complete),
-    /// finish the dp reduction, AdamW. Returns the loss (as CharLM::Loss).
+    /// finish the dp reduction, AdamW (at the warmed-up learning rate). Returns the loss (as CharLM::Loss).
     Variable Step(const Batch& b, shardline::Device device);
 
     const CharLM& model() const { return model_; }
@@ -167,6 +170,9 @@ private:
     std::vector<Variable> params_;
     std::unique_ptr<shardline::nn::GradSync> sync_;
     shardline::nn::AdamW optimizer_;
+    double lr_ = 0.0;
+    std::int64_t warmup_steps_ = 0;
+    std::int64_t step_ = 0;
 };
 
 } // namespace char_lm

@@ -754,7 +754,7 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
     y.Backward(&dy);
     Calls backward;
     if (sp) {
-        // all-gather dY, reduce-scatter dX, and the all-reduce of fc2's sequence-parallel bias grad.
+        // all-gather dY (fc2's bias grad comes from it too: no all-reduce), reduce-scatter dX if x needs a grad.
         backward = {.all_reduce = 0, .all_gather = 1, .reduce_scatter = c.input_grad ? 1 : 0};
     } else {
         backward = {.all_reduce = c.input_grad ? 1 : 0};

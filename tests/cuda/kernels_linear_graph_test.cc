@@ -13,6 +13,7 @@
 
 #include <shardline/kernels/linear.h>
 
+#include "captured_graph.h"
 #include "helpers.h"
 
 namespace shardline::testing {
@@ -28,53 +29,6 @@ using kernels::LinearBackwardWeight;
 using kernels::LinearBackwardWeightArgs;
 using kernels::LinearForward;
 using kernels::LinearForwardArgs;
-
-/// A captured CUDA graph of `body` on the context stream, instantiated.
-class CapturedGraph {
-public:
-    explicit CapturedGraph(const std::function<void()>& body) {
-        const cudaStream_t stream = CudaContext::Get(0).stream();
-        EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        try {
-            body();
-        } catch (...) {
-            cudaGraph_t broken = nullptr;
-            (void)cudaStreamEndCapture(stream, &broken);
-            if (broken != nullptr) {
-                cudaGraphDestroy(broken);
-            }
-            throw;
-        }
-        EXPECT_EQ(cudaStreamEndCapture(stream, &graph_), cudaSuccess);
-        EXPECT_EQ(cudaGraphInstantiate(&exec_, graph_, 0), cudaSuccess);
-    }
-    ~CapturedGraph() {
-        if (exec_ != nullptr) {
-            cudaGraphExecDestroy(exec_);
-        }
-        if (graph_ != nullptr) {
-            cudaGraphDestroy(graph_);
-        }
-    }
-    CapturedGraph(const CapturedGraph&) = delete;
-    CapturedGraph& operator=(const CapturedGraph&) = delete;
-
-    void Replay() {
-        const cudaStream_t stream = CudaContext::Get(0).stream();
-        ASSERT_EQ(cudaGraphLaunch(exec_, stream), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    }
-    /// Kernel nodes, and whether the graph has a fork (a node with two or more dependents).
-    std::size_t nodes() const {
-        std::size_t n = 0;
-        EXPECT_EQ(cudaGraphGetNodes(graph_, nullptr, &n), cudaSuccess);
-        return n;
-    }
-
-private:
-    cudaGraph_t graph_ = nullptr;
-    cudaGraphExec_t exec_ = nullptr;
-};
 
 /// The tensors of one layer step: inputs (overwritten between replays) and outputs.
 struct Step {
@@ -120,7 +74,7 @@ TEST_P(CudaLinearGraphTest, SplitOpsStepReplayEqualsEager) {
     // Eager first: plans are built (and tuned) outside the capture, as in a training loop's first step.
     s.Load(1);
     body();
-    CapturedGraph graph(body);
+    CapturedGraph graph(CudaContext::Get(0).stream(), body);
     for (const std::uint64_t seed : {2, 3}) {
         SCOPED_TRACE(::testing::Message() << "inputs " << seed);
         s.Load(seed);
@@ -148,7 +102,7 @@ TEST_P(CudaLinearGraphTest, LinearBackwardWithSideStreamReplayEqualsEager) {
     };
     s.Load(4);
     body();
-    CapturedGraph graph(body);
+    CapturedGraph graph(CudaContext::Get(0).stream(), body);
     EXPECT_GE(graph.nodes(), 3u);
     for (const std::uint64_t seed : {5, 6}) {
         SCOPED_TRACE(::testing::Message() << "inputs " << seed);
@@ -179,7 +133,7 @@ TEST_P(CudaLinearGraphTest, MainGradAccumulationReplaysAccumulate) {
     };
     s.Load(7);
     backward(); // plans built and tuned eagerly
-    CapturedGraph graph(backward);
+    CapturedGraph graph(CudaContext::Get(0).stream(), backward);
     // Two replays from zero: twice the step's grads, as two eager calls give.
     s.dw.Fill(0.0);
     s.db.Fill(0.0);

@@ -21,6 +21,7 @@
 #include <shardline/core/context.h>
 #include <shardline/nn/mlp.h>
 
+#include "captured_graph.h"
 #include "dist_tensor_test_util.h"
 
 namespace shardline {
@@ -95,52 +96,6 @@ void ExpectSameResults(const std::vector<std::pair<std::string, Tensor>> &got,
     }
 }
 
-/// Captures `body` on this rank's compute stream; the graph is launched with Replay().
-class CapturedStep {
-public:
-    explicit CapturedStep(const std::function<void()> &body) {
-        stream_ = CudaContext::Get(TestDevice().index).stream();
-        EXPECT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        try {
-            body();
-        } catch (...) {
-            cudaGraph_t broken = nullptr;
-            (void)cudaStreamEndCapture(stream_, &broken);
-            if (broken != nullptr) {
-                cudaGraphDestroy(broken);
-            }
-            throw;
-        }
-        EXPECT_EQ(cudaStreamEndCapture(stream_, &graph_), cudaSuccess);
-        EXPECT_EQ(cudaGraphInstantiate(&exec_, graph_, 0), cudaSuccess);
-    }
-    ~CapturedStep() {
-        if (exec_ != nullptr) {
-            cudaGraphExecDestroy(exec_);
-        }
-        if (graph_ != nullptr) {
-            cudaGraphDestroy(graph_);
-        }
-    }
-    CapturedStep(const CapturedStep &) = delete;
-    CapturedStep &operator=(const CapturedStep &) = delete;
-
-    void Replay() {
-        ASSERT_EQ(cudaGraphLaunch(exec_, stream_), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
-    }
-    std::size_t nodes() const {
-        std::size_t n = 0;
-        EXPECT_EQ(cudaGraphGetNodes(graph_, nullptr, &n), cudaSuccess);
-        return n;
-    }
-
-private:
-    cudaStream_t stream_ = nullptr;
-    cudaGraph_t graph_ = nullptr;
-    cudaGraphExec_t exec_ = nullptr;
-};
-
 struct GraphCase {
     bool sequence_parallel = false;
     DType dtype = DType::kFloat32;
@@ -185,7 +140,7 @@ TEST_P(ParallelMLPCudaGraphTest, ReplayMatchesEagerAndFollowsNewInputs) {
     Step(s);
     const auto eager_a = Results(s);
 
-    CapturedStep graph([&] { Step(s); });
+    testing::CapturedGraph graph(CudaContext::Get(TestDevice().index).stream(), [&] { Step(s); });
     EXPECT_GT(graph.nodes(), 5U);
     graph.Replay();
     ExpectSameResults(Results(s), eager_a, "replay, inputs A");

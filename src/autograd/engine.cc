@@ -106,7 +106,7 @@ void Backward(const std::vector<Variable> &roots, const std::vector<dist::DistTe
         inputs.resize(static_cast<std::size_t>(node->num_inputs()));
         std::vector<dist::Grad> outputs = node->Apply(std::move(inputs));
         if (!retain_graph) {
-            node->ReleaseSaved();
+            node->Release();
         }
         const auto &edges = node->next_edges();
         for (std::size_t i = 0; i < edges.size(); ++i) {

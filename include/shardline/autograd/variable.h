@@ -32,6 +32,13 @@ public:
     virtual std::vector<dist::Grad> Apply(std::vector<dist::Grad> grad_outputs) = 0;
     /// Drops what the forward saved (after a backward without retain_graph).
     virtual void ReleaseSaved() {}
+    /// ReleaseSaved, remembered: a Function that runs backward again after it raises a clear error (the engine calls
+    /// this after a backward without retain_graph).
+    void Release() {
+        ReleaseSaved();
+        released_ = true;
+    }
+    bool released() const { return released_; }
     virtual std::string name() const = 0;
     /// How many gradients Apply takes (the forward's outputs).
     int num_inputs() const { return num_inputs_; }
@@ -41,6 +48,9 @@ protected:
     std::vector<Edge> next_edges_;
     int num_inputs_ = 1;
     friend class Function;
+
+private:
+    bool released_ = false;
 };
 
 struct VariableImpl;

@@ -22,7 +22,8 @@ struct GradSync::State {
     std::vector<Bucket> buckets;
 
     void Launch(Bucket &b) {
-        if (!b.work) {
+        // Over one rank the sum is the bucket itself: no collective (the grads are complete as they are).
+        if (!b.work && mesh->shape()[static_cast<std::size_t>(dp)] > 1) {
             b.work = mesh->group(dp).AllReduce(b.buffer, comm::ReduceOp::kSum);
         }
     }
@@ -115,8 +116,10 @@ void GradSync::Finish() {
         state_->Launch(b);
     }
     for (auto &b : state_->buckets) {
-        b.work->Wait();
-        b.work.reset();
+        if (b.work) {
+            b.work->Wait();
+            b.work.reset();
+        }
         b.ready = 0;
         for (auto &p : b.params) {
             const dist::DistTensor &v = p.value();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -58,6 +60,45 @@ Values RefColumnSum(const Values& dy, std::int64_t m, std::int64_t n) {
         }
     }
     return db;
+}
+
+namespace {
+/// Row i's max and Σ exp(x - max).
+std::pair<double, double> RowMaxAndSumExp(const Values& x, std::int64_t i, std::int64_t c) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::int64_t j = 0; j < c; ++j) {
+        m = std::max(m, x[i * c + j]);
+    }
+    double s = 0.0;
+    for (std::int64_t j = 0; j < c; ++j) {
+        s += std::exp(x[i * c + j] - m);
+    }
+    return {m, s};
+}
+} // namespace
+
+Values RefCrossEntropyLoss(const Values& x, const Values& labels, std::int64_t n, std::int64_t c) {
+    Values loss(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+        const auto [m, s] = RowMaxAndSumExp(x, i, c);
+        const auto t = static_cast<std::int64_t>(labels[i]);
+        loss[i] = std::log(s) + m - (t >= 0 && t < c ? x[i * c + t] : 0.0);
+    }
+    return loss;
+}
+
+Values RefCrossEntropyGrad(const Values& x, const Values& labels, const Values& dloss, double scale, std::int64_t n,
+                           std::int64_t c) {
+    Values dx(x.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+        const auto [m, s] = RowMaxAndSumExp(x, i, c);
+        const double g = scale * dloss[dloss.size() == 1 ? 0 : i];
+        const auto t = static_cast<std::int64_t>(labels[i]);
+        for (std::int64_t j = 0; j < c; ++j) {
+            dx[i * c + j] = g * (std::exp(x[i * c + j] - m) / s - (j == t ? 1.0 : 0.0));
+        }
+    }
+    return dx;
 }
 
 Values RefMatmul(const Values& a, const Values& b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,

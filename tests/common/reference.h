@@ -24,6 +24,12 @@ Values RefLinearBackwardInput(const Values& dy, const Values& w, std::int64_t m,
 Values RefLinearBackwardWeight(const Values& dy, const Values& x, std::int64_t m, std::int64_t n, std::int64_t k);
 /// db[N] = Σ_rows dY[M,N].
 Values RefColumnSum(const Values& dy, std::int64_t m, std::int64_t n);
+/// Cross-entropy of [n, c] logits: loss[i] = logsumexp(x[i, :]) - x[i, label] (a label outside [0, c): no target
+/// term, as a vocab shard that does not own the label).
+Values RefCrossEntropyLoss(const Values& x, const Values& labels, std::int64_t n, std::int64_t c);
+/// Its gradient: dx[i, j] = scale·dloss[i]·(softmax(x[i, :])[j] - [j == label]); dloss of size 1 is broadcast.
+Values RefCrossEntropyGrad(const Values& x, const Values& labels, const Values& dloss, double scale, std::int64_t n,
+                           std::int64_t c);
 /// C = op(A)·op(B) on one matrix pair: A is [m,k] ([k,m] if trans_a), B is [k,n] ([n,k] if trans_b).
 Values RefMatmul(const Values& a, const Values& b, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a,
                  bool trans_b);

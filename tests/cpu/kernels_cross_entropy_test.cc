@@ -28,48 +28,10 @@ using testing::CpuDTypes;
 using testing::DTypeParamName;
 using ::testing::HasSubstr;
 using testing::RandomTensor;
+using testing::RefCrossEntropyGrad;
+using testing::RefCrossEntropyLoss;
 using testing::Values;
 using testing::ValuesMatch;
-
-/// loss[i] = logsumexp(x[i, :]) - x[i, label] (label outside [0, c): no target term).
-Values RefLoss(const Values &x, const Values &labels, std::int64_t n, std::int64_t c) {
-    Values loss(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < c; ++j) {
-            m = std::max(m, x[i * c + j]);
-        }
-        double s = 0.0;
-        for (std::int64_t j = 0; j < c; ++j) {
-            s += std::exp(x[i * c + j] - m);
-        }
-        const auto t = static_cast<std::int64_t>(labels[i]);
-        loss[i] = std::log(s) + m - (t >= 0 && t < c ? x[i * c + t] : 0.0);
-    }
-    return loss;
-}
-
-/// dx[i, j] = scale·dloss[i]·(softmax(x[i, :])[j] - [j == label]).
-Values RefGrad(const Values &x, const Values &labels, const Values &dloss, double scale, std::int64_t n,
-               std::int64_t c) {
-    Values dx(x.size());
-    for (std::int64_t i = 0; i < n; ++i) {
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < c; ++j) {
-            m = std::max(m, x[i * c + j]);
-        }
-        double s = 0.0;
-        for (std::int64_t j = 0; j < c; ++j) {
-            s += std::exp(x[i * c + j] - m);
-        }
-        const double g = scale * dloss[dloss.size() == 1 ? 0 : i];
-        const auto t = static_cast<std::int64_t>(labels[i]);
-        for (std::int64_t j = 0; j < c; ++j) {
-            dx[i * c + j] = g * (std::exp(x[i * c + j] - m) / s - (j == t ? 1.0 : 0.0));
-        }
-    }
-    return dx;
-}
 
 DType StatsDType(DType logits) {
     return logits == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
@@ -130,7 +92,7 @@ TEST_P(CrossEntropyTest, StagesComputeTheLossOfLogSoftmax) {
         if (n > 0) {
             ASSERT_GT(AbsSum(x), 0.0);
         }
-        EXPECT_TRUE(ValuesMatch(f.loss, RefLoss(x, labels.ToDoubleVector(), n, c), StatsDType(dtype)));
+        EXPECT_TRUE(ValuesMatch(f.loss, RefCrossEntropyLoss(x, labels.ToDoubleVector(), n, c), StatsDType(dtype)));
         // The row max is one of the logits, and the target logit is the label's, exactly.
         const Values row_max = f.row_max.ToDoubleVector();
         const Values target = f.target.ToDoubleVector();
@@ -163,7 +125,8 @@ TEST_P(CrossEntropyTest, BackwardIsSoftmaxMinusOneHotScaledByDloss) {
                                                           .scale = scale,
                                                           .dlogits = dlogits});
             const Values want =
-                RefGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), scale, n, c);
+                RefCrossEntropyGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(),
+                                    scale, n, c);
             EXPECT_TRUE(ValuesMatch(dlogits, want, dtype, 2.0)); // through the float32 statistics, then rounded
         }
     }
@@ -175,7 +138,8 @@ TEST_P(CrossEntropyTest, BackwardMayOverwriteTheLogits) {
     const Tensor labels = RandomLabels(9, 0, 16, 22);
     const Forward f = RunForward(logits, labels);
     const Tensor dloss = RandomTensor({9}, StatsDType(dtype), Device::CPU(), 22, "dloss");
-    const Values want = RefGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, 9, 17);
+    const Values want = RefCrossEntropyGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(),
+                                            1.0, 9, 17);
     CrossEntropyBackward(CrossEntropyBackwardArgs{.logits = logits,
                                                   .row_max = f.row_max,
                                                   .sum_exp = f.sum_exp,
@@ -214,9 +178,9 @@ TEST_P(CrossEntropyTest, VocabParallelStagesCombineToTheUnsplitLossAndGradient) 
                                                   .labels = labels,
                                                   .dloss = dloss,
                                                   .dlogits = unsplit_grad});
-    const Values ref_loss = RefLoss(logits.ToDoubleVector(), labels.ToDoubleVector(), n, classes);
+    const Values ref_loss = RefCrossEntropyLoss(logits.ToDoubleVector(), labels.ToDoubleVector(), n, classes);
     const Values ref_grad =
-        RefGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, n, classes);
+        RefCrossEntropyGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, n, classes);
     EXPECT_TRUE(ValuesMatch(unsplit.loss, ref_loss, stats));
 
     for (const std::int64_t tp : {2, 3, 4, 12}) { // 12 shards of 37 classes: chunks of 4, then 1, then two empty
@@ -345,7 +309,7 @@ TEST_P(CrossEntropyTest, LabelsOutsideTheShardGiveNoTargetAndNoOneHot) {
                                                   .dloss = dloss,
                                                   .dlogits = dlogits});
     const Values local_labels = {-1, 2, -1}; // RefGrad puts no one-hot at -1
-    EXPECT_TRUE(ValuesMatch(dlogits, RefGrad(x, local_labels, {1.0}, 1.0, 3, 5), dtype, 2.0));
+    EXPECT_TRUE(ValuesMatch(dlogits, RefCrossEntropyGrad(x, local_labels, {1.0}, 1.0, 3, 5), dtype, 2.0));
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuDTypes, CrossEntropyTest, CpuDTypes(), DTypeParamName);
@@ -363,7 +327,8 @@ TEST(CrossEntropyTest, Float64DlossIsAcceptedForFloat32LogitsOnTheCpu) {
                                                   .dloss = dloss,
                                                   .dlogits = dlogits});
     EXPECT_TRUE(ValuesMatch(
-        dlogits, RefGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, 4, 6),
+        dlogits, RefCrossEntropyGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(),
+                                     1.0, 4, 6),
         DType::kFloat32, 2.0));
 }
 

@@ -31,38 +31,6 @@ using kernels::CrossEntropyStatsArgs;
 /// The budget of dlogits: the float32 statistics (exp, the row sum) then the rounding to the logits' dtype.
 constexpr int kStatsRoundings = 2;
 
-Values RefLoss(const Values& x, const Values& labels, std::int64_t n, std::int64_t c) {
-    Values loss(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-        const double m = *std::max_element(x.begin() + i * c, x.begin() + (i + 1) * c);
-        double s = 0.0;
-        for (std::int64_t j = 0; j < c; ++j) {
-            s += std::exp(x[i * c + j] - m);
-        }
-        const auto t = static_cast<std::int64_t>(labels[i]);
-        loss[i] = std::log(s) + m - (t >= 0 && t < c ? x[i * c + t] : 0.0);
-    }
-    return loss;
-}
-
-Values RefGrad(const Values& x, const Values& labels, const Values& dloss, double scale, std::int64_t n,
-               std::int64_t c) {
-    Values dx(x.size());
-    for (std::int64_t i = 0; i < n; ++i) {
-        const double m = *std::max_element(x.begin() + i * c, x.begin() + (i + 1) * c);
-        double s = 0.0;
-        for (std::int64_t j = 0; j < c; ++j) {
-            s += std::exp(x[i * c + j] - m);
-        }
-        const double g = scale * dloss[dloss.size() == 1 ? 0 : i];
-        const auto t = static_cast<std::int64_t>(labels[i]);
-        for (std::int64_t j = 0; j < c; ++j) {
-            dx[i * c + j] = g * (std::exp(x[i * c + j] - m) / s - (j == t ? 1.0 : 0.0));
-        }
-    }
-    return dx;
-}
-
 struct Forward {
     Tensor row_max, sum_exp, target, loss;
 };
@@ -112,7 +80,7 @@ TEST_P(CudaCrossEntropyTest, StagesComputeTheLossOfLogSoftmax) {
         const Forward f = RunForward(logits, labels);
         const Values x = logits.ToDoubleVector();
         const Values lv = labels.ToDoubleVector();
-        EXPECT_TRUE(ValuesMatch(f.loss, RefLoss(x, lv, n, c), DType::kFloat32));
+        EXPECT_TRUE(ValuesMatch(f.loss, RefCrossEntropyLoss(x, lv, n, c), DType::kFloat32));
         // The row max is one of the logits and the target is the label's logit: both exact.
         const Values row_max = f.row_max.ToDoubleVector();
         const Values target = f.target.ToDoubleVector();
@@ -144,7 +112,8 @@ TEST_P(CudaCrossEntropyTest, BackwardIsSoftmaxMinusOneHotScaledByDloss) {
                                                           .scale = scale,
                                                           .dlogits = dlogits});
             const Values want =
-                RefGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), scale, n, c);
+                RefCrossEntropyGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(),
+                                    scale, n, c);
             EXPECT_TRUE(ValuesMatch(dlogits, want, dtype, kStatsRoundings));
         }
     }
@@ -159,7 +128,8 @@ TEST_P(CudaCrossEntropyTest, BackwardMayOverwriteTheLogits) {
         const Forward f = RunForward(logits, labels);
         const Tensor dloss = RandomGpu({shape[0]}, DType::kFloat32, 62, "dloss");
         const Values want =
-            RefGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, shape[0], shape[1]);
+            RefCrossEntropyGrad(logits.ToDoubleVector(), labels.ToDoubleVector(), dloss.ToDoubleVector(),
+                                1.0, shape[0], shape[1]);
         CrossEntropyBackward(CrossEntropyBackwardArgs{.logits = logits,
                                                       .row_max = f.row_max,
                                                       .sum_exp = f.sum_exp,
@@ -190,8 +160,8 @@ TEST_P(CudaCrossEntropyTest, VocabParallelStagesCombineToTheUnsplitLossAndGradie
     const Tensor labels = RandomLabels(n, 0, classes - 1, 63);
     const Tensor dloss = RandomGpu({n}, DType::kFloat32, 63, "dloss");
     const Values x = logits.ToDoubleVector();
-    const Values ref_loss = RefLoss(x, labels.ToDoubleVector(), n, classes);
-    const Values ref_grad = RefGrad(x, labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, n, classes);
+    const Values ref_loss = RefCrossEntropyLoss(x, labels.ToDoubleVector(), n, classes);
+    const Values ref_grad = RefCrossEntropyGrad(x, labels.ToDoubleVector(), dloss.ToDoubleVector(), 1.0, n, classes);
     const Forward unsplit = RunForward(logits, labels);
     EXPECT_TRUE(ValuesMatch(unsplit.loss, ref_loss, DType::kFloat32));
 

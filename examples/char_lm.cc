@@ -219,7 +219,7 @@ Batch MakeBatch(const Corpus &corpus, std::int64_t context, std::int64_t batch, 
 
 CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)
     : c_(c), vocab_(vocab_padded), mesh_(mesh) {
-    nn::TensorParallel tp{.mesh = &mesh, .tp_dim = "tp"};
+    const nn::TensorParallelGroup tp = nn::TensorParallelGroup::Named(mesh, "tp");
     // The embedding table is small and replicated; its gradient arrives replicated over tp.
     embedding_ = RegisterParameter(
         "embedding", nn::MakeParameter({c.context * vocab_padded, c.hidden}, spmd::Layout::Replicated(2), &mesh, param,
@@ -229,23 +229,20 @@ CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mes
                                         .a = 0.0,
                                         .b = 1.0 / std::sqrt(static_cast<double>(c.context))}));
     for (int l = 0; l < c.layers; ++l) {
+        nn::ParameterOptions block_param = param;
+        block_param.name = fmt::format("block{}", l);
         blocks_.push_back(RegisterModule(
-            fmt::format("block{}", l),
-            std::make_shared<nn::ParallelMLP>(nn::ParallelMLPOptions{.hidden = c.hidden,
-                                                                     .ffn_hidden = c.ffn,
-                                                                     .bias = true,
-                                                                     .sequence_parallel = false,
-                                                                     .param = param,
-                                                                     .name = fmt::format("block{}", l)},
-                                              tp)));
+            block_param.name,
+            std::make_shared<nn::ParallelMLP>(
+                nn::ParallelMLPOptions{.hidden = c.hidden, .ffn_hidden = c.ffn, .bias = true, .sequence_parallel = false},
+                tp, block_param)));
     }
+    nn::ParameterOptions head_param = param;
+    head_param.name = "head";
     head_ = RegisterModule("head", std::make_shared<nn::ColumnParallelLinear>(
-                                       nn::ColumnParallelLinearOptions{.in_features = c.hidden,
-                                                                       .out_features = vocab_padded,
-                                                                       .bias = true,
-                                                                       .param = param,
-                                                                       .name = "head"},
-                                       tp));
+                                       nn::ColumnParallelLinearOptions{
+                                           .in_features = c.hidden, .out_features = vocab_padded, .bias = true},
+                                       tp, head_param));
 }
 
 Variable CharLM::Forward(const Tensor &ids_full) const {

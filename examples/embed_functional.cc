@@ -510,7 +510,7 @@ int Run(launch::Environment &env, const Options &o) {
 
     // The group: a 1-d mesh over the world, all of it tensor parallel.
     comm::DeviceMesh mesh(env.world(), {tp}, {"tp"});
-    const fn::TensorParallelGroup group{.mesh = mesh, .tp_dim = 0};
+    const fn::TensorParallelGroup group{.mesh = &mesh, .tp_dim = 0};
     Stream stream_owner(device);
     const fn::CudaStream stream = stream_owner.get();
 

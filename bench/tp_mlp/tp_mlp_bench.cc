@@ -965,10 +965,9 @@ int RunBench(launch::Environment& env, const Options& o) {
                                        .ffn_hidden = s.ffn,
                                        .bias = true,
                                        .sequence_parallel = v == "sp",
-                                       .approximation = kernels::GeluApproximation::kTanh,
-                                       .param = {.dtype = run.dtype, .device = env.device(), .seed = 5},
-                                       .name = "mlp"},
-                nn::TensorParallel{.mesh = &mesh, .tp_dim = "tp"});
+                                       .approximation = kernels::GeluApproximation::kTanh},
+                nn::TensorParallelGroup::Named(mesh, "tp"),
+                nn::ParameterOptions{.dtype = run.dtype, .device = env.device(), .seed = 5, .name = "mlp"});
         }
         for (const std::int64_t tokens : o.tokens) {
             CaseRunner(run, state, tokens).Execute();

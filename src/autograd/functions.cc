@@ -3,6 +3,8 @@
 #include <shardline/core/error.h>
 #include <shardline/kernels/linear.h>
 
+#include "param_grads.h"
+
 namespace shardline::autograd {
 namespace {
 
@@ -11,50 +13,72 @@ using dist::Grad;
 
 Variable One(std::vector<Variable> outputs) { return std::move(outputs.at(0)); }
 
+/// y = x·Wᵀ + b on local (undistributed) Variables: the kernels, no layouts and no collectives (the parallel layers
+/// are in parallel_linear.cc, over the functional core). The backward runs kernels::LinearBackward for exactly the
+/// gradients needed; that kernel decides per shape whether the bias grad rides in the wgrad GEMM.
 class LinearFunction final : public Function {
 public:
-    explicit LinearFunction(LinearOptions options) : options_(std::move(options)) {}
     std::string name() const override { return "LinearBackward"; }
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        dist::LinearForwardResult r = dist::LinearForward(
-            in[0], in[1], in[2].defined() ? &in[2] : nullptr,
-            {.output_layout = options_.output_layout, .skip_bias = options_.skip_bias});
-        saved_ = std::move(r.saved);
-        return {std::move(r.y)};
+        return {DistTensor::Local(
+            kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr))};
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         // Only what the requested gradients need: x for dW, W for dX.
-        if (!needs_input_grad(1)) {
-            saved_.x_used = DistTensor();
+        if (needs_input_grad(1)) {
+            x_ = in[0].local();
         }
         if (needs_input_grad(0)) {
-            weight_ = in[1];
+            weight_ = in[1].local();
         }
-        need_bias_ = needs_input_grad(2) && saved_.bias_added;
+        x_shape_ = in[0].local().shape();
+        weight_shape_ = in[1].local().shape();
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        dist::LinearGrads grads = dist::LinearBackward({.dy = g[0],
-                                                        .saved = saved_,
-                                                        .weight = weight_.defined() ? &weight_ : nullptr,
-                                                        .need_input = needs_input_grad(0),
-                                                        .need_weight = needs_input_grad(1),
-                                                        .need_bias = need_bias_,
-                                                        .weight_sink = GradSinkFor(1),
-                                                        .bias_sink = GradSinkFor(2)});
-        return {std::move(grads.dx), std::move(grads.dweight), std::move(grads.dbias)};
+        std::vector<Grad> grads(3);
+        const Tensor& dy = g[0].local();
+        const detail::ParamGradRequest wreq{
+            .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}};
+        const detail::ParamGradRequest breq{
+            .needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}};
+        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, wreq, breq, dy.dtype(), dy.device());
+        Tensor dx;
+        if (needs_input_grad(0)) {
+            dx = Tensor::Empty(x_shape_, dy.dtype(), dy.device());
+        }
+        // The kernel takes dbias in dweight's dtype only: a float32 main grad for one of them and not the other gets
+        // its own column sum.
+        const bool bias_apart = params.dweight.defined() && params.dbias.defined() &&
+                                params.dweight.dtype() != params.dbias.dtype();
+        kernels::LinearBackward({.dy = dy,
+                                 .x = needs_input_grad(1) ? &x_ : nullptr,
+                                 .weight = needs_input_grad(0) ? &weight_ : nullptr,
+                                 .dx = needs_input_grad(0) ? &dx : nullptr,
+                                 .dweight = params.dweight.defined() ? &params.dweight : nullptr,
+                                 .dbias = params.dbias.defined() && !bias_apart ? &params.dbias : nullptr,
+                                 .accumulate = params.accumulate});
+        if (bias_apart) {
+            kernels::LinearBackwardBias({.dy = dy, .dbias = params.dbias, .accumulate = params.accumulate});
+        }
+        if (needs_input_grad(0)) {
+            grads[0].value = DistTensor::Local(std::move(dx));
+        }
+        grads[1] = params.WeightGrad(nullptr, wreq, {});
+        grads[2] = params.BiasGrad(nullptr, breq, {});
+        return grads;
     }
     void ReleaseSaved() override {
-        saved_ = {};
-        weight_ = DistTensor();
+        x_ = Tensor();
+        weight_ = Tensor();
     }
 
 private:
-    LinearOptions options_;
-    dist::LinearSaved saved_;
-    DistTensor weight_;
-    bool need_bias_ = false;
+    Tensor x_;
+    Tensor weight_;
+    Shape x_shape_;
+    Shape weight_shape_;
 };
 
 class GeluFunction final : public Function {
@@ -92,7 +116,12 @@ protected:
         b_spec_ = in[1];
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        return dist::AddBackward(g[0], a_spec_, b_spec_, alpha_, needs_input_grad(0), needs_input_grad(1));
+        return dist::AddBackward({.dout = g[0],
+                                  .a = a_spec_,
+                                  .b = b_spec_,
+                                  .alpha = alpha_,
+                                  .need_a = needs_input_grad(0),
+                                  .need_b = needs_input_grad(1)});
     }
     void ReleaseSaved() override {
         a_spec_ = DistTensor();
@@ -123,21 +152,8 @@ protected:
             grads[0].value = g[0];
         }
         if (needs_input_grad(1)) {
-            // db = Σ_rows dy: the bias grad of a Linear whose GEMM had no bias.
-            dist::LinearSaved saved;
-            saved.x_spec = x_.spec();
-            saved.bias_spec = bias_.spec();
-            saved.gemm_output_layout = x_.layout();
-            saved.bias_after_output = true;
-            saved.bias_added = true;
-            if (x_.is_local()) {
-                grads[1].value = DistTensor::Local(kernels::LinearBackwardBias(g[0].local()));
-            } else {
-                grads[1] = dist::LinearBackward({.dy = g[0], .saved = saved, .weight = nullptr, .need_input = false,
-                                                 .need_weight = false, .need_bias = true,
-                                                 .weight_sink = dist::GradSink{}, .bias_sink = GradSinkFor(1)})
-                               .dbias;
-            }
+            // db = Σ_rows dy (the bias grad of a Linear whose bias the caller adds: skip_bias_add).
+            grads[1] = dist::BiasAddBackward(g[0], x_, bias_, GradSinkFor(1));
         }
         return grads;
     }
@@ -173,11 +189,11 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::Sum(in[0], dims_, keepdim_, mean_)};
+        return {dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_})};
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        return {Grad{.value = dist::SumBackward(g[0], x_, dims_, keepdim_, mean_)}};
+        return {Grad{.value = dist::SumBackward(g[0], x_, {.dims = dims_, .keepdim = keepdim_, .mean = mean_})}};
     }
     void ReleaseSaved() override { x_ = DistTensor(); }
 
@@ -199,7 +215,8 @@ protected:
         b_ = in[1];
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        return dist::MatmulBackward(g[0], a_, b_, needs_input_grad(0), needs_input_grad(1));
+        return dist::MatmulBackward(
+            {.dout = g[0], .a = a_, .b = b_, .need_a = needs_input_grad(0), .need_b = needs_input_grad(1)});
     }
     void ReleaseSaved() override {
         a_ = DistTensor();
@@ -221,7 +238,8 @@ protected:
         y_ = in[1];
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        return dist::OuterBackward(g[0], x_, y_, needs_input_grad(0), needs_input_grad(1));
+        return dist::OuterBackward(
+            {.dout = g[0], .x = x_, .y = y_, .need_x = needs_input_grad(0), .need_y = needs_input_grad(1)});
     }
     void ReleaseSaved() override {
         x_ = DistTensor();
@@ -308,8 +326,14 @@ private:
 
 } // namespace
 
-Variable Linear(const Variable& x, const Variable& weight, const Variable& bias, const LinearOptions& options) {
-    return One(Function::Apply(std::make_shared<LinearFunction>(options), {x, weight, bias}));
+Variable Linear(const Variable& x, const Variable& weight, const Variable& bias) {
+    constexpr const char* kOp = "autograd::Linear";
+    for (const Variable* v : {&x, &weight, &bias}) {
+        SHARDLINE_CHECK(!v->defined() || v->value().is_local(), kOp,
+                        "takes local Variables (ColumnParallelLinear / RowParallelLinear run on a mesh), got {}",
+                        v->value().ToString());
+    }
+    return One(Function::Apply(std::make_shared<LinearFunction>(), {x, weight, bias}));
 }
 Variable Gelu(const Variable& x, kernels::GeluApproximation approximation) {
     return One(Function::Apply(std::make_shared<GeluFunction>(approximation), {x}));

@@ -5,7 +5,6 @@ target_sources(shardline_dist PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/ops/cross_entropy.cc
   ${CMAKE_CURRENT_LIST_DIR}/ops/elementwise.cc
   ${CMAKE_CURRENT_LIST_DIR}/ops/embedding.cc
-  ${CMAKE_CURRENT_LIST_DIR}/ops/linear.cc
   ${CMAKE_CURRENT_LIST_DIR}/ops/matmul.cc
   ${CMAKE_CURRENT_LIST_DIR}/ops/ops_util.cc
   ${CMAKE_CURRENT_LIST_DIR}/ops/reduction.cc)

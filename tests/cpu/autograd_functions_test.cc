@@ -172,12 +172,13 @@ TEST(AutogradLinearTest, GradientsOfEverySubsetOfInputs) {
     }
 }
 
-TEST(AutogradLinearTest, SkippedBiasGetsNoGradient) {
-    // skip_bias_add: y = x·Wᵀ (the caller adds b later), so b is not part of this op's value and gets no gradient.
+TEST(AutogradLinearTest, BiasLeftOutGetsNoGradient) {
+    // skip_bias_add's local form: y = x·Wᵀ (the caller adds b later), so b is not part of this op's value and gets no
+    // gradient from it.
     Variable x(Data({4, 5}, "x"), true);
     Variable w(Data({3, 5}, "w"), true);
     Variable b(Data({3}, "b"), true);
-    Variable y = Linear(x, w, b, {.skip_bias = true});
+    Variable y = Linear(x, w);
     const Tensor want = kernels::LinearForward(x.local(), w.local());
     EXPECT_EQ(y.local().ToDoubleVector(), want.ToDoubleVector());
     y.Backward(nullptr);

@@ -91,7 +91,7 @@ double Tolerance(DType dtype) {
 template <class Opt, class Options, class RefStep>
 void RunAgainstReference(DType dtype, const Options &options, RefStep reference, int bias_joins_at = 0,
                          int lr_halved_at = -1) {
-    Linear layer({.in_features = 5, .out_features = 3, .param = {.dtype = dtype, .seed = 11}, .name = "lin"});
+    Linear layer({.in_features = 5, .out_features = 3}, {.dtype = dtype, .seed = 11, .name = "lin"});
     const std::vector<Variable> params = layer.Parameters();
     ASSERT_EQ(params.size(), 2u);
     Opt optimizer(params, options);
@@ -122,7 +122,7 @@ void RunAgainstReference(DType dtype, const Options &options, RefStep reference,
     }
     EXPECT_EQ(optimizer.steps(), kSteps);
     // The parameters moved (a test whose optimizer does nothing must fail).
-    Linear initial({.in_features = 5, .out_features = 3, .param = {.dtype = dtype, .seed = 11}, .name = "lin"});
+    Linear initial({.in_features = 5, .out_features = 3}, {.dtype = dtype, .seed = 11, .name = "lin"});
     EXPECT_NE(layer.weight.local().ToDoubleVector(), initial.weight.local().ToDoubleVector());
 }
 
@@ -175,14 +175,14 @@ TEST_P(OptimizerTest, AdamWBiasCorrectionCountsAParametersOwnSteps) {
 INSTANTIATE_TEST_SUITE_P(CpuMasterDTypes, OptimizerTest, testing::CpuDTypes(), testing::DTypeParamName);
 
 TEST(OptimizerErrorTest, NesterovNeedsMomentumWithoutDampening) {
-    Linear layer({.in_features = 5, .out_features = 3, .name = "lin"});
+    Linear layer({.in_features = 5, .out_features = 3}, {.name = "lin"});
     SGD sgd(layer.Parameters(), {.lr = 0.1, .momentum = 0.0, .nesterov = true});
     Backpropagate(layer, DType::kFloat32, 0);
     EXPECT_THROW(sgd.Step(), Error);
 }
 
 TEST(OptimizerErrorTest, ParametersMustBeLeaves) {
-    Linear layer({.in_features = 2, .out_features = 2, .name = "lin"});
+    Linear layer({.in_features = 2, .out_features = 2}, {.name = "lin"});
     Variable y = autograd::Scale(layer.weight, 2.0);
     EXPECT_THROW(SGD({y}, {}), Error);
 }

@@ -97,7 +97,7 @@ struct MeshAndDim {
     std::int64_t replica() const {
         return mesh.ndim() == 1 ? 0 : mesh.coordinate()[static_cast<std::size_t>(1 - tp_dim)];
     }
-    TensorParallelGroup group() const { return TensorParallelGroup{.mesh = mesh, .tp_dim = tp_dim}; }
+    TensorParallelGroup group() const { return TensorParallelGroup{.mesh = &mesh, .tp_dim = tp_dim}; }
 };
 
 MeshAndDim GetMesh(MeshKind kind) {
@@ -945,7 +945,7 @@ TEST(FunctionalLinearErrorTest, AMeshDimOutsideTheMeshRaisesNamingIt) {
                 ColumnParallelLinearForward(
                     {.in_features = kIn, .out_features = kOut},
                     {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
-                    {.mesh = m.mesh, .tp_dim = bad});
+                    {.mesh = &m.mesh, .tp_dim = bad});
             },
             {"ColumnParallelLinearForward",
              fmt::format("tp_dim ({}) must name a dim of the mesh [{}]", bad, World().size())});

@@ -115,11 +115,8 @@ TEST_P(ParallelMLPCudaGraphTest, ReplayMatchesEagerAndFollowsNewInputs) {
     s.mesh = &mesh;
     s.dtype = c.dtype;
     s.mlp = std::make_unique<nn::ParallelMLP>(
-        nn::ParallelMLPOptions{.hidden = kHidden,
-                               .ffn_hidden = kFfn,
-                               .sequence_parallel = c.sequence_parallel,
-                               .param = {.dtype = c.dtype, .device = TestDevice(), .seed = 7}},
-        nn::TensorParallel{.mesh = &mesh, .tp_dim = "tp"});
+        nn::ParallelMLPOptions{.hidden = kHidden, .ffn_hidden = kFfn, .sequence_parallel = c.sequence_parallel},
+        nn::TensorParallelGroup::Named(mesh, "tp"), nn::ParameterOptions{.dtype = c.dtype, .device = TestDevice(), .seed = 7});
     // Sequence parallel: x and y sharded on the tokens over tp; else replicated.
     s.io_layout = c.sequence_parallel ? spmd::Layout(std::vector<std::vector<int>>{{0}, {}})
                                       : spmd::Layout::Replicated(2);

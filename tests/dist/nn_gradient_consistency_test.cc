@@ -100,8 +100,8 @@ std::int64_t SizeOf(DeviceMesh &mesh, std::string_view dim) {
     return mesh.shape()[static_cast<std::size_t>(mesh.dim_index(dim))];
 }
 
-nn::TensorParallel Tp(DeviceMesh &mesh) {
-    return {.mesh = &mesh, .tp_dim = "tp"};
+nn::TensorParallelGroup Tp(DeviceMesh &mesh) {
+    return nn::TensorParallelGroup::Named(mesh, "tp");
 }
 
 /// A layout of a rank-`rank` tensor: tensor dim d sharded over the mesh dims `shards[d]` (major first).
@@ -178,6 +178,11 @@ void SetFull(Variable &p, const Tensor &full) {
 
 nn::ParameterOptions Param(DType dtype) {
     return {.dtype = dtype, .device = TestDevice(), .seed = 3};
+}
+
+nn::ParameterOptions WithName(nn::ParameterOptions param, std::string name) {
+    param.name = std::move(name);
+    return param;
 }
 
 /// How many half-precision roundings separate a result from the float64 reference, beyond the one of a local GEMM:
@@ -315,10 +320,8 @@ TEST_P(ColumnParallelLinearTest, OutputAndGradientsMatchDenseWithTheTableCollect
                                     .bias = c.bias != Bias::kNone,
                                     .gather_output = gather,
                                     .sequence_parallel = sp,
-                                    .skip_bias_add = c.bias == Bias::kSkipped,
-                                    .param = Param(c.dtype),
-                                    .name = "column"},
-                                   Tp(mesh));
+                                    .skip_bias_add = c.bias == Bias::kSkipped},
+                                   Tp(mesh), WithName(Param(c.dtype), "column"));
     const std::uint64_t seed = 11;
     const Tensor x_full = MakeFull({kSeq, kBatch, kHidden}, "x", c.data, c.dtype, seed);
     const Tensor w_full = MakeFull({kFfn, kHidden}, "w", c.data, c.dtype, seed);
@@ -459,10 +462,8 @@ TEST_P(RowParallelLinearTest, OutputAndGradientsMatchDenseWithTheTableCollective
                                  .bias = c.bias != Bias::kNone,
                                  .input_is_parallel = c.input != RowInput::kReplicated,
                                  .sequence_parallel = sp,
-                                 .skip_bias_add = c.bias == Bias::kSkipped,
-                                 .param = Param(c.dtype),
-                                 .name = "row"},
-                                Tp(mesh));
+                                 .skip_bias_add = c.bias == Bias::kSkipped},
+                                Tp(mesh), WithName(Param(c.dtype), "row"));
     const std::uint64_t seed = 12;
     const Tensor x_full = MakeFull({kSeq, kBatch, kFfn}, "x", c.data, c.dtype, seed);
     const Tensor w_full = MakeFull({kHidden, kFfn}, "w", c.data, c.dtype, seed);
@@ -606,17 +607,14 @@ TEST_P(ColumnRowPairTest, MatchesDenseBitwiseWithTheTableCollectives) {
     nn::ColumnParallelLinear column({.in_features = kHidden,
                                      .out_features = kFfn,
                                      .bias = c.bias,
-                                     .sequence_parallel = sp,
-                                     .param = Param(DType::kFloat32),
-                                     .name = "pair.column"},
-                                    Tp(mesh));
+                                     .sequence_parallel = sp},
+                                    Tp(mesh), WithName(Param(DType::kFloat32), "pair.column"));
     nn::RowParallelLinear row({.in_features = kFfn,
                                .out_features = kHidden,
                                .bias = c.bias,
-                               .sequence_parallel = sp,
-                               .param = Param(DType::kFloat32),
-                               .name = "pair.row"},
-                              Tp(mesh));
+                               .input_is_parallel = true,
+                               .sequence_parallel = sp},
+                              Tp(mesh), WithName(Param(DType::kFloat32), "pair.row"));
     const Data data = Data::kInteger;
     const DType f32 = DType::kFloat32;
     const std::uint64_t seed = 13;
@@ -720,10 +718,8 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
     nn::ParallelMLP mlp({.hidden = kHidden,
                          .ffn_hidden = kFfn,
                          .bias = c.bias,
-                         .sequence_parallel = sp,
-                         .param = Param(c.dtype),
-                         .name = "mlp"},
-                        Tp(mesh));
+                         .sequence_parallel = sp},
+                        Tp(mesh), WithName(Param(c.dtype), "mlp"));
     const Data data = Data::kRandom;
     const std::uint64_t seed = 14;
     const Tensor x_full = MakeFull({kSeq, kBatch, kHidden}, "x", data, c.dtype, seed);
@@ -865,16 +861,13 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
     const int tp_dim = mesh.dim_index("tp");
     nn::ColumnParallelLinear column({.in_features = kHidden,
                                      .out_features = kFfn,
-                                     .sequence_parallel = sp,
-                                     .param = Param(dtype),
-                                     .name = "dp.column"},
-                                    Tp(mesh));
+                                     .sequence_parallel = sp},
+                                    Tp(mesh), WithName(Param(dtype), "dp.column"));
     nn::RowParallelLinear row({.in_features = kFfn,
                                .out_features = kHidden,
-                               .sequence_parallel = sp,
-                               .param = Param(dtype),
-                               .name = "dp.row"},
-                              Tp(mesh));
+                               .input_is_parallel = true,
+                               .sequence_parallel = sp},
+                              Tp(mesh), WithName(Param(dtype), "dp.row"));
     const Tensor w1 = MakeFull({kFfn, kHidden}, "w1", data, dtype, 15);
     const Tensor b1 = MakeFull({kFfn}, "b1", data, dtype, 15);
     const Tensor w2 = MakeFull({kHidden, kFfn}, "w2", data, dtype, 15);
@@ -978,12 +971,12 @@ TEST(ParallelLinearInitTest, GatheredParametersEqualTheSingleProcessLinearForEve
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     DeviceMesh &mesh = TpMesh();
     const nn::ParameterOptions param = Param(DType::kFloat32);
-    nn::ColumnParallelLinear column({.in_features = kHidden, .out_features = kFfn, .param = param, .name = "init.c"},
-                                    Tp(mesh));
-    nn::RowParallelLinear row({.in_features = kFfn, .out_features = kHidden, .param = param, .name = "init.r"},
-                              Tp(mesh));
-    nn::Linear dense_column({.in_features = kHidden, .out_features = kFfn, .param = param, .name = "init.c"});
-    nn::Linear dense_row({.in_features = kFfn, .out_features = kHidden, .param = param, .name = "init.r"});
+    nn::ColumnParallelLinear column({.in_features = kHidden, .out_features = kFfn},
+                                    Tp(mesh), WithName(param, "init.c"));
+    nn::RowParallelLinear row({.in_features = kFfn, .out_features = kHidden, .input_is_parallel = true},
+                              Tp(mesh), WithName(param, "init.r"));
+    nn::Linear dense_column({.in_features = kHidden, .out_features = kFfn}, WithName(param, "init.c"));
+    nn::Linear dense_row({.in_features = kFfn, .out_features = kHidden}, WithName(param, "init.r"));
     EXPECT_TRUE(dist_test::SameValues(column.weight.value().FullTensor(), dense_column.weight.local()));
     EXPECT_TRUE(dist_test::SameValues(column.bias.value().FullTensor(), dense_column.bias.local()));
     EXPECT_TRUE(dist_test::SameValues(row.weight.value().FullTensor(), dense_row.weight.local()));
@@ -1020,7 +1013,7 @@ TEST(ParallelLinearErrorsTest, ColumnOutFeaturesNotDivisibleByTpNamesLayerDimSiz
     const std::int64_t out = 4 * tp + 1;
     ResetCounts(mesh);
     const std::string message = ShapeErrorOf(
-        [&] { nn::ColumnParallelLinear({.in_features = kHidden, .out_features = out, .name = "qkv"}, Tp(mesh)); });
+        [&] { nn::ColumnParallelLinear({.in_features = kHidden, .out_features = out}, Tp(mesh), {.name = "qkv"}); });
     ExpectNames(message,
                 {"ColumnParallelLinear", "'qkv'", fmt::format("out_features ({})", out), fmt::format("tp ({})", tp)});
     ExpectCalls(mesh, {}, "the failed constructor");
@@ -1036,7 +1029,7 @@ TEST(ParallelLinearErrorsTest, RowInFeaturesNotDivisibleByTpNamesLayerDimSizeAnd
     const std::int64_t in = 4 * tp + 1;
     ResetCounts(mesh);
     const std::string message = ShapeErrorOf(
-        [&] { nn::RowParallelLinear({.in_features = in, .out_features = kHidden, .name = "proj"}, Tp(mesh)); });
+        [&] { nn::RowParallelLinear({.in_features = in, .out_features = kHidden}, Tp(mesh), {.name = "proj"}); });
     ExpectNames(message,
                 {"RowParallelLinear", "'proj'", fmt::format("in_features ({})", in), fmt::format("tp ({})", tp)});
     ExpectCalls(mesh, {}, "the failed constructor");
@@ -1052,7 +1045,7 @@ TEST(ParallelLinearErrorsTest, MlpFfnHiddenNotDivisibleByTpNamesItsColumnLayer) 
     const std::int64_t ffn = 4 * tp + 1;
     ResetCounts(mesh);
     const std::string message =
-        ShapeErrorOf([&] { nn::ParallelMLP({.hidden = kHidden, .ffn_hidden = ffn, .name = "mlp"}, Tp(mesh)); });
+        ShapeErrorOf([&] { nn::ParallelMLP({.hidden = kHidden, .ffn_hidden = ffn}, Tp(mesh), {.name = "mlp"}); });
     ExpectNames(message, {"ColumnParallelLinear", "'mlp.fc1'", fmt::format("out_features ({})", ffn),
                           fmt::format("tp ({})", tp)});
     ExpectCalls(mesh, {}, "the failed constructor");
@@ -1068,9 +1061,8 @@ TEST(ParallelLinearErrorsTest, ColumnGatherOutputWithSequenceParallelIsRejected)
         nn::ColumnParallelLinear({.in_features = kHidden,
                                   .out_features = kFfn,
                                   .gather_output = true,
-                                  .sequence_parallel = true,
-                                  .name = "both"},
-                                 Tp(mesh));
+                                  .sequence_parallel = true},
+                                 Tp(mesh), {.name = "both"});
     } catch (const Error &e) {
         message = e.what();
     }
@@ -1088,9 +1080,8 @@ TEST(ParallelLinearErrorsTest, RowSequenceParallelWithoutInputIsParallelIsReject
         nn::RowParallelLinear({.in_features = kFfn,
                                .out_features = kHidden,
                                .input_is_parallel = false,
-                               .sequence_parallel = true,
-                               .name = "proj"},
-                              Tp(mesh));
+                               .sequence_parallel = true},
+                              Tp(mesh), {.name = "proj"});
     } catch (const Error &e) {
         message = e.what();
     }

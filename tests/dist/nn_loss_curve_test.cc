@@ -60,11 +60,11 @@ Batch MakeBatch() {
 }
 
 nn::ParallelMLPOptions MlpOptions() {
-    return {.hidden = kHidden,
-            .ffn_hidden = kFfn,
-            .bias = true,
-            .param = {.device = TestDevice(), .seed = kSeed},
-            .name = "mlp"};
+    return {.hidden = kHidden, .ffn_hidden = kFfn, .bias = true};
+}
+
+nn::ParameterOptions MlpParam() {
+    return {.device = TestDevice(), .seed = kSeed, .name = "mlp"};
 }
 
 double Scalar(const Variable &loss) {
@@ -74,14 +74,10 @@ double Scalar(const Variable &loss) {
 /// The dense model: fc1 (hidden -> ffn), GELU, fc2 (ffn -> hidden), named as ParallelMLP names its layers so that the
 /// RNG gives the same global weights.
 struct DenseMlp {
-    nn::Linear fc1{{.in_features = kHidden,
-                    .out_features = kFfn,
-                    .param = {.device = TestDevice(), .seed = kSeed},
-                    .name = "mlp.fc1"}};
-    nn::Linear fc2{{.in_features = kFfn,
-                    .out_features = kHidden,
-                    .param = {.device = TestDevice(), .seed = kSeed},
-                    .name = "mlp.fc2"}};
+    nn::Linear fc1{{.in_features = kHidden, .out_features = kFfn},
+                   {.device = TestDevice(), .seed = kSeed, .name = "mlp.fc1"}};
+    nn::Linear fc2{{.in_features = kFfn, .out_features = kHidden},
+                   {.device = TestDevice(), .seed = kSeed, .name = "mlp.fc2"}};
     std::vector<Variable> Parameters() const {
         std::vector<Variable> p = fc1.Parameters();
         for (const Variable &v : fc2.Parameters()) {
@@ -168,7 +164,7 @@ TEST(ParallelMLPLossCurveTest, TwentySgdStepsFollowTheDenseCurve) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
-    nn::ParallelMLP model(MlpOptions(), {.mesh = &mesh, .tp_dim = "tp"});
+    nn::ParallelMLP model(MlpOptions(), nn::TensorParallelGroup::Named(mesh, "tp"), MlpParam());
     DenseMlp dense;
     // The RNG makes the global weights a function of (seed, name, index): identical to the dense ones at any TP.
     ASSERT_TRUE(SameValues(model.fc1->weight.value().FullTensor(), dense.fc1.weight.local()));
@@ -215,7 +211,7 @@ TEST(ParallelMLPLossCurveTest, EveryTpSizeOfTheJobGivesTheSameCurve) {
         }
         SCOPED_TRACE(fmt::format("TP {}", t));
         DeviceMesh mesh(World(), {w / t, t}, {"replica", "tp"});
-        nn::ParallelMLP model(MlpOptions(), {.mesh = &mesh, .tp_dim = "tp"});
+        nn::ParallelMLP model(MlpOptions(), nn::TensorParallelGroup::Named(mesh, "tp"), MlpParam());
         curves.emplace_back(t, TrainParallel(batch, model, mesh));
         EXPECT_TRUE(SameCurve(curves.back().second, reference));
         ExpectSameParameters(model, dense);

@@ -31,9 +31,9 @@ TEST(ParallelLinearSmokeTest, ColumnThenRowMatchesDense) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
-    nn::TensorParallel tp{.mesh = &mesh, .tp_dim = "tp"};
-    nn::ColumnParallelLinear col({.in_features = 8, .out_features = 4 * w, .name = "c"}, tp);
-    nn::RowParallelLinear row({.in_features = 4 * w, .out_features = 6, .name = "r"}, tp);
+    const nn::TensorParallelGroup tp = nn::TensorParallelGroup::Named(mesh, "tp");
+    nn::ColumnParallelLinear col({.in_features = 8, .out_features = 4 * w}, tp, {.name = "c"});
+    nn::RowParallelLinear row({.in_features = 4 * w, .out_features = 6, .input_is_parallel = true}, tp, {.name = "r"});
     const Tensor xf = RandomFull({5, 8}, "x");
     const Tensor w1 = RandomFull({4 * w, 8}, "w1");
     const Tensor b1 = RandomFull({4 * w}, "b1");

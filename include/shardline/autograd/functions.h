@@ -1,28 +1,43 @@
 #pragma once
 
-// Differentiable ops on Variables. Each is a Function over the dist op of the same name (dist/ops.h): the SPMD rules
-// decide the layouts and the communication; the Function decides which backward kernels run (needs_input_grad) and
-// saves only what they need.
+// Differentiable ops on Variables. Each is a Function over the dist op of the same name (dist/ops.h) — or, for the
+// parallel Linear layers, over the functional core (functional/parallel_linear.h): the SPMD rules decide the layouts
+// and the communication; the Function decides which backward kernels run (needs_input_grad) and saves only what they
+// need.
 
 #include <optional>
 #include <vector>
 
 #include <shardline/autograd/function.h>
 #include <shardline/dist/ops.h>
+#include <shardline/functional/parallel_linear.h>
 #include <shardline/kernels/elementwise.h>
 
 namespace shardline::autograd {
 
-struct LinearOptions {
-    /// Redistribute y to this layout (gather_output; a row-parallel output's all-reduce or reduce-scatter).
-    std::optional<spmd::Layout> output_layout{};
-    /// Leave the bias out (Megatron's skip_bias_add: the caller adds it, e.g. fused into the next op).
-    bool skip_bias = false;
-};
-/// y = x·weightᵀ + bias. Saves x only if the weight needs a grad and the weight only if x does; backward runs
-/// LinearBackwardInput only if x needs a grad, LinearBackwardWeight only if the weight does, the bias grad only if
-/// the bias does (fused into the weight-grad GEMM when both are needed).
-Variable Linear(const Variable& x, const Variable& weight, const Variable& bias = {}, const LinearOptions& options = {});
+/// y = x·weightᵀ + bias on local (undistributed) Variables. Saves x only if the weight needs a grad and the weight
+/// only if x does; backward computes exactly the gradients needed (kernels::LinearBackward, which fuses the bias grad
+/// into the weight-grad GEMM where that measures faster). An undefined bias: none.
+Variable Linear(const Variable& x, const Variable& weight, const Variable& bias = {});
+
+/// Megatron's column-parallel y = x·weightᵀ + bias on the tensor-parallel group `tp`, through the functional core
+/// (functional::ColumnParallelLinearForward / Backward: the linear rule's plans, the split kernels, the collectives).
+/// weight [out, in] is sharded on dim 0 over tp (bias [out] too). x [..., in] is on tp's mesh; it is first moved to
+/// the layer's input layout when it is not in it (replicated over tp, or with sequence_parallel sharded on dim 0 over
+/// tp as the minor shard; other mesh dims, e.g. dp, may shard its leading dims). y [..., out] keeps x's leading-dim
+/// layout, sharded on its last dim over tp (replicated with gather_output). The bias is used when
+/// options.adds_bias(). Backward computes only the gradients needed; dweight and dbias are Partial over the mesh dims
+/// that shard x's rows (a GradSync or the engine reduces them).
+Variable ColumnParallelLinear(const Variable& x, const Variable& weight, const Variable& bias,
+                              const functional::ColumnParallelLinearOptions& options,
+                              const functional::TensorParallelGroup& tp);
+/// Megatron's row-parallel y = Σ_tp x_r·weight_rᵀ + bias (the bias added once, after the reduction). weight [out, in]
+/// is sharded on dim 1 over tp, bias [out] replicated. x [..., in] is moved to the layer's input layout when it is not
+/// in it (sharded on its last dim over tp with input_is_parallel, else replicated over tp). y [..., out] is replicated
+/// over tp, or with sequence_parallel sharded on dim 0 over tp.
+Variable RowParallelLinear(const Variable& x, const Variable& weight, const Variable& bias,
+                           const functional::RowParallelLinearOptions& options,
+                           const functional::TensorParallelGroup& tp);
 
 Variable Gelu(const Variable& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh);
 /// a + alpha·b (same shape).

@@ -29,11 +29,17 @@ std::shared_ptr<const spmd::CachedRule> LookupRule(std::string_view op, comm::De
 /// `t` in `layout`: itself (relabelled) when the layouts agree on the mesh, else redistributed by the planner.
 DistTensor MoveToLayout(const DistTensor& t, const spmd::Layout& layout);
 
+/// True when `a` and `b` place every element alike on `mesh` (a mesh dim of one rank shards and reduces nothing).
+bool SameLayout(comm::DeviceMesh& mesh, const spmd::Layout& a, const spmd::Layout& b);
+
 /// A buffer that a backward op may accumulate a gradient into (beta = 1) instead of returning it, when the gradient
 /// it computes has exactly `layout` (e.g. a parameter's fp32 main grad, see autograd). `buffer` is the local shard.
 struct GradSink {
     Tensor* buffer = nullptr;
     spmd::Layout layout;
+
+    /// The buffer, when a gradient in `grad_layout` on `mesh` (nullptr: local) may go into it; else nullptr.
+    Tensor* BufferFor(comm::DeviceMesh* mesh, const spmd::Layout& grad_layout) const;
 };
 
 /// One gradient: `value` in the grad rule's layout (possibly Partial), or `accumulated` when it went into a GradSink.
@@ -43,51 +49,6 @@ struct Grad {
     bool defined() const { return value.defined() || accumulated; }
 };
 
-// ---- linear: y = x·Wᵀ + b ----------------------------------------------------------------------------------------
-struct LinearForwardOptions {
-    /// Redistribute the output to this layout (gather_output: replicated; a row-parallel Partial output: replicated or
-    /// sequence-sharded). Unset: the rule's layout, which is Partial for a row-parallel weight.
-    std::optional<spmd::Layout> output_layout{};
-    /// Do not add the bias (skip_bias_add): the caller adds it later, e.g. fused into the next op.
-    bool skip_bias = false;
-};
-/// What LinearBackward needs from the forward.
-struct LinearSaved {
-    DistTensor x_used;              ///< x in the layout of the local GEMM (what the weight grad multiplies)
-    spmd::TensorSpec x_spec;        ///< x as given (its gradient returns to this layout)
-    spmd::TensorSpec weight_spec;
-    std::optional<spmd::TensorSpec> bias_spec;
-    spmd::Layout gemm_output_layout; ///< the rule's output layout (before options.output_layout)
-    bool bias_after_output = false;  ///< the bias was added after the output redistribution (row parallel)
-    bool bias_added = false;
-};
-struct LinearForwardResult {
-    DistTensor y;
-    LinearSaved saved;
-};
-/// y = x·weightᵀ + bias with the linear rule's layouts. Column parallel (weight S(0)): bias fused in the GEMM.
-/// Row parallel (weight S(1), a Partial output): the bias is added once, after options.output_layout's reduction.
-LinearForwardResult LinearForward(const DistTensor& x, const DistTensor& weight, const DistTensor* bias,
-                                  const LinearForwardOptions& options = {});
-
-struct LinearBackwardArgs {
-    const DistTensor& dy;               ///< in the layout of the forward's y
-    const LinearSaved& saved;
-    const DistTensor* weight = nullptr; ///< required when need_input
-    bool need_input = false;
-    bool need_weight = false;           ///< requires saved.x_used
-    bool need_bias = false;
-    GradSink weight_sink{};
-    GradSink bias_sink{};
-};
-struct LinearGrads {
-    Grad dx, dweight, dbias;
-};
-/// dx = dy·W (LinearBackwardInput), dW = dyᵀ·x (LinearBackwardWeight), db = Σ_rows dy (LinearBackwardBias), each only
-/// when asked. dy is first moved to the GEMM output's layout without Partial (row parallel + sequence parallel: the
-/// all-gather of dy; gather_output: a local slice).
-LinearGrads LinearBackward(const LinearBackwardArgs& args);
-
 // ---- elementwise ---------------------------------------------------------------------------------------------------
 DistTensor GeluForward(const DistTensor& x, kernels::GeluApproximation approximation);
 /// dx = dy·gelu'(x) in the grad rule's layout.
@@ -95,34 +56,62 @@ DistTensor GeluBackward(const DistTensor& dy, const DistTensor& x, kernels::Gelu
 
 /// out = a + alpha·b (same global shapes).
 DistTensor Add(const DistTensor& a, const DistTensor& b, double alpha = 1.0);
+struct AddBackwardArgs {
+    const DistTensor& dout;
+    const DistTensor& a; ///< the forward's operands (their layouts; the values are not read)
+    const DistTensor& b;
+    double alpha = 1.0;
+    bool need_a = false;
+    bool need_b = false;
+};
 /// The gradients of Add: {da, db} (db scaled by alpha), each only when asked.
-std::vector<Grad> AddBackward(const DistTensor& dout, const DistTensor& a, const DistTensor& b, double alpha,
-                              bool need_a, bool need_b);
+std::vector<Grad> AddBackward(const AddBackwardArgs& args);
 
 /// out = x + bias broadcast over the rows of x [..., n] (bias [n]).
 DistTensor BiasAdd(const DistTensor& x, const DistTensor& bias);
+/// The bias gradient of BiasAdd: db = Σ_rows dout, in the add grad rule's layout (Partial over the mesh dims that
+/// shard dout's rows), or accumulated into `bias_sink` when its layout is that one.
+Grad BiasAddBackward(const DistTensor& dout, const DistTensor& x, const DistTensor& bias,
+                     const GradSink& bias_sink = {});
 
 /// out = alpha·x.
 DistTensor Scale(const DistTensor& x, double alpha);
 
 // ---- reductions ----------------------------------------------------------------------------------------------------
-/// Σ (mean: average) of x over `dims` (empty: all). The dims must be a prefix or a suffix of x's dims (what the local
+struct SumOptions {
+    std::vector<int> dims{}; ///< empty: all
+    bool keepdim = false;
+    bool mean = false; ///< average instead of sum
+};
+/// Σ (mean: average) of x over `options.dims`. The dims must be a prefix or a suffix of x's dims (what the local
 /// kernels broadcast back in backward). A sharded reduced dim gives a Partial(sum) output.
-DistTensor Sum(const DistTensor& x, const std::vector<int>& dims, bool keepdim, bool mean = false);
+DistTensor Sum(const DistTensor& x, const SumOptions& options = {});
 /// dx: dout broadcast back over the reduced dims (÷ count for mean), in the grad rule's layout.
-DistTensor SumBackward(const DistTensor& dout, const DistTensor& x, const std::vector<int>& dims, bool keepdim,
-                       bool mean = false);
+DistTensor SumBackward(const DistTensor& dout, const DistTensor& x, const SumOptions& options);
 
 // ---- matmul / outer ------------------------------------------------------------------------------------------------
 /// out = a·b with torch.matmul batch broadcasting (both of rank ≥ 2).
 DistTensor Matmul(const DistTensor& a, const DistTensor& b);
-/// {da, db}, each only when asked.
-std::vector<Grad> MatmulBackward(const DistTensor& dout, const DistTensor& a, const DistTensor& b, bool need_a,
-                                 bool need_b);
+struct MatmulBackwardArgs {
+    const DistTensor& dout;
+    const DistTensor& a;
+    const DistTensor& b;
+    bool need_a = false;
+    bool need_b = false;
+};
+/// {da = dout·bᵀ, db = aᵀ·dout} (summed over broadcast batch dims), each only when asked.
+std::vector<Grad> MatmulBackward(const MatmulBackwardArgs& args);
 /// out[i, j] = x[i]·y[j].
 DistTensor Outer(const DistTensor& x, const DistTensor& y);
-std::vector<Grad> OuterBackward(const DistTensor& dout, const DistTensor& x, const DistTensor& y, bool need_x,
-                                bool need_y);
+struct OuterBackwardArgs {
+    const DistTensor& dout;
+    const DistTensor& x;
+    const DistTensor& y;
+    bool need_x = false;
+    bool need_y = false;
+};
+/// {dx = dout·y, dy = doutᵀ·x}, each only when asked.
+std::vector<Grad> OuterBackward(const OuterBackwardArgs& args);
 
 // ---- embedding -----------------------------------------------------------------------------------------------------
 /// out[..., :] = weight[ids[...], :]; ids int64. A vocab-sharded table (weight S(0)) gives a Partial(sum) output

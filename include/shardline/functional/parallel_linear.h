@@ -33,9 +33,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string_view>
 
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/dtype.h>
+#include <shardline/core/tensor.h>
 
 // cudaStream_t is `struct CUstream_st*`; declaring the struct keeps this header free of the CUDA headers, so CPU-only
 // builds and trainers compiled without CUDA take the same signatures.
@@ -65,13 +67,22 @@ struct TensorView {
 TensorView View(void *data, std::initializer_list<std::int64_t> shape, DType dtype);
 /// The same for an input (the view is only read).
 TensorView View(const void *data, std::initializer_list<std::int64_t> shape, DType dtype);
+/// A view of a contiguous shardline Tensor (its shape, dtype and data); an undefined tensor gives an absent view.
+/// Throws Error for a strided tensor or more than kMaxViewDims dims.
+TensorView View(const Tensor &tensor);
 
-/// The tensor-parallel group: mesh dim `tp_dim` of `mesh`, of size tp. Collectives run on mesh.group(tp_dim) only. The
-/// other mesh dims (e.g. dp) hold independent replicas of the layer, each with its own data; reducing parameter
-/// gradients over them stays the caller's job.
+/// The tensor-parallel group: mesh dim `tp_dim` of `*mesh`, of size tp. Collectives run on mesh->group(tp_dim) only.
+/// The other mesh dims (e.g. dp) hold independent replicas of the layer, each with its own data; reducing parameter
+/// gradients over them stays the caller's job (nn::GradSync does it for the modules). One type for the functional
+/// layer, autograd and the nn modules: `{.mesh = &mesh, .tp_dim = 1}` or `TensorParallelGroup::Named(mesh, "tp")`.
 struct TensorParallelGroup {
-    comm::DeviceMesh &mesh;
+    comm::DeviceMesh *mesh = nullptr;
     int tp_dim = 0;
+
+    /// The group of the mesh dim named `dim_name`; throws Error naming the mesh's dims when there is none.
+    static TensorParallelGroup Named(comm::DeviceMesh &mesh, std::string_view dim_name = "tp");
+    /// tp, the group's size; throws Error for a null mesh or a tp_dim that is not a dim of the mesh.
+    std::int64_t size() const;
 };
 
 /// Where a call's CUDA work goes (ignored on the CPU). Every kernel and copy of the call is queued on `stream`, and
@@ -109,18 +120,26 @@ struct BackwardInfo {
 // Shapes below: s is the sequence (dim 0 of x, Megatron's [s, b, h] layout), "..." further leading dims (up to
 // kMaxViewDims dims in all), K = in_features, N = out_features, tp = the group's size.
 
+/// Megatron's ColumnParallelLinear, and its defaults. One options type for the functional layer, autograd and
+/// nn::ColumnParallelLinear.
 struct ColumnParallelLinearOptions {
     std::int64_t in_features = 0;   ///< K; every rank holds all of it
     std::int64_t out_features = 0;  ///< N (global); must divide by tp
     bool bias = true;               ///< a bias [N/tp] per rank, fused into the GEMM
     bool gather_output = false;     ///< all-gather y to [s, ..., N] on every rank (not with sequence_parallel)
     bool sequence_parallel = false; ///< x arrives split on dim 0 ([s/tp, ..., K]) and is all-gathered
+    /// The layer leaves the bias out and the caller adds it (e.g. fused into the next op): the module returns it, and
+    /// the functional calls neither read `bias` nor write `dbias` (both must be absent).
+    bool skip_bias_add = false;
+
+    /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
+    bool adds_bias() const { return bias && !skip_bias_add; }
 };
 
 struct ColumnParallelLinearForwardArgs {
     TensorView x;         ///< [s, ..., K]; sequence_parallel: this rank's [s/tp, ..., K]
     TensorView weight;    ///< [N/tp, K]: this rank's rows of W
-    TensorView bias{};    ///< [N/tp]; required with options.bias, absent without
+    TensorView bias{};    ///< [N/tp]; required when options.adds_bias(), absent otherwise
     TensorView y;         ///< out: [s, ..., N/tp]; gather_output: [s, ..., N]
     TensorView x_total{}; ///< sequence_parallel, optional out: [s, ..., K] receives the all-gathered input, which the
                           ///< backward then reuses instead of gathering it again
@@ -133,7 +152,7 @@ struct ColumnParallelLinearBackwardArgs {
     TensorView weight{};  ///< the forward's weight; required for dx
     TensorView dx{};      ///< out, x's shape; absent: not computed, and no all-reduce / reduce-scatter is issued
     TensorView dweight{}; ///< out, [N/tp, K]; absent: not computed
-    TensorView dbias{};   ///< out, [N/tp] (options.bias only); absent: not computed
+    TensorView dbias{};   ///< out, [N/tp] (options.adds_bias() only); absent: not computed
     GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
 };
 
@@ -151,6 +170,8 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
 
 // ---- Row parallel: W is split by columns (in_features); Y = Σ_tp X_r·W_rᵀ + b -------------------------------------
 
+/// Megatron's RowParallelLinear, and its defaults. One options type for the functional layer, autograd and
+/// nn::RowParallelLinear.
 struct RowParallelLinearOptions {
     std::int64_t in_features = 0;   ///< K (global); must divide by tp
     std::int64_t out_features = 0;  ///< N; every rank holds all of it
@@ -158,12 +179,18 @@ struct RowParallelLinearOptions {
     bool input_is_parallel = false; ///< x arrives split on K ([s, ..., K/tp]); else x is [s, ..., K] and each rank
                                     ///< takes its part locally
     bool sequence_parallel = false; ///< y is reduce-scattered on dim 0 ([s/tp, ..., N]); needs input_is_parallel
+    /// The layer leaves the bias out and the caller adds it: the module returns it, and the functional calls neither
+    /// read `bias` nor write `dbias` (both must be absent).
+    bool skip_bias_add = false;
+
+    /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
+    bool adds_bias() const { return bias && !skip_bias_add; }
 };
 
 struct RowParallelLinearForwardArgs {
     TensorView x;      ///< input_is_parallel: [s, ..., K/tp]; else [s, ..., K]
     TensorView weight; ///< [N, K/tp]: this rank's columns of W
-    TensorView bias{}; ///< [N]; required with options.bias, absent without
+    TensorView bias{}; ///< [N]; required when options.adds_bias(), absent otherwise
     TensorView y;      ///< out: [s, ..., N]; sequence_parallel: this rank's [s/tp, ..., N]
 };
 
@@ -173,7 +200,7 @@ struct RowParallelLinearBackwardArgs {
     TensorView weight{};  ///< the forward's weight; required for dx
     TensorView dx{};      ///< out, x's shape; absent: not computed (and, for a non-parallel input, not all-gathered)
     TensorView dweight{}; ///< out, [N, K/tp]; absent: not computed
-    TensorView dbias{};   ///< out, [N] (options.bias only), the same on every rank; absent: not computed
+    TensorView dbias{};   ///< out, [N] (options.adds_bias() only), the same on every rank; absent: not computed
     GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
 };
 

@@ -19,6 +19,9 @@ struct ParameterOptions {
     DType dtype = DType::kFloat32;
     Device device = Device::CPU();
     std::uint64_t seed = 0;
+    /// The module's name: its parameters are "<name>.weight", "<name>.bias" (their RNG streams, and the name in
+    /// messages). Empty: the module's default ("linear", "column", "row", "mlp").
+    std::string name = {};
 };
 
 /// A leaf requiring grad of `global_shape` in `layout` on `mesh` (nullptr: local), this rank's shard filled from

@@ -13,8 +13,6 @@ struct ParallelMLPOptions {
     bool bias = true;
     bool sequence_parallel = false;
     kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh;
-    ParameterOptions param{};
-    std::string name = "mlp";
 };
 
 /// Megatron's ParallelMLP: ColumnParallelLinear(hidden → ffn) → GELU → RowParallelLinear(ffn → hidden). Without
@@ -22,7 +20,8 @@ struct ParallelMLPOptions {
 /// all-gather + reduce-scatter forward, all-gather + reduce-scatter backward.
 class ParallelMLP : public Module {
 public:
-    ParallelMLP(const ParallelMLPOptions& options, const TensorParallel& tp);
+    /// Parameters "<param.name or 'mlp'>.fc1.weight", ... .
+    ParallelMLP(const ParallelMLPOptions& options, const TensorParallelGroup& tp, const ParameterOptions& param = {});
     Variable Forward(const Variable& x) const;
     std::shared_ptr<ColumnParallelLinear> fc1;
     std::shared_ptr<RowParallelLinear> fc2;

@@ -116,7 +116,7 @@ DistTensor CrossEntropyBackward(const DistTensor &dloss, const CrossEntropySaved
                            .attrs = Attrs(saved.options)});
         const std::size_t g = rule->info.inputs.size() - 1;
         du = detail::Prepare(dloss, rule->info.inputs[g], rule->input_plans[g]);
-        SHARDLINE_CHECK(detail::SameLayout(*mesh, rule->info.inputs[0].layout, x.layout()), kOp,
+        SHARDLINE_CHECK(SameLayout(*mesh, rule->info.inputs[0].layout, x.layout()), kOp,
                         "the grad rule wants logits in {}, the forward used {}", rule->info.inputs[0].layout.ToString(),
                         x.layout().ToString());
     }

@@ -2,6 +2,7 @@
 
 #include <shardline/dist/ops.h>
 #include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/linear.h>
 
 #include "ops_util.h"
 
@@ -81,9 +82,14 @@ DistTensor Add(const DistTensor &a, const DistTensor &b, double alpha) {
                          mesh);
 }
 
-std::vector<Grad> AddBackward(const DistTensor &dout, const DistTensor &a, const DistTensor &b, double alpha,
-                              bool need_a, bool need_b) {
+std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
     constexpr const char *kOp = "dist::AddBackward";
+    const DistTensor &dout = args.dout;
+    const DistTensor &a = args.a;
+    const DistTensor &b = args.b;
+    const double alpha = args.alpha;
+    const bool need_a = args.need_a;
+    const bool need_b = args.need_b;
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &a, &b});
     std::vector<Grad> grads(2);
     if (!need_a && !need_b) {
@@ -122,6 +128,27 @@ DistTensor BiasAdd(const DistTensor &x, const DistTensor &bias) {
     }
     const Prepared p = PrepareForward(kOp, *mesh, "add", {&x, &bias});
     return detail::Shard(run(p.inputs[0].local(), p.inputs[1].local()), p.rule->info.outputs[0], mesh);
+}
+
+Grad BiasAddBackward(const DistTensor &dout, const DistTensor &x, const DistTensor &bias, const GradSink &bias_sink) {
+    constexpr const char *kOp = "dist::BiasAddBackward";
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &x, &bias});
+    Grad grad;
+    if (mesh == nullptr) {
+        grad.value = DistTensor::Local(kernels::LinearBackwardBias(dout.local()));
+        return grad;
+    }
+    // The add rule's grad of a broadcast operand: dout summed over the rows, Partial over the mesh dims sharding them.
+    const Prepared p = PrepareGrad(kOp, *mesh, "add", {&x, &bias}, dout);
+    const spmd::TensorSpec &spec = p.rule->info.outputs[1];
+    const Tensor &g = p.inputs[2].local();
+    if (Tensor *sink = bias_sink.BufferFor(mesh, spec.layout)) {
+        kernels::LinearBackwardBias({.dy = g, .dbias = *sink, .accumulate = true});
+        grad.accumulated = true;
+    } else {
+        grad.value = detail::Shard(kernels::LinearBackwardBias(g), spec, mesh);
+    }
+    return grad;
 }
 
 DistTensor Scale(const DistTensor &x, double alpha) {

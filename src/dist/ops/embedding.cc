@@ -50,7 +50,7 @@ Grad EmbeddingBackward(const DistTensor &dout, const DistTensor &ids, const Dist
     }
     const std::int64_t vocab_start = detail::LocalOffset(wu, 0);
     Grad grad;
-    if (Tensor *sink = detail::SinkFor(mesh, weight_sink, wspec != nullptr ? wspec->layout : spmd::Layout())) {
+    if (Tensor *sink = weight_sink.BufferFor(mesh, wspec != nullptr ? wspec->layout : spmd::Layout())) {
         kernels::EmbeddingBackward({.ids = iu.local(),
                                     .dout = du.local(),
                                     .dweight = *sink,

@@ -25,9 +25,13 @@ DistTensor Matmul(const DistTensor &a, const DistTensor &b) {
     return detail::Shard(kernels::MatmulForward(au.local(), bu.local()), rule->info.outputs[0], mesh);
 }
 
-std::vector<Grad> MatmulBackward(const DistTensor &dout, const DistTensor &a, const DistTensor &b, bool need_a,
-                                 bool need_b) {
+std::vector<Grad> MatmulBackward(const MatmulBackwardArgs &args) {
     constexpr const char *kOp = "dist::MatmulBackward";
+    const DistTensor &dout = args.dout;
+    const DistTensor &a = args.a;
+    const DistTensor &b = args.b;
+    const bool need_a = args.need_a;
+    const bool need_b = args.need_b;
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &a, &b});
     std::vector<Grad> grads(2);
     if (!need_a && !need_b) {
@@ -76,9 +80,13 @@ DistTensor Outer(const DistTensor &x, const DistTensor &y) {
     return detail::Shard(kernels::OuterForward(xu.local(), yu.local()), rule->info.outputs[0], mesh);
 }
 
-std::vector<Grad> OuterBackward(const DistTensor &dout, const DistTensor &x, const DistTensor &y, bool need_x,
-                                bool need_y) {
+std::vector<Grad> OuterBackward(const OuterBackwardArgs &args) {
     constexpr const char *kOp = "dist::OuterBackward";
+    const DistTensor &dout = args.dout;
+    const DistTensor &x = args.x;
+    const DistTensor &y = args.y;
+    const bool need_x = args.need_x;
+    const bool need_y = args.need_y;
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &x, &y});
     std::vector<Grad> grads(2);
     if (!need_x && !need_y) {

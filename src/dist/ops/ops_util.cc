@@ -21,6 +21,21 @@ std::shared_ptr<const spmd::CachedRule> LookupRule(std::string_view op, comm::De
 
 DistTensor MoveToLayout(const DistTensor &t, const spmd::Layout &layout) { return detail::MoveTo(t, layout); }
 
+bool SameLayout(comm::DeviceMesh &mesh, const spmd::Layout &a, const spmd::Layout &b) {
+    if (a == b) {
+        return true;
+    }
+    const spmd::ProcessMesh &pm = detail::ProcessMeshOf(mesh);
+    return a.Canonical(pm) == b.Canonical(pm);
+}
+
+Tensor *GradSink::BufferFor(comm::DeviceMesh *mesh, const spmd::Layout &grad_layout) const {
+    if (buffer == nullptr) {
+        return nullptr;
+    }
+    return mesh == nullptr || SameLayout(*mesh, layout, grad_layout) ? buffer : nullptr;
+}
+
 namespace detail {
 
 comm::DeviceMesh *CommonMesh(std::string_view op, std::initializer_list<const DistTensor *> tensors) {
@@ -44,14 +59,6 @@ comm::DeviceMesh *CommonMesh(std::string_view op, std::initializer_list<const Di
     return mesh;
 }
 
-bool SameLayout(comm::DeviceMesh &mesh, const spmd::Layout &a, const spmd::Layout &b) {
-    if (a == b) {
-        return true;
-    }
-    const spmd::ProcessMesh &pm = ProcessMeshOf(mesh);
-    return a.Canonical(pm) == b.Canonical(pm);
-}
-
 DistTensor Prepare(const DistTensor &t, const spmd::TensorSpec &required, const spmd::RedistributePlan &plan) {
     if (t.is_local()) {
         return t;
@@ -63,7 +70,7 @@ DistTensor Prepare(const DistTensor &t, const spmd::TensorSpec &required, const 
 }
 
 DistTensor MoveTo(const DistTensor &t, const spmd::Layout &layout) {
-    if (t.is_local() || SameLayout(t.mesh(), t.layout(), layout)) {
+    if (t.is_local() || dist::SameLayout(t.mesh(), t.layout(), layout)) {
         return t.is_local() ? t : DistTensor::FromTrustedShard(t.local(), t.global_shape(), layout, t.mesh_ptr());
     }
     return t.Redistribute(layout);
@@ -76,16 +83,6 @@ std::int64_t LocalOffset(const DistTensor &t, int dim) {
     const spmd::LocalShard shard =
         spmd::ComputeLocalShard(ProcessMeshOf(t.mesh()), t.global_shape(), t.layout(), t.mesh().coordinate());
     return shard.offset[static_cast<std::size_t>(dim)];
-}
-
-Tensor *SinkFor(comm::DeviceMesh *mesh, const GradSink &sink, const spmd::Layout &grad_layout) {
-    if (sink.buffer == nullptr) {
-        return nullptr;
-    }
-    if (mesh == nullptr) {
-        return sink.buffer;
-    }
-    return SameLayout(*mesh, sink.layout, grad_layout) ? sink.buffer : nullptr;
 }
 
 } // namespace detail

@@ -27,13 +27,7 @@ inline DistTensor Shard(Tensor local, const spmd::TensorSpec& spec, comm::Device
     return DistTensor::FromTrustedShard(std::move(local), spec.shape, spec.layout, mesh);
 }
 
-/// True when a and b describe the same distribution on `mesh` (size-1 mesh dims do not count).
-bool SameLayout(comm::DeviceMesh& mesh, const spmd::Layout& a, const spmd::Layout& b);
-
 /// The global index of the first element of t's local shard along `dim` (0 for a local tensor).
 std::int64_t LocalOffset(const DistTensor& t, int dim);
-
-/// A gradient into `sink` when its layout is the sink's, else nullptr.
-Tensor* SinkFor(comm::DeviceMesh* mesh, const GradSink& sink, const spmd::Layout& grad_layout);
 
 } // namespace shardline::dist::detail

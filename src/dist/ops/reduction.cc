@@ -88,7 +88,10 @@ Tensor Broadcast(const Tensor &dout, const Shape &x_shape, const std::vector<int
 
 } // namespace
 
-DistTensor Sum(const DistTensor &x, const std::vector<int> &dims, bool keepdim, bool mean) {
+DistTensor Sum(const DistTensor &x, const SumOptions &options) {
+    const std::vector<int> &dims = options.dims;
+    const bool keepdim = options.keepdim;
+    const bool mean = options.mean;
     const char *kOp = mean ? "dist::Mean" : "dist::Sum";
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x});
     const std::vector<int> norm = Normalise(dims, static_cast<int>(x.global_shape().size()), kOp);
@@ -107,8 +110,10 @@ DistTensor Sum(const DistTensor &x, const std::vector<int> &dims, bool keepdim, 
     return detail::Shard(run(xu.local()), rule->info.outputs[0], mesh);
 }
 
-DistTensor SumBackward(const DistTensor &dout, const DistTensor &x, const std::vector<int> &dims, bool keepdim,
-                       bool mean) {
+DistTensor SumBackward(const DistTensor &dout, const DistTensor &x, const SumOptions &options) {
+    const std::vector<int> &dims = options.dims;
+    const bool keepdim = options.keepdim;
+    const bool mean = options.mean;
     const char *kOp = mean ? "dist::MeanBackward" : "dist::SumBackward";
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &x});
     const int rank = static_cast<int>(x.global_shape().size());

@@ -246,8 +246,8 @@ CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mes
 }
 
 Variable CharLM::Forward(const Tensor &ids_full) const {
-    const int dp = mesh_.dim_index("dp");
-    const DistTensor ids = DistTensor::FromFull(ids_full, spmd::Layout(std::vector<std::vector<int>>{{}, {dp}}), mesh_);
+    // ids [context, batch]: the batch is split over dp.
+    const DistTensor ids = DistTensor::Sharded(ids_full, mesh_, {{.dim = 1, .over = {"dp"}}});
     Variable x = autograd::Embedding(Variable(ids), embedding_); // [context, batch, hidden]
     x = autograd::Sum(x, {0});                                   // [batch, hidden]
     for (const auto &block : blocks_) {
@@ -258,8 +258,7 @@ Variable CharLM::Forward(const Tensor &ids_full) const {
 
 Variable CharLM::Loss(const Batch &b, Device device) const {
     const Variable logits = Forward(b.ids.To(device));
-    const spmd::Layout label_layout(std::vector<std::vector<int>>{{mesh_.dim_index("dp")}});
-    const Variable labels(DistTensor::FromFull(b.labels.To(device), label_layout, mesh_));
+    const Variable labels(DistTensor::Sharded(b.labels.To(device), mesh_, {{.dim = 0, .over = {"dp"}}}));
     return autograd::CrossEntropy(logits, labels, {.vocab_parallel = true});
 }
 

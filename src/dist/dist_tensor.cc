@@ -53,6 +53,39 @@ DistTensor DistTensor::FromFull(const Tensor &full, const spmd::Layout &layout, 
     return DistTensor(std::move(local), full.shape(), layout, mesh);
 }
 
+spmd::Layout ShardedLayout(const comm::DeviceMesh &mesh, int rank, const std::vector<ShardOn> &shards) {
+    constexpr const char *kOp = "dist::ShardedLayout";
+    std::vector<std::vector<int>> dims(static_cast<std::size_t>(rank));
+    for (const ShardOn &s : shards) {
+        const int dim = s.dim < 0 ? s.dim + rank : s.dim;
+        SHARDLINE_CHECK(dim >= 0 && dim < rank, kOp, "dim {} is out of range for a tensor of rank {}", s.dim, rank);
+        for (const std::string &name : s.over) {
+            dims[static_cast<std::size_t>(dim)].push_back(mesh.dim_index(name));
+        }
+    }
+    return SHARDLINE_DIST_SPMD(kOp, spmd::Layout(std::move(dims)));
+}
+
+DistTensor DistTensor::Replicated(const Tensor &full, comm::DeviceMesh &mesh) {
+    return FromFull(full, spmd::Layout::Replicated(full.rank()), mesh);
+}
+
+DistTensor DistTensor::Sharded(const Tensor &full, comm::DeviceMesh &mesh, const std::vector<ShardOn> &shards) {
+    return FromFull(full, ShardedLayout(mesh, full.rank(), shards), mesh);
+}
+
+DistTensor DistTensor::FromLocalShard(Tensor local, comm::DeviceMesh &mesh, const std::vector<ShardOn> &shards) {
+    SHARDLINE_CHECK(local.defined(), "DistTensor::FromLocalShard", "the local shard is undefined");
+    spmd::Layout layout = ShardedLayout(mesh, local.rank(), shards);
+    Shape global = local.shape();
+    for (int t = 0; t < local.rank(); ++t) {
+        for (int d : layout.MeshDims(t)) {
+            global[static_cast<std::size_t>(t)] *= mesh.shape()[static_cast<std::size_t>(d)];
+        }
+    }
+    return DistTensor(std::move(local), std::move(global), std::move(layout), mesh);
+}
+
 Tensor DistTensor::FullTensor() const {
     SHARDLINE_CHECK(local_.defined(), "DistTensor::FullTensor", "called on a default-constructed DistTensor");
     if (mesh_ == nullptr) {

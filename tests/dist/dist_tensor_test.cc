@@ -182,5 +182,58 @@ TEST(DistTensorTest, RepeatedRoundTripsReturnTheSameTensor) {
     EXPECT_TRUE(SameValues(x.local(), full));
 }
 
+// The named helpers spell layouts without spmd::Layout: they give exactly the layouts and shards FromFull gives.
+TEST(DistTensorTest, NamedHelpersGiveTheLayoutsAndShardsOfFromFull) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const int w = World().size();
+    const std::int64_t dp = w >= 2 ? 2 : 1;
+    DeviceMesh mesh(World(), {dp, w / dp}, {"dp", "tp"});
+    const Tensor full = RandomFull({8, 4, 6}, "x");
+
+    const spmd::Layout seq_tp_batch_dp(std::vector<std::vector<int>>{{1}, {0}, {}});
+    EXPECT_EQ(dist::ShardedLayout(mesh, 3, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}}), seq_tp_batch_dp);
+    EXPECT_EQ(dist::ShardedLayout(mesh, 3, {{.dim = -1, .over = {"dp", "tp"}}}),
+              spmd::Layout(std::vector<std::vector<int>>{{}, {}, {0, 1}}));
+
+    const DistTensor sharded = DistTensor::Sharded(full, mesh, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}});
+    const DistTensor reference = DistTensor::FromFull(full, seq_tp_batch_dp, mesh);
+    EXPECT_EQ(sharded.layout(), seq_tp_batch_dp);
+    EXPECT_TRUE(SameValues(sharded.local(), reference.local()));
+    EXPECT_TRUE(SameValues(sharded.FullTensor(), full));
+
+    const DistTensor replicated = DistTensor::Replicated(full, mesh);
+    EXPECT_TRUE(replicated.layout().IsReplicated());
+    EXPECT_TRUE(SameValues(replicated.local(), full));
+
+    // Each rank passes only its shard: the global shape is the local one times the shards.
+    const DistTensor from_local =
+        DistTensor::FromLocalShard(reference.local().Clone(), mesh, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}});
+    EXPECT_EQ(from_local.global_shape(), full.shape());
+    EXPECT_EQ(from_local.layout(), seq_tp_batch_dp);
+    EXPECT_TRUE(SameValues(from_local.FullTensor(), full));
+}
+
+TEST(DistTensorTest, NamedHelpersRejectUnknownMeshDimsAndDimsOutOfRangeBeforeAnyCollective) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh mesh(World(), {World().size()}, {"tp"});
+    const Tensor full = RandomFull({4, 2}, "x");
+    const std::int64_t before = AllCalls(mesh);
+    try {
+        (void)DistTensor::Sharded(full, mesh, {{.dim = 0, .over = {"dp"}}});
+        ADD_FAILURE() << "an unknown mesh dim was accepted";
+    } catch (const Error &e) {
+        EXPECT_NE(std::string(e.what()).find("dp"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("tp"), std::string::npos) << "names the mesh's dims: " << e.what();
+    }
+    try {
+        (void)dist::ShardedLayout(mesh, 2, {{.dim = 2, .over = {"tp"}}});
+        ADD_FAILURE() << "a dim out of range was accepted";
+    } catch (const Error &e) {
+        EXPECT_NE(std::string(e.what()).find("dim 2 is out of range for a tensor of rank 2"), std::string::npos)
+            << e.what();
+    }
+    EXPECT_EQ(AllCalls(mesh), before);
+}
+
 } // namespace
 } // namespace shardline

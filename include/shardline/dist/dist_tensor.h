@@ -1,5 +1,8 @@
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/tensor.h>
 #include <shardline/spmd/layout.h>
@@ -7,6 +10,18 @@
 #include <shardline/spmd/redistribute.h>
 
 namespace shardline::dist {
+
+/// A tensor dim split over mesh dims given by name, major first: {.dim = 1, .over = {"dp"}}. A negative dim counts
+/// from the end ({.dim = -1, .over = {"tp"}}: the features).
+struct ShardOn {
+    int dim = 0;
+    std::vector<std::string> over;
+};
+
+/// The layout of a rank-`rank` tensor split as `shards` on `mesh` and replicated over every other mesh dim, without
+/// spelling spmd::Layout: ShardedLayout(mesh, 3, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}}). Throws
+/// Error naming an unknown mesh dim, a tensor dim out of range, or a mesh dim used twice.
+spmd::Layout ShardedLayout(const comm::DeviceMesh& mesh, int rank, const std::vector<ShardOn>& shards);
 
 /// A tensor distributed over a DeviceMesh: this rank's local shard plus the global shape and the Layout (spmd/)
 /// that says how shards map to mesh coordinates. Shards follow torch.chunk (the first shards take ceil(n/p),
@@ -22,6 +37,14 @@ public:
     DistTensor(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh& mesh);
     /// A local (undistributed) tensor.
     static DistTensor Local(Tensor tensor);
+
+    /// Every rank passes the same full tensor and keeps all of it (replicated over every mesh dim).
+    static DistTensor Replicated(const Tensor& full, comm::DeviceMesh& mesh);
+    /// Every rank passes the same full tensor and keeps its shard: Sharded(x, mesh, {{.dim = 0, .over = {"tp"}}}).
+    static DistTensor Sharded(const Tensor& full, comm::DeviceMesh& mesh, const std::vector<ShardOn>& shards);
+    /// Each rank passes only its own shard (e.g. its data-parallel slice of a batch): the global shape is the local
+    /// one times the number of shards of each split dim, so every rank must pass the same local shape (an even split).
+    static DistTensor FromLocalShard(Tensor local, comm::DeviceMesh& mesh, const std::vector<ShardOn>& shards);
 
     /// Every rank passes the same full tensor; each keeps its shard. Partial(sum) mesh dims keep the value at
     /// coordinate 0 and zeros elsewhere; avg/max/min keep the value everywhere.

@@ -146,14 +146,12 @@ protected:
             return grads;
         }
         const Tensor &dy = g[0].local();
-        const detail::ParamGradRequest wreq{.needed = needs_input_grad(1),
-                                            .sink = GradSinkFor(1),
-                                            .local_shape = weight_local_shape_,
-                                            .layout = layouts_.weight};
-        const detail::ParamGradRequest breq{.needed = needs_input_grad(2),
-                                            .sink = GradSinkFor(2),
-                                            .local_shape = bias_local_shape_,
-                                            .layout = layouts_.bias};
+        auto request = [this](std::size_t input, const Shape &local_shape, const spmd::Layout &layout) {
+            return detail::ParamGradRequest{
+                .needed = needs_input_grad(input), .sink = GradSinkFor(input), .local_shape = local_shape, .layout = layout};
+        };
+        const detail::ParamGradRequest wreq = request(1, weight_local_shape_, layouts_.weight);
+        const detail::ParamGradRequest breq = request(2, bias_local_shape_, layouts_.bias);
         const detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, wreq, breq, dy.dtype(), dy.device());
         Tensor dx;
         if (needs_input_grad(0)) {

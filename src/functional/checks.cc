@@ -189,6 +189,47 @@ std::int64_t CheckLayer(Checker &check, const RowParallelLinearOptions &o, const
     return tp;
 }
 
+/// The backward's local shapes of x (and dx), the weight (and dweight) and dbias, with their formulas for messages.
+struct BackwardShapes {
+    Shape x;
+    std::string_view x_formula;
+    Shape weight;
+    std::string_view weight_formula;
+    Shape bias;
+    std::string_view bias_formula;
+};
+
+/// The checks both backwards share: x, weight and the wanted gradients (present views) against `shapes`.
+void CheckBackwardOperands(const Checker &check, const TensorView &x, const TensorView &weight, const TensorView &dx,
+                           const TensorView &dweight, const TensorView &dbias, GradMode param_grads, DType dtype,
+                           bool adds_bias, bool skip_bias_add, const BackwardShapes &shapes) {
+    if (x.present()) {
+        check.Optional(x, "x", 2);
+        check.Shaped(x, "x", shapes.x, shapes.x_formula);
+        check.SameDType(x, "x", dtype, "dy");
+    }
+    if (dx.present()) {
+        check.Required(weight, "weight", 2, " for dx");
+        check.Shaped(dx, "dx", shapes.x, shapes.x_formula);
+        check.SameDType(dx, "dx", dtype, "dy");
+    }
+    if (weight.present()) {
+        check.Optional(weight, "weight", 2);
+        check.Shaped(weight, "weight", shapes.weight, shapes.weight_formula);
+        check.SameDType(weight, "weight", dtype, "dy");
+    }
+    if (dweight.present()) {
+        check.Shaped(dweight, "dweight", shapes.weight, shapes.weight_formula);
+        check.GradDType(dweight, "dweight", dtype, param_grads);
+    }
+    if (dbias.present()) {
+        SHARDLINE_CHECK(adds_bias, check.op(), "dbias is requested but {}",
+                        skip_bias_add ? "options.skip_bias_add leaves the bias to the caller" : "options.bias is false");
+        check.Shaped(dbias, "dbias", shapes.bias, shapes.bias_formula);
+        check.GradDType(dbias, "dbias", dtype, param_grads);
+    }
+}
+
 } // namespace
 
 CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const ColumnParallelLinearForwardArgs &args,
@@ -254,9 +295,9 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
         lead[0] /= tp;
     }
     const std::string_view x_formula = sp ? "[s/tp, ..., in_features]" : "[s, ..., in_features]";
-    const bool want_dx = check.Optional(args.dx, "dx", 2);
+    check.Optional(args.dx, "dx", 2);
+    check.Optional(args.dbias, "dbias", 1);
     const bool want_dw = check.Optional(args.dweight, "dweight", 2);
-    const bool want_db = check.Optional(args.dbias, "dbias", 1);
     const bool have_total = check.Optional(args.x_total, "x_total", 2);
     if (have_total) {
         SHARDLINE_CHECK(sp, check.op(),
@@ -267,32 +308,14 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     if (want_dw && !have_total) {
         check.Required(args.x, "x", 2, sp ? " for dweight (or x_total)" : " for dweight");
     }
-    if (args.x.present()) {
-        check.Optional(args.x, "x", 2);
-        check.Shaped(args.x, "x", WithLast(lead, k), x_formula);
-        check.SameDType(args.x, "x", dtype, "dy");
-    }
-    if (want_dx) {
-        check.Required(args.weight, "weight", 2, " for dx");
-        check.Shaped(args.dx, "dx", WithLast(lead, k), x_formula);
-        check.SameDType(args.dx, "dx", dtype, "dy");
-    }
-    if (args.weight.present()) {
-        check.Optional(args.weight, "weight", 2);
-        check.Shaped(args.weight, "weight", {n / tp, k}, "[out_features/tp, in_features]");
-        check.SameDType(args.weight, "weight", dtype, "dy");
-    }
-    if (want_dw) {
-        check.Shaped(args.dweight, "dweight", {n / tp, k}, "[out_features/tp, in_features]");
-        check.GradDType(args.dweight, "dweight", dtype, args.param_grads);
-    }
-    if (want_db) {
-        SHARDLINE_CHECK(options.adds_bias(), check.op(), "dbias is requested but {}",
-                        options.skip_bias_add ? "options.skip_bias_add leaves the bias to the caller"
-                                              : "options.bias is false");
-        check.Shaped(args.dbias, "dbias", {n / tp}, "[out_features/tp]");
-        check.GradDType(args.dbias, "dbias", dtype, args.param_grads);
-    }
+    CheckBackwardOperands(check, args.x, args.weight, args.dx, args.dweight, args.dbias, args.param_grads, dtype,
+                          options.adds_bias(), options.skip_bias_add,
+                          {.x = WithLast(lead, k),
+                           .x_formula = x_formula,
+                           .weight = {n / tp, k},
+                           .weight_formula = "[out_features/tp, in_features]",
+                           .bias = {n / tp},
+                           .bias_formula = "[out_features/tp]"});
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 
@@ -352,38 +375,19 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
         global[0] *= tp;
     }
     const std::string_view x_formula = options.input_is_parallel ? "[s, ..., in_features/tp]" : "[s, ..., in_features]";
-    const bool want_dx = check.Optional(args.dx, "dx", 2);
-    const bool want_dw = check.Optional(args.dweight, "dweight", 2);
-    const bool want_db = check.Optional(args.dbias, "dbias", 1);
-    if (want_dw) {
+    check.Optional(args.dx, "dx", 2);
+    check.Optional(args.dbias, "dbias", 1);
+    if (check.Optional(args.dweight, "dweight", 2)) {
         check.Required(args.x, "x", 2, " for dweight");
     }
-    if (args.x.present()) {
-        check.Optional(args.x, "x", 2);
-        check.Shaped(args.x, "x", WithLast(global, k_local), x_formula);
-        check.SameDType(args.x, "x", dtype, "dy");
-    }
-    if (want_dx) {
-        check.Required(args.weight, "weight", 2, " for dx");
-        check.Shaped(args.dx, "dx", WithLast(global, k_local), x_formula);
-        check.SameDType(args.dx, "dx", dtype, "dy");
-    }
-    if (args.weight.present()) {
-        check.Optional(args.weight, "weight", 2);
-        check.Shaped(args.weight, "weight", {n, k / tp}, "[out_features, in_features/tp]");
-        check.SameDType(args.weight, "weight", dtype, "dy");
-    }
-    if (want_dw) {
-        check.Shaped(args.dweight, "dweight", {n, k / tp}, "[out_features, in_features/tp]");
-        check.GradDType(args.dweight, "dweight", dtype, args.param_grads);
-    }
-    if (want_db) {
-        SHARDLINE_CHECK(options.adds_bias(), check.op(), "dbias is requested but {}",
-                        options.skip_bias_add ? "options.skip_bias_add leaves the bias to the caller"
-                                              : "options.bias is false");
-        check.Shaped(args.dbias, "dbias", {n}, "[out_features]");
-        check.GradDType(args.dbias, "dbias", dtype, args.param_grads);
-    }
+    CheckBackwardOperands(check, args.x, args.weight, args.dx, args.dweight, args.dbias, args.param_grads, dtype,
+                          options.adds_bias(), options.skip_bias_add,
+                          {.x = WithLast(global, k_local),
+                           .x_formula = x_formula,
+                           .weight = {n, k / tp},
+                           .weight_formula = "[out_features, in_features/tp]",
+                           .bias = {n},
+                           .bias_formula = "[out_features]"});
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 

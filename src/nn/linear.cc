@@ -47,17 +47,27 @@ RandomSpec Uniform(const std::string &name, std::int64_t in) {
     return {.seed = 0, .name = name, .distribution = RandomDistribution::kUniform, .a = -bound, .b = bound};
 }
 
+/// The weight [out, in] and, with `with_bias`, the bias [out] of a Linear layer on `mesh` (null: local) in the given
+/// layouts, initialised as torch.nn.Linear; the bias is undefined without one.
+std::pair<Variable, Variable> MakeLinearParameters(std::int64_t in, std::int64_t out, bool with_bias,
+                                                   comm::DeviceMesh *mesh, const spmd::Layout &weight_layout,
+                                                   const spmd::Layout &bias_layout, const ParameterOptions &p) {
+    Variable weight = MakeParameter({out, in}, weight_layout, mesh, p, Uniform(p.name + ".weight", in));
+    Variable bias;
+    if (with_bias) {
+        bias = MakeParameter({out}, bias_layout, mesh, p, Uniform(p.name + ".bias", in));
+    }
+    return {std::move(weight), std::move(bias)};
+}
+
 } // namespace
 
 Linear::Linear(const LinearOptions &options, const ParameterOptions &param) : options_(options) {
     const ParameterOptions p = Named(param, "linear");
     CheckFeatures("Linear", p.name, options.in_features, options.out_features);
-    weight = RegisterParameter("weight", MakeParameter({options.out_features, options.in_features}, {}, nullptr, p,
-                                                       Uniform(p.name + ".weight", options.in_features)));
-    if (options.bias) {
-        bias = RegisterParameter("bias", MakeParameter({options.out_features}, {}, nullptr, p,
-                                                       Uniform(p.name + ".bias", options.in_features)));
-    }
+    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, nullptr, {}, {}, p);
+    weight = RegisterParameter("weight", std::move(w));
+    bias = RegisterOptionalParameter("bias", std::move(b));
 }
 
 Variable Linear::Forward(const Variable &x) const { return autograd::Linear(x, weight, bias); }
@@ -73,14 +83,11 @@ ColumnParallelLinear::ColumnParallelLinear(const ColumnParallelLinearOptions &op
     SHARDLINE_CHECK(!(options.gather_output && options.sequence_parallel), kLayer,
                     "'{}': gather_output and sequence_parallel exclude each other (Megatron), got both", name_);
     const int t = tp.tp_dim;
-    weight = RegisterParameter("weight", MakeParameter({options.out_features, options.in_features},
-                                                       spmd::Layout(std::vector<std::vector<int>>{{t}, {}}), tp.mesh,
-                                                       p, Uniform(name_ + ".weight", options.in_features)));
-    if (options.bias) {
-        bias = RegisterParameter("bias", MakeParameter({options.out_features},
-                                                       spmd::Layout(std::vector<std::vector<int>>{{t}}), tp.mesh, p,
-                                                       Uniform(name_ + ".bias", options.in_features)));
-    }
+    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, tp.mesh,
+                                       spmd::Layout(std::vector<std::vector<int>>{{t}, {}}),
+                                       spmd::Layout(std::vector<std::vector<int>>{{t}}), p);
+    weight = RegisterParameter("weight", std::move(w));
+    bias = RegisterOptionalParameter("bias", std::move(b));
 }
 
 LinearOutput ColumnParallelLinear::Forward(const Variable &x) const {
@@ -108,13 +115,11 @@ RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions &options, co
                     "the tp-sharded output of a column layer), got input_is_parallel=false",
                     name_);
     const int t = tp.tp_dim;
-    weight = RegisterParameter("weight", MakeParameter({options.out_features, options.in_features},
-                                                       spmd::Layout(std::vector<std::vector<int>>{{}, {t}}), tp.mesh,
-                                                       p, Uniform(name_ + ".weight", options.in_features)));
-    if (options.bias) {
-        bias = RegisterParameter("bias", MakeParameter({options.out_features}, spmd::Layout::Replicated(1), tp.mesh,
-                                                       p, Uniform(name_ + ".bias", options.in_features)));
-    }
+    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, tp.mesh,
+                                       spmd::Layout(std::vector<std::vector<int>>{{}, {t}}), spmd::Layout::Replicated(1),
+                                       p);
+    weight = RegisterParameter("weight", std::move(w));
+    bias = RegisterOptionalParameter("bias", std::move(b));
 }
 
 LinearOutput RowParallelLinear::Forward(const Variable &x) const {

@@ -43,4 +43,8 @@ Variable Module::RegisterParameter(std::string name, Variable parameter) {
     return parameter;
 }
 
+Variable Module::RegisterOptionalParameter(std::string name, Variable parameter) {
+    return parameter.defined() ? RegisterParameter(std::move(name), std::move(parameter)) : Variable();
+}
+
 } // namespace shardline::nn

@@ -29,6 +29,8 @@ public:
 protected:
     /// Registers a parameter (a leaf that requires grad) under `name`; returns it.
     Variable RegisterParameter(std::string name, Variable parameter);
+    /// The same for a parameter that may be absent (a layer without a bias): an undefined one is not registered.
+    Variable RegisterOptionalParameter(std::string name, Variable parameter);
     template <class M> std::shared_ptr<M> RegisterModule(std::string name, std::shared_ptr<M> module) {
         children_.emplace_back(std::move(name), module);
         return module;

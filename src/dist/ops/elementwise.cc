@@ -84,12 +84,7 @@ DistTensor Add(const DistTensor &a, const DistTensor &b, double alpha) {
 
 std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
     constexpr const char *kOp = "dist::AddBackward";
-    const DistTensor &dout = args.dout;
-    const DistTensor &a = args.a;
-    const DistTensor &b = args.b;
-    const double alpha = args.alpha;
-    const bool need_a = args.need_a;
-    const bool need_b = args.need_b;
+    const auto &[dout, a, b, alpha, need_a, need_b] = args;
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &a, &b});
     std::vector<Grad> grads(2);
     if (!need_a && !need_b) {
@@ -114,6 +109,7 @@ std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
     }
     return grads;
 }
+
 
 DistTensor BiasAdd(const DistTensor &x, const DistTensor &bias) {
     constexpr const char *kOp = "dist::BiasAdd";

@@ -27,11 +27,7 @@ DistTensor Matmul(const DistTensor &a, const DistTensor &b) {
 
 std::vector<Grad> MatmulBackward(const MatmulBackwardArgs &args) {
     constexpr const char *kOp = "dist::MatmulBackward";
-    const DistTensor &dout = args.dout;
-    const DistTensor &a = args.a;
-    const DistTensor &b = args.b;
-    const bool need_a = args.need_a;
-    const bool need_b = args.need_b;
+    const auto &[dout, a, b, need_a, need_b] = args;
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &a, &b});
     std::vector<Grad> grads(2);
     if (!need_a && !need_b) {
@@ -68,6 +64,7 @@ std::vector<Grad> MatmulBackward(const MatmulBackwardArgs &args) {
     return grads;
 }
 
+
 DistTensor Outer(const DistTensor &x, const DistTensor &y) {
     constexpr const char *kOp = "dist::Outer";
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x, &y});
@@ -82,11 +79,7 @@ DistTensor Outer(const DistTensor &x, const DistTensor &y) {
 
 std::vector<Grad> OuterBackward(const OuterBackwardArgs &args) {
     constexpr const char *kOp = "dist::OuterBackward";
-    const DistTensor &dout = args.dout;
-    const DistTensor &x = args.x;
-    const DistTensor &y = args.y;
-    const bool need_x = args.need_x;
-    const bool need_y = args.need_y;
+    const auto &[dout, x, y, need_x, need_y] = args;
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &x, &y});
     std::vector<Grad> grads(2);
     if (!need_x && !need_y) {
@@ -132,5 +125,6 @@ std::vector<Grad> OuterBackward(const OuterBackwardArgs &args) {
     }
     return grads;
 }
+
 
 } // namespace shardline::dist

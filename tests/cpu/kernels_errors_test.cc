@@ -1,7 +1,6 @@
 // Bad input to the kernel ops: the exception type, and a message that names the op, the argument, its
 // shape/dtype/device and what was expected.
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,22 +18,8 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using testing::MessageOf;
 using testing::RandomTensor;
-
-/// The message of the ErrorType that `f` throws; fails the test (and returns "") when it throws nothing or another
-/// type.
-template <class ErrorType> std::string MessageOf(const std::function<void()> &f) {
-    try {
-        f();
-    } catch (const ErrorType &e) {
-        return e.what();
-    } catch (const std::exception &e) {
-        ADD_FAILURE() << "threw the wrong type: " << e.what();
-        return {};
-    }
-    ADD_FAILURE() << "threw nothing";
-    return {};
-}
 
 Tensor F32(const Shape &shape, std::string_view name = "t") {
     return RandomTensor(shape, DType::kFloat32, Device::CPU(), 1, name);

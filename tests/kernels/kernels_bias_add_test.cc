@@ -1,6 +1,6 @@
-// BiasAdd on the CPU against a float64 reference, in place and allocating, and its error messages.
+// BiasAdd on every device against a float64 reference: in place and allocating, odd widths and tall shapes (CUDA's
+// 16-byte vector path and its scalar path), misaligned pointers; and each device's error messages.
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,19 +11,14 @@
 #include <shardline/kernels/elementwise.h>
 
 #include "helpers.h"
-#include "reference.h"
 
-namespace shardline::kernels {
+namespace shardline::testing {
 namespace {
 
-using testing::AbsSum;
+using kernels::BiasAdd;
+using kernels::BiasAddArgs;
 using ::testing::AllOf;
-using testing::CpuDTypes;
-using testing::DTypeParamName;
 using ::testing::HasSubstr;
-using testing::RandomTensor;
-using testing::Values;
-using testing::ValuesMatch;
 
 /// out[r, j] = x[r, j] + bias[j].
 Values RefBiasAdd(const Values &x, const Values &bias) {
@@ -34,45 +29,47 @@ Values RefBiasAdd(const Values &x, const Values &bias) {
     return out;
 }
 
-// A vector, odd sizes, leading dims, no rows, no columns.
-const std::vector<Shape> kShapes = {{1}, {9}, {5, 7}, {2, 3, 9}, {0, 4}, {4, 0}};
+// A vector; widths that are and are not multiples of every vector width (4 floats, 8 halves); leading dims; a tall
+// shape spanning many blocks; no rows; no columns.
+const std::vector<Shape> kShapes = {{1},        {9},        {5, 7}, {3, 64}, {2, 3, 9},
+                                    {2, 3, 24}, {4097, 40}, {0, 4}, {0, 8},  {4, 0}};
 
-class BiasAddTest : public ::testing::TestWithParam<DType> {};
+using BiasAddTest = DeviceTest<>;
 
 TEST_P(BiasAddTest, AddsTheBiasToEveryRow) {
-    const DType dtype = GetParam();
     for (const Shape &shape : kShapes) {
         SCOPED_TRACE(ShapeToString(shape));
-        const Tensor x = RandomTensor(shape, dtype, Device::CPU(), 40, "x");
-        const Tensor bias = RandomTensor({shape.back()}, dtype, Device::CPU(), 40, "bias");
+        const Tensor x = Random(shape, dtype(), 80, "x");
+        const Tensor bias = Random({shape.back()}, dtype(), 80, "bias");
         const Values want = RefBiasAdd(x.ToDoubleVector(), bias.ToDoubleVector());
         if (!want.empty()) {
             ASSERT_GT(AbsSum(bias.ToDoubleVector()), 0.0);
         }
-        Tensor out = RandomTensor(shape, dtype, Device::CPU(), 99, "poison");
+        Tensor out = Poison(shape, dtype());
         BiasAdd(BiasAddArgs{.x = x, .bias = bias, .out = out});
-        EXPECT_TRUE(ValuesMatch(out, want, dtype));
-        EXPECT_TRUE(ValuesMatch(BiasAdd(x, bias), want, dtype)) << "allocating wrapper";
+        EXPECT_TRUE(ValuesMatch(out, want, dtype()));
+        EXPECT_TRUE(ValuesMatch(BiasAdd(x, bias), want, dtype())) << "allocating wrapper";
         Tensor inplace = x.Clone();
         BiasAdd(BiasAddArgs{.x = inplace, .bias = bias, .out = inplace});
-        EXPECT_TRUE(ValuesMatch(inplace, want, dtype)) << "out aliases x";
+        EXPECT_TRUE(ValuesMatch(inplace, want, dtype())) << "out aliases x";
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuDTypes, BiasAddTest, CpuDTypes(), DTypeParamName);
-
-template <class ErrorType> std::string MessageOf(const std::function<void()> &f) {
-    try {
-        f();
-    } catch (const ErrorType &e) {
-        return e.what();
-    } catch (const std::exception &e) {
-        ADD_FAILURE() << "threw the wrong type: " << e.what();
-        return {};
-    }
-    ADD_FAILURE() << "threw nothing";
-    return {};
+TEST_P(BiasAddTest, MisalignedPointersTakeTheScalarPath) {
+    // Vector-friendly widths with pointers off the 16-byte boundary.
+    const Tensor x0 = Random({33, 64}, dtype(), 81, "x");
+    const Tensor b0 = Random({64}, dtype(), 81, "bias");
+    MisalignedTensor x = MisalignedCopy(x0);
+    MisalignedTensor b = MisalignedCopy(b0);
+    MisalignedTensor out = MisalignedCopy(Random({33, 64}, dtype(), 99, "poison"));
+    BiasAdd(BiasAddArgs{.x = x.view, .bias = b.view, .out = out.view});
+    EXPECT_TRUE(ValuesMatch(out.view, RefBiasAdd(x0.ToDoubleVector(), b0.ToDoubleVector()), dtype()));
 }
+
+SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(BiasAddTest, DeviceCases, DeviceDTypeName);
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Errors
 
 TEST(BiasAddErrorsTest, BiasMustMatchTheLastDimAndTheDType) {
     const Tensor x = Tensor::Zeros({4, 6}, DType::kFloat32);
@@ -95,5 +92,15 @@ TEST(BiasAddErrorsTest, BiasMustMatchTheLastDimAndTheDType) {
                 AllOf(HasSubstr("BiasAdd"), HasSubstr("out must have shape [4, 6]")));
 }
 
+TEST_F(CudaTest, BiasAddRejectsInt64AndFloat64) {
+    for (const DType dtype : {DType::kInt64, DType::kFloat64}) {
+        const Tensor x = Tensor::Zeros({4, 6}, dtype, Gpu());
+        const Tensor bias = Tensor::Zeros({6}, dtype, Gpu());
+        EXPECT_THAT(MessageOf<DTypeError>([&] { (void)BiasAdd(x, bias); }),
+                    AllOf(HasSubstr("BiasAdd"), HasSubstr("CUDA kernels take float32, float16 or bfloat16")))
+            << DTypeName(dtype);
+    }
+}
+
 } // namespace
-} // namespace shardline::kernels
+} // namespace shardline::testing

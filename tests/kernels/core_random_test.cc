@@ -1,7 +1,12 @@
+// The counter-based random fill: the host generator's distributions, hashes and shards (a value is a pure function
+// of seed, name and global index), and on every device the same values for whole tensors and shards, bit for bit the
+// host's on CUDA.
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -9,17 +14,14 @@
 
 #include <shardline/core/error.h>
 #include <shardline/core/random.h>
+#include <shardline/core/tensor.h>
 
 #include "helpers.h"
-#include "reference.h"
 
-namespace shardline {
+namespace shardline::testing {
 namespace {
 
-using testing::AbsSum;
 using ::testing::HasSubstr;
-using testing::RandomTensor;
-using testing::Values;
 
 Tensor Fill(const Shape &shape, DType dtype, std::uint64_t seed, std::string_view name,
             RandomDistribution dist = RandomDistribution::kNormal, double a = 0.0, double b = 1.0) {
@@ -41,6 +43,9 @@ Values Slice(const Values &full, std::int64_t n, std::int64_t r0, std::int64_t r
     }
     return out;
 }
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The generator, on the host
 
 TEST(RandomTest, SameSeedNameAndIndexGiveSameBits) {
     for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
@@ -218,5 +223,102 @@ TEST(RandomTest, IntegerBoundsMustBeIntegral) {
         Error);
 }
 
+// ---------------------------------------------------------------------------------------------------------------------
+// Fills on every device
+
+using RandomFillTest = DeviceTest<>;
+
+TEST_P(RandomFillTest, ShardHoldsTheGlobalTensorsValues) {
+    const Shape global{64, 96};
+    const Shape shard_shape{16, 40};
+    const Shape offset{32, 50};
+    const RandomSpec spec{
+        .seed = 7, .name = "shard.me", .distribution = RandomDistribution::kNormal, .a = 0.0, .b = 1.0};
+    Tensor full_host = Tensor::Empty(global, dtype(), Device::CPU());
+    FillRandom(full_host, spec);
+    Tensor full_device = Tensor::Empty(global, dtype(), device());
+    FillRandom(full_device, spec);
+    Tensor shard_device = Tensor::Empty(shard_shape, dtype(), device());
+    FillRandomShard(shard_device, spec, global, offset);
+    Tensor shard_host = Tensor::Empty(shard_shape, dtype(), Device::CPU());
+    FillRandomShard(shard_host, spec, global, offset);
+
+    const std::size_t es = ElementSize(dtype());
+    const std::vector<unsigned char> shard_bytes = HostBytes(shard_device);
+    const std::vector<unsigned char> full_device_bytes = HostBytes(full_device);
+    ASSERT_EQ(std::memcmp(shard_bytes.data(), shard_host.data(), shard_host.nbytes()), 0)
+        << "device and host shard fills differ";
+    const auto *full_host_bytes = static_cast<const unsigned char *>(full_host.data());
+    for (std::int64_t r = 0; r < shard_shape[0]; ++r) {
+        const std::size_t src = static_cast<std::size_t>((r + offset[0]) * global[1] + offset[1]) * es;
+        const std::size_t dst = static_cast<std::size_t>(r * shard_shape[1]) * es;
+        const std::size_t row_bytes = static_cast<std::size_t>(shard_shape[1]) * es;
+        ASSERT_EQ(std::memcmp(shard_bytes.data() + dst, full_host_bytes + src, row_bytes), 0)
+            << "shard row " << r << " differs from the host-filled global tensor";
+        ASSERT_EQ(std::memcmp(shard_bytes.data() + dst, full_device_bytes.data() + src, row_bytes), 0)
+            << "shard row " << r << " differs from the device-filled global tensor";
+    }
+    EXPECT_GT(AbsSum(shard_device.ToDoubleVector()), 0.0);
+}
+
+TEST_P(RandomFillTest, SeedAndNameChangeTheValues) {
+    auto fill = [&](std::uint64_t seed, std::string_view name) {
+        Tensor t = Tensor::Empty(Shape{256}, dtype(), device());
+        FillRandom(t, RandomSpec{.seed = seed, .name = name});
+        return HostBytes(t);
+    };
+    const auto base = fill(1, "w");
+    EXPECT_EQ(base, fill(1, "w"));
+    EXPECT_NE(base, fill(2, "w"));
+    EXPECT_NE(base, fill(1, "v"));
+}
+
+SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(RandomFillTest, DeviceCases, DeviceDTypeName);
+
+// ---------------------------------------------------------------------------------------------------------------------
+// CUDA: the device fill against the host's
+
+struct FillCase {
+    RandomDistribution distribution;
+    double a;
+    double b;
+    const char *label;
+};
+
+constexpr FillCase kFillCases[] = {
+    {RandomDistribution::kNormal, 0.25, 3.0, "normal"},
+    {RandomDistribution::kUniform, -2.0, 5.0, "uniform"},
+    {RandomDistribution::kInteger, -8.0, 8.0, "integer"},
+};
+
+using CudaRandomFillTest = DeviceTest<>;
+
+TEST_P(CudaRandomFillTest, CudaFillIsBitIdenticalToCpuFill) {
+    // Odd sizes (no multiple of a vector width or block) and one tensor large enough for a multi-block grid.
+    for (const Shape &shape : {Shape{37, 129}, Shape{3, 5, 7, 11}, Shape{1}, Shape{(1 << 20) + 3}}) {
+        for (const FillCase &c : kFillCases) {
+            SCOPED_TRACE(::testing::Message() << c.label << " " << ShapeToString(shape));
+            const RandomSpec spec{
+                .seed = 1234, .name = "layers.3.mlp.weight", .distribution = c.distribution, .a = c.a, .b = c.b};
+            Tensor host = Tensor::Empty(shape, dtype(), Device::CPU());
+            FillRandom(host, spec);
+            Tensor on_device = Tensor::Empty(shape, dtype(), device());
+            FillRandom(on_device, spec);
+            const std::vector<unsigned char> device_bytes = HostBytes(on_device);
+            ASSERT_EQ(device_bytes.size(), host.nbytes());
+            EXPECT_EQ(std::memcmp(device_bytes.data(), host.data(), host.nbytes()), 0)
+                << "CUDA and CPU random fills differ";
+            // Values, not zeros: the fill must produce varied non-zero data.
+            const Values values = on_device.ToDoubleVector();
+            EXPECT_GT(AbsSum(values), 0.0);
+            if (values.size() > 100) {
+                EXPECT_GT(std::set<double>(values.begin(), values.end()).size(), 10u);
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaRandomFillTest, DeviceDTypes(DeviceType::kCUDA), DeviceDTypeName);
+
 } // namespace
-} // namespace shardline
+} // namespace shardline::testing

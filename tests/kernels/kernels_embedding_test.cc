@@ -1,8 +1,10 @@
-// EmbeddingForward / EmbeddingBackward on the CPU against float64 references, the vocab-parallel split (shards of the
-// table, combined by the sum an all-reduce would compute) against the unsplit table, and the error messages.
+// EmbeddingForward / EmbeddingBackward on every device against float64 references: the lookup bit for bit (on CUDA
+// every copy width), the backward with repeats, accumulation (also into a float32 main grad) and determinism, the
+// vocab-parallel split (shards of the table, combined by the sum an all-reduce would compute) against the unsplit
+// table, and the error messages.
 
+#include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,25 +15,16 @@
 #include <shardline/kernels/embedding.h>
 
 #include "helpers.h"
-#include "reference.h"
 
-namespace shardline::kernels {
+namespace shardline::testing {
 namespace {
 
-using testing::AbsSum;
+using kernels::EmbeddingBackward;
+using kernels::EmbeddingBackwardArgs;
+using kernels::EmbeddingForward;
+using kernels::EmbeddingForwardArgs;
 using ::testing::AllOf;
-using testing::CpuDTypes;
-using testing::DTypeParamName;
 using ::testing::HasSubstr;
-using testing::RandomTensor;
-using testing::Values;
-using testing::ValuesMatch;
-
-/// Global ids in [lo, hi], some outside any shard when lo < 0 or hi >= V.
-Tensor RandomIds(const Shape &shape, std::int64_t lo, std::int64_t hi, std::uint64_t seed) {
-    return RandomTensor(shape, DType::kInt64, Device::CPU(), seed, "ids", RandomDistribution::kInteger,
-                        static_cast<double>(lo), static_cast<double>(hi));
-}
 
 /// out[i, :] = table[ids[i] - start, :] for ids in [start, start + rows), else zeros.
 Values RefForward(const Values &ids, const Values &table, std::int64_t rows, std::int64_t hidden, std::int64_t start) {
@@ -78,12 +71,12 @@ std::vector<std::int64_t> ChunkSizes(std::int64_t v, std::int64_t p) {
     return sizes;
 }
 
-/// Rows [start, start + rows) of a [V, H] table as their own tensor.
+/// Rows [start, start + rows) of a [V, H] table as their own tensor, on the table's device.
 Tensor RowSlice(const Tensor &table, std::int64_t start, std::int64_t rows) {
     const std::int64_t hidden = table.size(1);
     const Values all = table.ToDoubleVector();
     const Values part(all.begin() + start * hidden, all.begin() + (start + rows) * hidden);
-    return Tensor::FromVector(part, {rows, hidden}, table.dtype());
+    return Tensor::FromVector(part, {rows, hidden}, DType::kFloat64).To(table.dtype()).To(table.device());
 }
 
 struct Case {
@@ -91,114 +84,168 @@ struct Case {
     std::int64_t vocab;
     std::int64_t hidden;
 };
-// Empty ids, one id, odd sizes, leading dims, more ids than rows (repeats), a one-row table.
-const std::vector<Case> kCases = {{{0}, 5, 3},       {{1}, 4, 8},  {{7}, 11, 13}, {{3, 5}, 6, 4},
-                                  {{2, 3, 4}, 9, 1}, {{40}, 3, 5}, {{6}, 1, 7}};
+// Empty ids, one id, odd sizes, leading dims, more ids than rows (repeats), a one-row table; on CUDA row sizes of 1, 2,
+// 4, 8 and 16+ bytes' multiples in every dtype (the copy picks its word from them) and a large batch that spans many
+// blocks and sort passes.
+const std::vector<Case> kCases = {{{0}, 5, 3},  {{1}, 4, 8},   {{7}, 11, 13}, {{3, 5}, 6, 4},  {{2, 3, 4}, 9, 1},
+                                  {{40}, 3, 5}, {{200}, 3, 5}, {{6}, 1, 7},   {{64}, 1000, 2}, {{4, 1025}, 50257, 64}};
 
-class EmbeddingTest : public ::testing::TestWithParam<DType> {};
+class EmbeddingTest : public DeviceTest<> {
+protected:
+    /// Global ids in [lo, hi] on the case's device, some outside any shard when lo < 0 or hi >= V.
+    Tensor RandomIds(const Shape &shape, std::int64_t lo, std::int64_t hi, std::uint64_t seed) const {
+        return RandomTensor(shape, DType::kInt64, device(), seed, "ids", RandomDistribution::kInteger,
+                            static_cast<double>(lo), static_cast<double>(hi));
+    }
+};
 
 TEST_P(EmbeddingTest, ForwardCopiesTheRowOfEachIdAndZeroesIdsOutsideTheTable) {
-    const DType dtype = GetParam();
     for (const Case &c : kCases) {
         SCOPED_TRACE(::testing::Message()
                      << "ids " << ShapeToString(c.ids_shape) << ", V " << c.vocab << ", H " << c.hidden);
-        const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 7);
-        const Tensor weight = RandomTensor({c.vocab, c.hidden}, dtype, Device::CPU(), 7, "weight");
+        const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 50);
+        const Tensor weight = Random({c.vocab, c.hidden}, dtype(), 50, "weight");
         ASSERT_GT(AbsSum(weight.ToDoubleVector()), 0.0);
-        Tensor out = RandomTensor(WithHidden(c.ids_shape, c.hidden), dtype, Device::CPU(), 99, "poison",
-                                  RandomDistribution::kNormal, 0, 100);
+        Tensor out = Poison(WithHidden(c.ids_shape, c.hidden), dtype());
         EmbeddingForward(EmbeddingForwardArgs{.ids = ids, .weight = weight, .out = out});
         const Values want = RefForward(ids.ToDoubleVector(), weight.ToDoubleVector(), c.vocab, c.hidden, 0);
         EXPECT_EQ(out.ToDoubleVector(), want) << "a lookup is a copy: bit-exact";
         const Tensor alloc = EmbeddingForward(ids, weight);
         EXPECT_EQ(alloc.shape(), WithHidden(c.ids_shape, c.hidden));
-        EXPECT_EQ(alloc.dtype(), dtype);
+        EXPECT_EQ(alloc.dtype(), dtype());
         EXPECT_EQ(alloc.ToDoubleVector(), want) << "allocating wrapper";
     }
 }
 
+TEST_P(EmbeddingTest, ForwardIntoAMisalignedOutput) {
+    // An output that does not start on a 16-byte boundary (on CUDA: a narrower copy word).
+    const Tensor ids = RandomIds({37}, 0, 20, 51);
+    const Tensor weight = Random({20, 24}, dtype(), 51, "weight");
+    MisalignedTensor out = MisalignedCopy(Random({37, 24}, dtype(), 99, "poison"));
+    EmbeddingForward(EmbeddingForwardArgs{.ids = ids, .weight = weight, .out = out.view});
+    EXPECT_EQ(out.view.ToDoubleVector(), RefForward(ids.ToDoubleVector(), weight.ToDoubleVector(), 20, 24, 0))
+        << "misaligned output";
+}
+
 TEST_P(EmbeddingTest, ForwardOfVocabShardsSumsToTheUnsplitLookup) {
-    const DType dtype = GetParam();
     const std::int64_t vocab = 11;
-    const std::int64_t hidden = 6;
-    const Tensor ids = RandomIds({4, 9}, -3, vocab + 3, 8); // ids beyond the vocabulary hit no shard
-    const Tensor table = RandomTensor({vocab, hidden}, dtype, Device::CPU(), 8, "table");
-    const Values unsplit = EmbeddingForward(ids, table).ToDoubleVector();
-    for (std::int64_t tp : {1, 2, 3, 4, 12}) { // 12 shards of 11 rows: the last one is empty
-        SCOPED_TRACE(::testing::Message() << "tp " << tp);
-        Values sum(unsplit.size(), 0.0);
-        std::int64_t start = 0;
-        for (std::int64_t rows : ChunkSizes(vocab, tp)) {
-            const Tensor shard = RowSlice(table, start, rows);
-            const Values part = EmbeddingForward(ids, shard, start).ToDoubleVector();
-            for (std::size_t i = 0; i < sum.size(); ++i) {
-                sum[i] += part[i]; // the all-reduce: exactly one shard contributes a non-zero row
+    for (const std::int64_t hidden : {6, 12}) {
+        const Tensor ids = RandomIds({4, 9}, -3, vocab + 3, 52); // ids beyond the vocabulary hit no shard
+        const Tensor table = Random({vocab, hidden}, dtype(), 52, "table");
+        const Values unsplit = EmbeddingForward(ids, table).ToDoubleVector();
+        for (std::int64_t tp : {1, 2, 3, 4, 12}) { // 12 shards of 11 rows: the last one is empty
+            SCOPED_TRACE(::testing::Message() << "H " << hidden << ", tp " << tp);
+            Values sum(unsplit.size(), 0.0);
+            std::int64_t start = 0;
+            for (std::int64_t rows : ChunkSizes(vocab, tp)) {
+                const Tensor shard = RowSlice(table, start, rows);
+                const Values part = EmbeddingForward(ids, shard, start).ToDoubleVector();
+                for (std::size_t i = 0; i < sum.size(); ++i) {
+                    sum[i] += part[i]; // the all-reduce: exactly one shard contributes a non-zero row
+                }
+                start += rows;
             }
-            start += rows;
+            EXPECT_EQ(sum, unsplit);
         }
-        EXPECT_EQ(sum, unsplit);
     }
 }
 
 TEST_P(EmbeddingTest, BackwardSumsTheGradientsOfRepeatedIds) {
-    const DType dtype = GetParam();
     for (const Case &c : kCases) {
         for (const bool accumulate : {false, true}) {
             SCOPED_TRACE(::testing::Message() << "ids " << ShapeToString(c.ids_shape) << ", V " << c.vocab << ", H "
                                               << c.hidden << (accumulate ? ", accumulate" : ""));
-            const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 9);
-            const Tensor dout = RandomTensor(WithHidden(c.ids_shape, c.hidden), dtype, Device::CPU(), 9, "dout");
+            const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 53);
+            const Tensor dout = Random(WithHidden(c.ids_shape, c.hidden), dtype(), 53, "dout");
             // Poison (=) or a previous gradient (+=): rows no id hits must come out zero, or unchanged.
-            Tensor dweight = RandomTensor({c.vocab, c.hidden}, dtype, Device::CPU(), 9, "dweight");
+            Tensor dweight = Random({c.vocab, c.hidden}, dtype(), 53, "dweight");
             const Values before = dweight.ToDoubleVector();
             EmbeddingBackward(
                 EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = dweight, .accumulate = accumulate});
             Values want = RefBackward(ids.ToDoubleVector(), dout.ToDoubleVector(), c.vocab, c.hidden, 0);
             if (accumulate) {
-                for (std::size_t k = 0; k < want.size(); ++k) {
-                    want[k] += before[k];
-                }
+                want = AddScaled(want, before);
             }
             if (dout.numel() > 0) {
                 ASSERT_GT(AbsSum(dout.ToDoubleVector()), 0.0);
             }
-            EXPECT_TRUE(ValuesMatch(dweight, want, dtype));
+            // Sums of exact inputs (fp32 on CUDA), one rounding to the output dtype.
+            EXPECT_TRUE(ValuesMatch(dweight, want, dtype()));
         }
     }
 }
 
+TEST_P(EmbeddingTest, BackwardOfIntegerGradientsIsExactAndDeterministic) {
+    // |dout| <= 8 and about 10 repeats per row (a few more at most): every partial sum is an integer of magnitude
+    // below 256, exact in every dtype, so any summation order gives the reference exactly.
+    const std::int64_t vocab = 300;
+    const std::int64_t hidden = 40;
+    const Tensor ids = RandomIds({3000}, -5, vocab + 5, 54);
+    const Tensor dout =
+        RandomTensor({3000, hidden}, dtype(), device(), 54, "dout", RandomDistribution::kInteger, -8, 8);
+    Tensor first = Tensor::Empty({vocab, hidden}, dtype(), device());
+    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = first});
+    const Values want = RefBackward(ids.ToDoubleVector(), dout.ToDoubleVector(), vocab, hidden, 0);
+    ASSERT_GT(AbsSum(want), 0.0);
+    EXPECT_EQ(first.ToDoubleVector(), want);
+    Tensor second = Random({vocab, hidden}, dtype(), 99, "poison");
+    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = second});
+    EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ: the backward must be deterministic";
+}
+
+struct SplitCase {
+    Shape ids_shape;
+    std::int64_t vocab;
+    std::int64_t hidden;
+    std::vector<std::int64_t> tps;
+};
+
 TEST_P(EmbeddingTest, BackwardOfVocabShardsConcatenatesToTheUnsplitGradient) {
-    const DType dtype = GetParam();
-    const std::int64_t vocab = 13;
-    const std::int64_t hidden = 5;
-    const Tensor ids = RandomIds({50}, -2, vocab + 2, 10);
-    const Tensor dout = RandomTensor({50, hidden}, dtype, Device::CPU(), 10, "dout");
-    Tensor full = Tensor::Empty({vocab, hidden}, dtype);
-    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = full});
-    const Values unsplit = full.ToDoubleVector();
-    EXPECT_TRUE(
-        ValuesMatch(unsplit, RefBackward(ids.ToDoubleVector(), dout.ToDoubleVector(), vocab, hidden, 0), dtype));
-    for (std::int64_t tp : {2, 3, 5}) {
-        SCOPED_TRACE(::testing::Message() << "tp " << tp);
-        Values concatenated;
-        std::int64_t start = 0;
-        for (std::int64_t rows : ChunkSizes(vocab, tp)) {
-            Tensor shard = Tensor::Empty({rows, hidden}, dtype);
-            EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = shard, .vocab_start = start});
-            const Values part = shard.ToDoubleVector();
-            concatenated.insert(concatenated.end(), part.begin(), part.end());
-            start += rows;
+    const std::vector<SplitCase> cases = {{{50}, 13, 5, {2, 3, 5}}, {{2, 700}, 1001, 24, {2, 3, 8}}};
+    for (const SplitCase &c : cases) {
+        const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 2, 55);
+        const Tensor dout = Random(WithHidden(c.ids_shape, c.hidden), dtype(), 55, "dout");
+        Tensor full = Tensor::Empty({c.vocab, c.hidden}, dtype(), device());
+        EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = full});
+        const Values unsplit = full.ToDoubleVector();
+        EXPECT_TRUE(ValuesMatch(unsplit, RefBackward(ids.ToDoubleVector(), dout.ToDoubleVector(), c.vocab, c.hidden, 0),
+                                dtype()));
+        for (std::int64_t tp : c.tps) {
+            SCOPED_TRACE(::testing::Message() << "V " << c.vocab << ", tp " << tp);
+            Values concatenated;
+            std::int64_t start = 0;
+            for (std::int64_t rows : ChunkSizes(c.vocab, tp)) {
+                Tensor shard = Tensor::Empty({rows, c.hidden}, dtype(), device());
+                EmbeddingBackward(
+                    EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = shard, .vocab_start = start});
+                const Values part = shard.ToDoubleVector();
+                concatenated.insert(concatenated.end(), part.begin(), part.end());
+                start += rows;
+            }
+            // Each row sums the same terms in the same (position) order on every split: bit-exact.
+            EXPECT_EQ(concatenated, unsplit);
         }
-        // Each row sums the same terms in the same (position) order on every split: bit-exact.
-        EXPECT_EQ(concatenated, unsplit);
+    }
+}
+
+TEST_P(EmbeddingTest, BackwardAccumulatesIntoAFloat32MainGrad) {
+    const std::vector<Case> cases = {{{30}, 7, 7}, {{500}, 64, 33}};
+    for (const Case &c : cases) {
+        SCOPED_TRACE(::testing::Message() << "ids " << ShapeToString(c.ids_shape) << ", V " << c.vocab);
+        const Tensor ids = RandomIds(c.ids_shape, 0, c.vocab - 1, 56);
+        const Tensor dout = Random(WithHidden(c.ids_shape, c.hidden), dtype(), 56, "dout");
+        Tensor main_grad = Random({c.vocab, c.hidden}, DType::kFloat32, 56, "main_grad");
+        const Values want = AddScaled(main_grad.ToDoubleVector(),
+                                      RefBackward(ids.ToDoubleVector(), dout.ToDoubleVector(), c.vocab, c.hidden, 0));
+        EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = main_grad, .accumulate = true});
+        EXPECT_TRUE(ValuesMatch(main_grad, want, DType::kFloat32));
     }
 }
 
 TEST_P(EmbeddingTest, BackwardWithNoIdsZeroesOrKeepsTheGradient) {
-    const DType dtype = GetParam();
-    const Tensor ids = Tensor::Empty({0}, DType::kInt64);
-    const Tensor dout = Tensor::Empty({0, 4}, dtype);
-    Tensor dweight = RandomTensor({3, 4}, dtype, Device::CPU(), 11, "dweight");
+    const Tensor ids = Tensor::Empty({0}, DType::kInt64, device());
+    const Tensor dout = Tensor::Empty({0, 4}, dtype(), device());
+    Tensor dweight = Random({3, 4}, dtype(), 57, "dweight");
     const Values before = dweight.ToDoubleVector();
     ASSERT_GT(AbsSum(before), 0.0);
     EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = dweight, .accumulate = true});
@@ -207,36 +254,10 @@ TEST_P(EmbeddingTest, BackwardWithNoIdsZeroesOrKeepsTheGradient) {
     EXPECT_EQ(dweight.ToDoubleVector(), Values(12, 0.0));
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuDTypes, EmbeddingTest, CpuDTypes(), DTypeParamName);
-
-TEST(EmbeddingTest, BackwardAccumulatesFloat64GradientsIntoAFloat32MainGrad) {
-    const Tensor ids = RandomIds({30}, 0, 6, 12);
-    const Tensor dout = RandomTensor({30, 7}, DType::kFloat64, Device::CPU(), 12, "dout");
-    Tensor main_grad = RandomTensor({7, 7}, DType::kFloat32, Device::CPU(), 12, "main_grad");
-    Values want = RefBackward(ids.ToDoubleVector(), dout.ToDoubleVector(), 7, 7, 0);
-    const Values before = main_grad.ToDoubleVector();
-    for (std::size_t k = 0; k < want.size(); ++k) {
-        want[k] += before[k];
-    }
-    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = main_grad, .accumulate = true});
-    EXPECT_TRUE(ValuesMatch(main_grad, want, DType::kFloat32));
-}
+SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(EmbeddingTest, DeviceCases, DeviceDTypeName);
 
 // ---------------------------------------------------------------------------------------------------------------------
-// Errors
-
-template <class ErrorType> std::string MessageOf(const std::function<void()> &f) {
-    try {
-        f();
-    } catch (const ErrorType &e) {
-        return e.what();
-    } catch (const std::exception &e) {
-        ADD_FAILURE() << "threw the wrong type: " << e.what();
-        return {};
-    }
-    ADD_FAILURE() << "threw nothing";
-    return {};
-}
+// Errors (the CPU's messages)
 
 TEST(EmbeddingErrorsTest, IdsMustBeInt64) {
     const Tensor ids = Tensor::Zeros({4}, DType::kFloat32);
@@ -302,4 +323,4 @@ TEST(EmbeddingErrorsTest, IdsOnAnotherDeviceAreADeviceError) {
 }
 
 } // namespace
-} // namespace shardline::kernels
+} // namespace shardline::testing

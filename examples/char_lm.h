@@ -8,6 +8,7 @@
 // ColumnParallelLinear head over the vocabulary -> vocab-parallel cross-entropy (the logits stay sharded). Mesh dp×tp:
 // the batch is sharded on dp (gradients all-reduced in buckets during backward), the layers on tp.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -173,6 +174,30 @@ private:
     double lr_ = 0.0;
     std::int64_t warmup_steps_ = 0;
     std::int64_t step_ = 0;
+};
+
+/// The steps a progress line timed. A window opens after the last logged step (or an evaluation, which is not
+/// timed) and counts every step taken since, so the ms/step it reports is right whatever the log and evaluation
+/// intervals are: after step 1, after an evaluation, at the last step.
+class StepWindow {
+public:
+    using Clock = std::chrono::steady_clock;
+
+    /// Opens the window before step `next_step`, at `now`.
+    void Open(std::int64_t next_step, Clock::time_point now) {
+        first_step_ = next_step;
+        start_ = now;
+    }
+    /// The steps from the window's opening to `step` (inclusive).
+    std::int64_t Steps(std::int64_t step) const { return step - first_step_ + 1; }
+    /// Milliseconds per step of the window that ends after `step`, at `now`.
+    double MsPerStep(std::int64_t step, Clock::time_point now) const {
+        return std::chrono::duration<double, std::milli>(now - start_).count() / static_cast<double>(Steps(step));
+    }
+
+private:
+    std::int64_t first_step_ = 1;
+    Clock::time_point start_ = Clock::now();
 };
 
 } // namespace char_lm

@@ -75,7 +75,8 @@ int Run(launch::Environment &env, Config c) {
         return total / c.eval_batches;
     };
 
-    auto window_start = std::chrono::steady_clock::now();
+    StepWindow window;
+    window.Open(1, StepWindow::Clock::now());
     double last_val = std::nan("");
     for (std::int64_t step = 1; step <= c.steps; ++step) {
         const Batch b = MakeBatch(corpus, c.context, c.batch, vocab_padded, TrainBatchSeed(c, step), false);
@@ -88,15 +89,11 @@ int Run(launch::Environment &env, Config c) {
         }
         const double train_loss = LossValue(loss); // a collective: every rank takes part
         Synchronize(env.device());
-        const auto now = std::chrono::steady_clock::now();
-        const std::int64_t steps_in_window =
-            step == 1 ? 1 : (step % c.log_interval == 0 ? c.log_interval : step % c.log_interval);
-        const double ms = std::chrono::duration<double, std::milli>(now - window_start).count() /
-                          static_cast<double>(steps_in_window);
+        const double ms = window.MsPerStep(step, StepWindow::Clock::now());
         if (eval) {
             last_val = evaluate();
         }
-        window_start = std::chrono::steady_clock::now();
+        window.Open(step + 1, StepWindow::Clock::now()); // the evaluation is not part of the next window
         const double tokens_per_s = static_cast<double>(c.batch) / (ms / 1e3);
         const double tflops = 3.0 * model.FlopsPerPrediction() * static_cast<double>(c.batch) / (ms / 1e3) / 1e12 /
                               static_cast<double>(world);

@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,6 +12,7 @@
 
 #include <shardline/config.h>
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 #include <shardline/launch/bootstrap.h>
@@ -30,16 +32,8 @@ bool MpiRunning() {
     return initialized != 0 && finalized == 0;
 }
 
-// A non-negative integer from the environment, or -1 when unset or malformed.
-int EnvInt(const char *name) {
-    const char *env = std::getenv(name);
-    if (env == nullptr || *env == '\0') {
-        return -1;
-    }
-    char *end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    return (*end == '\0' && v >= 0) ? static_cast<int>(v) : -1;
-}
+// Open MPI's non-negative integer, or -1 when unset (a malformed value is an error naming the variable).
+int EnvInt(const char *name) { return static_cast<int>(env::GetInt(name, -1, 0, std::numeric_limits<int>::max())); }
 
 // Local rank and ranks on this node: Open MPI's variables when set, else MPI's shared-memory split.
 std::pair<int, int> LocalRankAndSize(int rank) {
@@ -64,17 +58,11 @@ BackendChoice ResolveChoice(BackendChoice choice) {
     if (choice != BackendChoice::kAuto) {
         return choice;
     }
-    const char *env = std::getenv("SHARDLINE_BACKEND");
-    if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") {
-        return BackendChoice::kAuto;
-    }
-    if (std::string_view(env) == "cpu") {
+    const std::string backend = env::GetChoice("SHARDLINE_BACKEND", "auto", {"auto", "cpu", "cuda"});
+    if (backend == "cpu") {
         return BackendChoice::kCpu;
     }
-    if (std::string_view(env) == "cuda") {
-        return BackendChoice::kCuda;
-    }
-    SHARDLINE_THROW(Error, "bootstrap", "SHARDLINE_BACKEND must be auto, cpu or cuda, got '{}'", env);
+    return backend == "cuda" ? BackendChoice::kCuda : BackendChoice::kAuto;
 }
 
 } // namespace

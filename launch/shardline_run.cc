@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <shardline/core/device.h>
+#include <shardline/core/env.h>
 
 extern char **environ;
 
@@ -35,8 +36,8 @@ bool IsExecutable(const std::string &path) {
 
 // SHARDLINE_MPIRUN when set (used as given), else `mpirun` on PATH, else the mpiexec found at configure time.
 std::string FindMpirun() {
-    if (const char *env = std::getenv("SHARDLINE_MPIRUN"); env != nullptr && *env != '\0') {
-        return IsExecutable(env) ? std::string(env) : std::string();
+    if (const auto env = shardline::env::Get("SHARDLINE_MPIRUN")) {
+        return IsExecutable(*env) ? *env : std::string();
     }
     if (const char *path = std::getenv("PATH"); path != nullptr) {
         std::string_view rest(path);

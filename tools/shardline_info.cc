@@ -11,6 +11,7 @@
 
 #include <shardline/config.h>
 #include <shardline/core/device.h>
+#include <shardline/core/env.h>
 #include <shardline/core/dtype.h>
 #include <shardline/kernels/ops.h>
 
@@ -126,8 +127,8 @@ int main() {
         info["environment"] = json::object();
         for (const char* name : {"SHARDLINE_PROVIDER", "SHARDLINE_LINEAR_IMPL", "SHARDLINE_ALLOW_TF32",
                                  "SHARDLINE_CUBLASLT_WORKSPACE_MB", "SHARDLINE_LOG_LEVEL", "NCCL_NVLS_ENABLE"}) {
-            if (const char* v = std::getenv(name)) {
-                info["environment"][name] = v;
+            if (const auto v = shardline::env::Get(name)) {
+                info["environment"][name] = *v;
             }
         }
         info["dtypes"] = DTypes();

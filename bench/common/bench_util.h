@@ -10,12 +10,14 @@
 #include <string>
 #include <vector>
 
+#include <shardline/core/env.h>
+
 namespace shardline::bench {
 
 /// SHARDLINE_COMMIT when set (the run scripts export it), else `git rev-parse --short HEAD`, else "unknown".
 inline std::string Commit() {
-    if (const char* env = std::getenv("SHARDLINE_COMMIT"); env != nullptr && *env != '\0') {
-        return env;
+    if (auto env = shardline::env::Get("SHARDLINE_COMMIT")) {
+        return *env;
     }
     std::string out;
     if (FILE* pipe = ::popen("git rev-parse --short HEAD 2>/dev/null", "r"); pipe != nullptr) {

@@ -4,26 +4,19 @@
 #include <cstdlib>
 #include <string>
 
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 
 namespace shardline::comm {
 namespace {
 
 std::chrono::milliseconds EnvironmentTimeout() {
-    if (const char* env = std::getenv("SHARDLINE_COMM_TIMEOUT_S"); env != nullptr && *env != '\0') {
-        char* end = nullptr;
-        const double seconds = std::strtod(env, &end);
-        SHARDLINE_CHECK(end != env && *end == '\0' && seconds > 0, "SHARDLINE_COMM_TIMEOUT_S",
-                        "expected a positive number of seconds, got '{}'", env);
-        return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
-    }
-    return std::chrono::seconds(120);
+    // A millisecond at least: a zero timeout would fail every collective.
+    const double seconds = env::GetDouble("SHARDLINE_COMM_TIMEOUT_S", 120.0, 1e-3, 1e9);
+    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
-bool EnvironmentCheck() {
-    const char* env = std::getenv("SHARDLINE_COMM_CHECK");
-    return env != nullptr && std::string_view(env) == "1";
-}
+bool EnvironmentCheck() { return env::GetBool("SHARDLINE_COMM_CHECK", false); }
 
 std::atomic<std::int64_t> g_timeout_override_ms{0};
 std::atomic<int> g_check_override{-1};

@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 
 #include <shardline/core/context.h>
+
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
@@ -389,12 +391,12 @@ ncclConfig_t NonBlockingConfig(const std::string& name) {
 
 /// NVLink multicast can put shared GPUs out of service: NCCL must never use NVLS, whatever the caller's environment.
 void KeepMulticastOff() {
-    const char* env = std::getenv("NCCL_NVLS_ENABLE");
-    if (env != nullptr && std::string_view(env) == "0") {
+    const std::optional<std::string> env = env::Get("NCCL_NVLS_ENABLE");
+    if (env && *env == "0") {
         return;
     }
-    if (env != nullptr) {
-        SHARDLINE_LOG_WARN("NCCL_NVLS_ENABLE={} overridden to 0: shardline never lets NCCL use NVLink multicast", env);
+    if (env) {
+        SHARDLINE_LOG_WARN("NCCL_NVLS_ENABLE={} overridden to 0: shardline never lets NCCL use NVLink multicast", *env);
     }
     ::setenv("NCCL_NVLS_ENABLE", "0", 1);
 }

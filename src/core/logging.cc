@@ -5,6 +5,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 
 namespace shardline {
@@ -13,8 +14,11 @@ namespace {
 std::shared_ptr<spdlog::logger> MakeLogger() {
     auto logger = spdlog::stderr_color_mt("shardline");
     spdlog::level::level_enum level = spdlog::level::info;
-    if (const char* env = std::getenv("SHARDLINE_LOG_LEVEL"); env != nullptr && *env != '\0') {
-        level = spdlog::level::from_str(env);
+    // spdlog::level::from_str reads an unknown word as "off": a typo would silence every message.
+    if (const auto name = env::Get("SHARDLINE_LOG_LEVEL")) {
+        level = spdlog::level::from_str(env::ParseChoice("SHARDLINE_LOG_LEVEL", *name,
+                                                         {"trace", "debug", "info", "warning", "warn", "error",
+                                                          "critical", "off"}));
     }
     logger->set_level(level);
     return logger;

@@ -1,5 +1,7 @@
 #include <shardline/kernels/dispatcher.h>
 
+#include <shardline/core/env.h>
+
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -33,14 +35,11 @@ constexpr std::string_view kLinearOps[] = {"LinearForward", "LinearBackwardInput
 void LoadEnvironment(Selection& s) {
     s.global.clear();
     s.per_op.clear();
-    if (const char* env = std::getenv("SHARDLINE_PROVIDER"); env != nullptr && *env != '\0') {
-        s.global = env;
+    if (const auto provider = env::Get("SHARDLINE_PROVIDER")) {
+        s.global = *provider;
     }
-    if (const char* env = std::getenv("SHARDLINE_LINEAR_IMPL"); env != nullptr && *env != '\0') {
-        const std::string_view impl(env);
-        SHARDLINE_CHECK(impl == "legacy" || impl == "default" || impl == "fused", "SHARDLINE_LINEAR_IMPL",
-                        "expected 'legacy' or 'default', got '{}'", impl);
-        if (impl == "legacy") {
+    if (const auto impl = env::Get("SHARDLINE_LINEAR_IMPL")) {
+        if (env::ParseChoice("SHARDLINE_LINEAR_IMPL", *impl, {"default", "fused", "legacy"}) == "legacy") {
             for (std::string_view op : kLinearOps) {
                 s.per_op[std::string(op)] = std::string(kLegacyProvider);
             }

@@ -3,6 +3,8 @@
 
 #include <shardline/kernels/gemm_tuning.h>
 
+#include <shardline/core/env.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,16 +28,6 @@ namespace shardline::kernels {
 namespace {
 
 constexpr std::string_view kOp = "GemmTuning";
-
-bool ParseBoolEnv(const char* name, std::string_view value) {
-    if (value == "1" || value == "on" || value == "true" || value == "yes") {
-        return true;
-    }
-    if (value == "0" || value == "off" || value == "false" || value == "no") {
-        return false;
-    }
-    SHARDLINE_THROW(Error, name, "expected 0 or 1 (off/on), got '{}'", value);
-}
 
 /// The options in force and the tuning-cache table loaded for them.
 struct TuningState {
@@ -170,19 +162,10 @@ GemmTuningRecord RecordFromJson(const nlohmann::json& j, std::string_view source
 
 GemmTuningOptions GemmTuningOptionsFromEnv() {
     GemmTuningOptions o;
-    if (const char* env = std::getenv("SHARDLINE_GEMM_TUNING"); env != nullptr && *env != '\0') {
-        o.enabled = ParseBoolEnv("SHARDLINE_GEMM_TUNING", env);
-    }
-    if (const char* env = std::getenv("SHARDLINE_GEMM_TUNING_TOP_K"); env != nullptr && *env != '\0') {
-        const std::string_view text(env);
-        int k = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), k);
-        SHARDLINE_CHECK(ec == std::errc() && end == text.data() + text.size() && k >= 1 && k <= 64,
-                        "SHARDLINE_GEMM_TUNING_TOP_K", "expected an integer in 1..64, got '{}'", text);
-        o.top_k = k;
-    }
-    if (const char* env = std::getenv("SHARDLINE_GEMM_TUNING_FILE"); env != nullptr) {
-        o.file = env;
+    o.enabled = env::GetBool("SHARDLINE_GEMM_TUNING", o.enabled);
+    o.top_k = static_cast<int>(env::GetInt("SHARDLINE_GEMM_TUNING_TOP_K", o.top_k, 1, 64));
+    if (const auto file = env::Get("SHARDLINE_GEMM_TUNING_FILE")) {
+        o.file = *file;
     }
     return o;
 }

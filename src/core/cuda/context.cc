@@ -10,6 +10,8 @@
 #include <string_view>
 
 #include <shardline/core/context.h>
+
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
@@ -43,28 +45,16 @@ std::mutex &CublasMutex() {
 
 std::size_t WorkspaceBytesFromEnv() {
     static const std::size_t bytes = [] {
-        const char *env = std::getenv("SHARDLINE_CUBLASLT_WORKSPACE_MB");
-        if (env == nullptr || *env == '\0') {
-            return kDefaultWorkspaceMiB << 20;
-        }
-        const std::string_view text(env);
-        std::size_t mib = 0;
-        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), mib);
-        SHARDLINE_CHECK(ec == std::errc() && end == text.data() + text.size() && mib <= (std::size_t{1} << 20),
-                        "SHARDLINE_CUBLASLT_WORKSPACE_MB", "expected a size in MiB (0 to 1048576), got '{}'", text);
-        return mib << 20;
+        const auto mib = env::GetInt("SHARDLINE_CUBLASLT_WORKSPACE_MB", static_cast<std::int64_t>(kDefaultWorkspaceMiB),
+                                     0, std::int64_t{1} << 20);
+        return static_cast<std::size_t>(mib) << 20;
     }();
     return bytes;
 }
 
 bool AllowTf32FromEnv() {
     static const bool allow = [] {
-        const char *env = std::getenv("SHARDLINE_ALLOW_TF32");
-        if (env == nullptr) {
-            return false;
-        }
-        const std::string_view v(env);
-        return v == "1" || v == "true" || v == "on" || v == "yes";
+        return env::GetBool("SHARDLINE_ALLOW_TF32", false);
     }();
     return allow;
 }

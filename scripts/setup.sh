@@ -8,7 +8,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 packages=(build-essential cmake ninja-build libgtest-dev libgmock-dev openmpi-bin libopenmpi-dev
-          nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libopenblas-dev)
+          nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libopenblas-dev
+          python3-venv)
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
   for p in "${packages[@]}"; do
@@ -17,6 +18,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
       cmake) command -v cmake >/dev/null 2>&1 && continue ;;
       ninja-build) command -v ninja >/dev/null 2>&1 && continue ;;
       build-essential) command -v c++ >/dev/null 2>&1 && command -v make >/dev/null 2>&1 && continue ;;
+      python3-venv) python3 -c "import ensurepip, venv" >/dev/null 2>&1 && continue ;;
     esac
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done

@@ -77,7 +77,8 @@ labels=(cpu cuda)
 while IFS= read -r label; do
   label="${label#"${label%%[![:space:]]*}"}"
   label="${label%"${label##*[![:space:]]}"}"
-  [[ -z "$label" || "$label" == cpu || "$label" == cuda ]] && continue
+  # The format check needs the pinned clang-format from PyPI, which the GPU hosts cannot reach; CI runs it.
+  [[ -z "$label" || "$label" == cpu || "$label" == cuda || "$label" == format ]] && continue
   labels+=("$label")
 done < <(ctest --test-dir "$build_dir" --print-labels 2>/dev/null | sed -n '/^All Labels:/,$p' | tail -n +2)
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <shardline/config.h>
@@ -117,7 +118,12 @@ json Kernels() {
 
 } // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    CLI::App app{"shardline-info: prints, as JSON, what this copy of shardline was built with (version, options, "
+                 "CUDA / cuBLASLt / NCCL / MPI versions) and what it sees (dtypes, devices, the registered kernels "
+                 "per op, device and provider)",
+                 "shardline-info"};
+    CLI11_PARSE(app, argc, argv);
     try {
         json info;
         info["versions"] = Versions();

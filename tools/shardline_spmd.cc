@@ -7,9 +7,11 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <shardline/spmd/error.h>
@@ -20,14 +22,13 @@ namespace {
 constexpr int kExitRequestError = 2;
 constexpr int kExitUsage = 1;
 
-constexpr const char *kUsage = R"(usage: shardline-spmd [--compact] [REQUEST.json | -]
-
-Reads one JSON request from REQUEST.json (or stdin when absent or "-") and prints one JSON answer.
-  rule:         {"op": "matmul", "direction": "forward"|"reverse"|"grad", "mesh": {"shape": [2,4]},
-                 "inputs": [{"name": "x", "shape": [64,32], "dims_mapping": [0,-1]}, ...], "attrs": {...}}
-  redistribute: {"op": "redistribute", "mesh": {...}, "shape": [...], "src": {...}, "dst": {...}}
-A wrong request prints {"error": "..."} and exits with 2. See docs/spmd.md for the schema.
-)";
+// The usage line the tests and docs/spmd.md quote (CLI11's own would read "Usage: shardline-spmd [OPTIONS] [request]").
+class UsageFormatter : public CLI::Formatter {
+  public:
+    std::string make_usage(const CLI::App *, std::string) const override {
+        return "usage: shardline-spmd [--compact] [REQUEST.json | -]\n";
+    }
+};
 
 int Fail(const std::string &message, int indent) {
     std::cout << nlohmann::json{{"error", message}}.dump(indent) << '\n';
@@ -37,23 +38,28 @@ int Fail(const std::string &message, int indent) {
 } // namespace
 
 int main(int argc, char **argv) {
-    int indent = 2;
+    CLI::App app{"Reads one JSON request from REQUEST.json (or stdin when absent or \"-\") and prints one JSON answer.",
+                 "shardline-spmd"};
+    app.formatter(std::make_shared<UsageFormatter>());
+    bool compact = false;
     std::string path;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        if (arg == "-h" || arg == "--help") {
-            std::cout << kUsage;
-            return 0;
-        }
-        if (arg == "--compact") {
-            indent = -1;
-        } else if (!path.empty() || (arg.size() > 1 && arg[0] == '-')) {
-            std::cerr << "shardline-spmd: unexpected argument '" << arg << "'\n" << kUsage;
-            return kExitUsage;
-        } else {
-            path = arg;
-        }
+    app.add_flag("--compact", compact, "print the answer on one line");
+    app.add_option("request", path, "the request file; \"-\" or absent: stdin")->type_name("REQUEST.json");
+    app.footer(R"(Requests:
+  rule:         {"op": "matmul", "direction": "forward"|"reverse"|"grad", "mesh": {"shape": [2,4]},
+                 "inputs": [{"name": "x", "shape": [64,32], "dims_mapping": [0,-1]}, ...], "attrs": {...}}
+  redistribute: {"op": "redistribute", "mesh": {...}, "shape": [...], "src": {...}, "dst": {...}}
+A wrong request prints {"error": "..."} and exits with 2; a wrong command line exits with 1. See docs/spmd.md.)");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp &e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError &e) {
+        // stdout stays empty (it carries only JSON answers); the message and the usage go to stderr.
+        std::cerr << "shardline-spmd: " << e.what() << "\n" << app.help();
+        return kExitUsage;
     }
+    const int indent = compact ? -1 : 2;
     try {
         std::string text;
         if (path.empty() || path == "-") {

@@ -6,31 +6,32 @@
 // reduce_scatter). Each iteration is timed with CUDA events on the compute stream around the call and its
 // Wait(host=false), which is what a layer pays; the per-iteration time is the max over ranks, then median and p90.
 //
-// Options: --min-bytes B (8) --max-bytes B (1073741824) --factor F (2) --warmup W (10) --iters I (50)
-//          --ops all_reduce,all_gather,reduce_scatter --dtype bf16 --json PATH (JSON lines, appended)
+// Options: `shardline-comm-bench --help` lists them with their defaults (AddOptions below).
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <fstream>
-#include <sstream>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <shardline/comm/communicator.h>
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/random.h>
 #include <shardline/core/tensor.h>
 #include <shardline/launch/bootstrap.h>
 
 #include "common/bench_util.h"
+#include "common/cli.h"
 
 namespace {
 
@@ -42,54 +43,53 @@ struct Options {
     std::int64_t factor = 2;
     int warmup = 10;
     int iters = 50;
-    std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter"};
-    DType dtype = DType::kBFloat16;
+    std::string ops_text = "all_reduce,all_gather,reduce_scatter"; ///< --ops, comma-separated
+    std::string dtype_text = "bf16";                                ///< --dtype
     std::string json;
+    // Resolved from the text above once the command line is parsed.
+    std::vector<std::string> ops;
+    DType dtype = DType::kBFloat16;
 };
 
-std::vector<std::string> SplitList(const std::string& text) {
-    std::vector<std::string> out;
-    std::stringstream ss(text);
-    for (std::string item; std::getline(ss, item, ',');) {
-        if (!item.empty()) {
-            out.push_back(item);
-        }
-    }
-    return out;
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
+/// The command line (CLI11); a bad value is CLI11's error and exit code, before MPI starts.
+void AddOptions(CLI::App& app, Options& o) {
+    bench::UseBenchDefaults(app);
+    app.add_option("--min-bytes", o.min_bytes, "smallest buffer in bytes (the larger buffer of each op)")
+        ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
+    app.add_option("--max-bytes", o.max_bytes, "largest buffer in bytes")
+        ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));
+    app.add_option("--factor", o.factor, "ratio between successive sizes")
+        ->check(CLI::Range(std::int64_t{2}, std::numeric_limits<std::int64_t>::max()));
+    app.add_option("--warmup", o.warmup, "untimed iterations per size")->check(CLI::Range(0, kIntMax));
+    app.add_option("--iters", o.iters, "timed iterations per size")->check(CLI::Range(1, kIntMax));
+    app.add_option("--ops", o.ops_text, "collectives to measure, comma-separated")
+        ->type_name("LIST")
+        ->check(bench::ListOf({"all_reduce", "all_gather", "reduce_scatter"}));
+    app.add_option("--dtype", o.dtype_text, "element type (bf16, fp16, fp32, ...)")
+        ->check(bench::AcceptedBy([](const std::string& text) { ParseDType(text); }, "DTYPE"));
+    app.add_option("--json", o.json, "append one JSON line per measurement to PATH")->type_name("PATH");
 }
 
-Options ParseOptions(int argc, char** argv) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        auto value = [&]() -> std::string {
-            SHARDLINE_CHECK(i + 1 < argc, "shardline-comm-bench", "{} needs a value", arg);
-            return argv[++i];
-        };
-        if (arg == "--min-bytes") {
-            o.min_bytes = std::stoll(value());
-        } else if (arg == "--max-bytes") {
-            o.max_bytes = std::stoll(value());
-        } else if (arg == "--factor") {
-            o.factor = std::stoll(value());
-        } else if (arg == "--warmup") {
-            o.warmup = std::stoi(value());
-        } else if (arg == "--iters") {
-            o.iters = std::stoi(value());
-        } else if (arg == "--ops") {
-            o.ops = SplitList(value());
-        } else if (arg == "--dtype") {
-            o.dtype = ParseDType(value());
-        } else if (arg == "--json") {
-            o.json = value();
-        } else {
-            SHARDLINE_THROW(Error, "shardline-comm-bench", "unknown option '{}' (see the header of comm_bench.cc)", arg);
+/// Parses argv into `o`; returns -1 to go on, else the exit code (--help, or CLI11's code for a bad command line).
+int ParseCommandLine(int argc, char** argv, Options& o) {
+    CLI::App app{"shardline-comm-bench: all_reduce, all_gather and reduce_scatter through shardline's NCCL "
+                 "communicator, one rank per GPU (mpirun -n N shardline-comm-bench [options])",
+                 "shardline-comm-bench"};
+    AddOptions(app, o);
+    try {
+        app.parse(argc, argv);
+        if (o.max_bytes < o.min_bytes) {
+            throw CLI::ValidationError("--max-bytes", fmt::format("must be at least --min-bytes ({}), got {}",
+                                                                  o.min_bytes, o.max_bytes));
         }
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
     }
-    SHARDLINE_CHECK(o.factor >= 2 && o.min_bytes > 0 && o.max_bytes >= o.min_bytes && o.iters >= 1 && o.warmup >= 0,
-                    "shardline-comm-bench", "expected factor >= 2, 0 < min-bytes <= max-bytes, iters >= 1, got {} {} {} {}",
-                    o.factor, o.min_bytes, o.max_bytes, o.iters);
-    return o;
+    o.ops = bench::SplitList(o.ops_text);
+    o.dtype = ParseDType(o.dtype_text);
+    return -1;
 }
 
 using bench::Commit;
@@ -160,8 +160,7 @@ Result Measure(launch::Environment& env, const Options& o, const std::string& op
     return Result{Percentile(times, 0.5), Percentile(times, 0.9)};
 }
 
-int Run(launch::Environment& env, int argc, char** argv) {
-    const Options o = ParseOptions(argc, argv);
+int Run(launch::Environment& env, const Options& o) {
     SHARDLINE_CHECK_AS(DeviceError, env.device().is_cuda(), "shardline-comm-bench",
                        "needs one GPU per rank (the world communicator is '{}')", env.world().backend());
     const int n = env.world_size();
@@ -171,7 +170,7 @@ int Run(launch::Environment& env, int argc, char** argv) {
     const std::string device = prop.name;
     const std::string commit = Commit();
     const std::string date = bench::NowUtc();
-    const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+    const std::string nvls = env::Get("NCCL_NVLS_ENABLE").value_or("(unset)");
 
     std::ofstream json;
     if (rank0 && !o.json.empty()) {
@@ -181,7 +180,7 @@ int Run(launch::Environment& env, int argc, char** argv) {
     if (rank0) {
         std::printf("# shardline NCCL backend, %d ranks, %s, %s, commit %s, %s, NCCL_NVLS_ENABLE=%s\n", n,
                     device.c_str(), std::string(DTypeName(o.dtype)).c_str(), commit.c_str(), date.c_str(),
-                    nvls != nullptr ? nvls : "(unset)");
+                    nvls.c_str());
         std::printf("%-15s %12s %12s %12s %10s %10s\n", "op", "bytes", "median_us", "p90_us", "algbw", "busbw");
     }
     for (const std::string& op : o.ops) {
@@ -218,6 +217,10 @@ int Run(launch::Environment& env, int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
+    Options o;
+    if (const int code = ParseCommandLine(argc, argv, o); code >= 0) {
+        return code;
+    }
     return shardline::launch::RunMain(&argc, &argv, {.backend = shardline::launch::BackendChoice::kCuda},
-                                      [&](shardline::launch::Environment& env) { return Run(env, argc, argv); });
+                                      [&](shardline::launch::Environment& env) { return Run(env, o); });
 }

@@ -1,8 +1,8 @@
 #pragma once
 
 // Plain cuBLASLt GEMMs, the bench's own descriptors and no shardline kernel: the floors of bench/linear and the
-// calibration ceiling (BENCHMARKS.md: an 8192³ bf16 GEMM, best of the heuristic's top 8) that every GPU benchmark
-// reports its TF/s against. Header-only; needs CUDA and cuBLASLt.
+// calibration ceiling (shared/BENCHMARKS.md, outside this repository: an 8192³ bf16 GEMM, best of the heuristic's top
+// 8) that every GPU benchmark reports its TF/s against. Header-only; needs CUDA and cuBLASLt.
 
 #include <algorithm>
 #include <cstdint>

@@ -1,5 +1,5 @@
 // shardline-linear-bench: single-GPU Linear layers against cuBLASLt floors (and, through bench/peers/linear_peer.py,
-// torch), following ../shared/BENCHMARKS.md.
+// torch), following the project's benchmark rules (shared/BENCHMARKS.md, outside this repository).
 //
 //   1. Calibration: an 8192³ bf16 GEMM (cuBLASLt, best of the heuristic's top 8: the ceiling) and a 1 GiB device copy.
 //   2. Cases (shape, M, dtype): shardline forward (with and without bias), backward (LinearBackward: dX, dW, db;
@@ -13,10 +13,7 @@
 // variant of the case runs `iters` iterations in turn (A B A B ...); median and p90 over all timed iterations. Inputs
 // are random normal; when a set of operands fits in 3x the L2 cache, iterations rotate over enough sets to defeat it.
 //
-// Options: --suite quick|full (full) --regimes decode,prefill,training,dtypes,odd,host (all of the suite)
-//          --shapes 8b-tp1-o,... (every shape of the suite)
-//          --warmup 10 --iters 10 --rounds 5 --host-calls 2000 --json PATH (JSON lines, appended)
-//          --list-cases (print the suite's cases as JSON for the torch peer and exit)
+// Options: `shardline-linear-bench --help` lists them with their defaults (ParseCommandLine below).
 
 #include <algorithm>
 #include <chrono>
@@ -27,17 +24,18 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <dlfcn.h>
 
+#include <CLI/CLI.hpp>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -56,6 +54,7 @@
 #include <shardline/kernels/linear.h>
 
 #include "common/bench_util.h"
+#include "common/cli.h"
 #include "common/cublaslt_floor.h"
 
 namespace {
@@ -81,54 +80,38 @@ struct Options {
     bool list_cases = false;
 };
 
-std::set<std::string> SplitSet(const std::string& text) {
-    std::set<std::string> out;
-    std::stringstream ss(text);
-    for (std::string item; std::getline(ss, item, ',');) {
-        if (!item.empty()) {
-            out.insert(item);
-        }
-    }
-    return out;
-}
+constexpr int kIntMax = std::numeric_limits<int>::max();
 
-Options ParseOptions(int argc, char** argv) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        auto value = [&]() -> std::string {
-            SHARDLINE_CHECK(i + 1 < argc, kTool, "{} needs a value", arg);
-            return argv[++i];
-        };
-        if (arg == "--suite") {
-            o.suite = value();
-        } else if (arg == "--regimes") {
-            o.regimes = SplitSet(value());
-        } else if (arg == "--shapes") {
-            o.shapes = SplitSet(value());
-        } else if (arg == "--warmup") {
-            o.warmup = std::stoi(value());
-        } else if (arg == "--iters") {
-            o.iters = std::stoi(value());
-        } else if (arg == "--rounds") {
-            o.rounds = std::stoi(value());
-        } else if (arg == "--host-calls") {
-            o.host_calls = std::stoi(value());
-        } else if (arg == "--json") {
-            o.json = value();
-        } else if (arg == "--list-cases") {
-            o.list_cases = true;
-        } else {
-            SHARDLINE_THROW(Error, kTool, "unknown option '{}' (see the header of linear_bench.cc)", arg);
-        }
+/// Parses argv into `o`; returns -1 to go on, else the exit code (--help, or CLI11's code for a bad command line).
+int ParseCommandLine(int argc, char** argv, Options& o) {
+    CLI::App app{"shardline-linear-bench: single-GPU Linear layers against cuBLASLt floors (the torch peer runs the "
+                 "cases --list-cases prints)",
+                 std::string(kTool)};
+    bench::UseBenchDefaults(app);
+    std::string regimes = "decode,prefill,training,dtypes,odd,host";
+    std::string shapes;
+    app.add_option("--suite", o.suite, "quick or full")->check(CLI::IsMember({"quick", "full"}));
+    app.add_option("--regimes", regimes, "regimes to run, comma-separated (those of the suite)")
+        ->type_name("LIST")
+        ->check(bench::ListOf({"decode", "prefill", "training", "dtypes", "odd", "host"}));
+    app.add_option("--shapes", shapes, "shapes to run, comma-separated (empty: every shape of the suite)")
+        ->type_name("LIST");
+    app.add_option("--warmup", o.warmup, "untimed iterations per variant")->check(CLI::Range(0, kIntMax));
+    app.add_option("--iters", o.iters, "timed iterations per variant and round")->check(CLI::Range(1, kIntMax));
+    app.add_option("--rounds", o.rounds, "rounds over the variants of a case (A B A B ...)")
+        ->check(CLI::Range(1, kIntMax));
+    app.add_option("--host-calls", o.host_calls, "back-to-back calls of the host-cost regime")
+        ->check(CLI::Range(1, kIntMax));
+    app.add_option("--json", o.json, "append one JSON line per measurement to PATH")->type_name("PATH");
+    app.add_flag("--list-cases", o.list_cases, "print the suite's cases as JSON (for the torch peer) and exit");
+    CLI11_PARSE(app, argc, argv);
+    for (const std::string& r : bench::SplitList(regimes)) {
+        o.regimes.insert(r);
     }
-    SHARDLINE_CHECK(o.suite == "quick" || o.suite == "full", kTool, "--suite must be quick or full, got '{}'", o.suite);
-    SHARDLINE_CHECK(o.iters >= 1 && o.rounds >= 1 && o.warmup >= 0 && o.host_calls >= 1, kTool,
-                    "expected iters >= 1, rounds >= 1, warmup >= 0, host-calls >= 1");
-    if (o.regimes.empty()) {
-        o.regimes = {"decode", "prefill", "training", "dtypes", "odd", "host"};
+    for (const std::string& name : bench::SplitList(shapes)) {
+        o.shapes.insert(name);
     }
-    return o;
+    return -1;
 }
 
 /// Row-major Y[M,N] = X[M,K]·W[N,K]ᵀ + b: K = in_features, N = out_features.
@@ -966,8 +949,7 @@ void HostBench(Run& run, const Options& o) {
 
 // ---------------------------------------------------------------------------------------------------------------------
 
-int Main(int argc, char** argv) {
-    const Options o = ParseOptions(argc, argv);
+int Main(const Options& o) {
     const std::vector<Case> cases = Cases(o);
     if (o.list_cases) {
         json list = json::array();
@@ -1062,8 +1044,12 @@ int Main(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
+    Options o;
+    if (const int code = ParseCommandLine(argc, argv, o); code >= 0) {
+        return code;
+    }
     try {
-        return Main(argc, argv);
+        return Main(o);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "shardline-linear-bench: %s\n", e.what());
         return 2;

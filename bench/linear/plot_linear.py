@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Summarises a run_linear_bench.sh result folder (linear_shardline.jsonl + linear_torch.jsonl) against the targets of
-BENCHMARKS.md as markdown tables, and draws a PNG.
+shared/BENCHMARKS.md (the project's benchmark rules, outside this repository) as markdown tables, and draws a PNG.
 
     bench/linear/plot_linear.py RESULT_DIR [--png OUT.png]
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Summarises a run_tp_mlp_bench.sh result folder (tp_mlp_shardline.jsonl + tp_mlp_torch.jsonl, every TP size) as a
-markdown table against the targets of BENCHMARKS.md, and draws a PNG when matplotlib is there (tables only otherwise).
+markdown table against the targets of shared/BENCHMARKS.md (the project's benchmark rules, outside this repository),
+and draws a PNG when matplotlib is there (tables only otherwise).
 
     bench/tp_mlp/plot_tp_mlp.py RESULT_DIR [--png OUT.png]
 

@@ -1,7 +1,8 @@
 // shardline-tp-mlp-bench: the tensor-parallel MLP (nn::ParallelMLP: ColumnParallelLinear → GELU(tanh) →
 // RowParallelLinear, with bias) forward + backward through shardline autograd, one rank per GPU, TP = world size,
-// against its lower bounds (BENCHMARKS.md, "Multi-GPU"). bench/tp_mlp/run_tp_mlp_bench.sh runs it next to the torch
-// DTensor peer (bench/peers/tp_mlp_peer.py) in one command.
+// against its lower bounds (shared/BENCHMARKS.md, "Multi-GPU": the project's benchmark rules, outside this
+// repository). bench/tp_mlp/run_tp_mlp_bench.sh runs it next to the torch DTensor peer (bench/peers/tp_mlp_peer.py) in
+// one command.
 //
 //   mpirun -n N shardline-tp-mlp-bench [options]
 //
@@ -30,14 +31,10 @@
 // Correctness gate, before timing, on every case and step variant: the first step's gathered y and dX on two token
 // rows, and dW1, db1, dW2, db2 on two ffn columns of each rank's shard, against float64 host sums over the same
 // bf16 inputs (rows: each rank sums its shard's contribution, the ranks add them up over MPI). Tolerance: the
-// distributed tests' bf16 rtol 1.6e-2 × (tp + 3) (tests/dist/nn_gradient_consistency_test.cc), relative to
+// distributed tests' bf16 rtol 1.6e-2 × (tp + 3) (tests/dist/nn_parallel_mlp_test.cc), relative to
 // max(|expected|, rms(expected)); fp32 (--cpu) 1e-4. A failed gate skips that variant's timing and fails the exit code.
 //
-// Options: --suite full|quick (full: shapes 8b,70b × tokens 128,2048,8192; quick: 8b × 128,8192 and 3/5/2 iterations)
-//          --shapes 8b,70b --tokens 128,2048,8192 --variants tp,sp --warmup 10 --iters 10 --rounds 5
-//          --no-gate --json PATH (JSON lines, appended) --list-cases (print the cases as JSON for the peer and exit)
-//          --cpu (MPI on CPU tensors, fp32, shape cpu-tiny h 64 / ff 256, tokens 16,64: a smoke test of the logic)
-//          --shape NAME:H:FF (adds a custom shape and selects it)
+// Options: `shardline-tp-mlp-bench --help` lists them with their defaults (ParseCommandLine below).
 
 #include <algorithm>
 #include <chrono>
@@ -47,14 +44,15 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -63,6 +61,7 @@
 #include <shardline/comm/device_mesh.h>
 #include <shardline/config.h>
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/random.h>
 #include <shardline/core/tensor.h>
@@ -74,6 +73,7 @@
 #include <shardline/spmd/layout.h>
 
 #include "common/bench_util.h"
+#include "common/cli.h"
 #if SHARDLINE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -97,7 +97,7 @@ struct MlpShape {
     std::int64_t hidden = 0;
     std::int64_t ffn = 0;
 };
-/// Llama 3 8B and 70B MLPs (BENCHMARKS.md "Shapes").
+/// Llama 3 8B and 70B MLPs (shared/BENCHMARKS.md "Shapes").
 const std::vector<MlpShape> kShapes = {{"8b", 4096, 14336}, {"70b", 8192, 28672}};
 const MlpShape kCpuShape = {"cpu-tiny", 64, 256};
 
@@ -106,101 +106,112 @@ struct Options {
     std::vector<MlpShape> shapes; ///< empty: the suite's
     std::vector<std::int64_t> tokens;
     std::vector<std::string> variants = {"tp", "sp"};
-    std::optional<int> warmup, iters, rounds;
+    int warmup = 10; ///< the suite's: ParseCommandLine fills them in
+    int iters = 10;
+    int rounds = 5;
     bool gate = true;
     bool cpu = false;
     bool list_cases = false;
     std::string json;
 };
 
-std::vector<std::string> SplitList(const std::string& text) {
-    std::vector<std::string> out;
-    std::stringstream ss(text);
-    for (std::string item; std::getline(ss, item, ',');) {
-        if (!item.empty()) {
-            out.push_back(item);
-        }
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
+/// NAME:H:FF with H and FF positive integers.
+std::optional<MlpShape> ParseShape(const std::string& text) {
+    std::vector<std::string> parts;
+    std::string::size_type begin = 0;
+    for (std::string::size_type colon; (colon = text.find(':', begin)) != std::string::npos; begin = colon + 1) {
+        parts.push_back(text.substr(begin, colon - begin));
     }
-    return out;
+    parts.push_back(text.substr(begin));
+    MlpShape shape;
+    if (parts.size() != 3 || parts[0].empty() || !CLI::detail::lexical_cast(parts[1], shape.hidden) ||
+        !CLI::detail::lexical_cast(parts[2], shape.ffn) || shape.hidden < 1 || shape.ffn < 1) {
+        return std::nullopt;
+    }
+    shape.name = parts[0];
+    return shape;
 }
 
-Options ParseOptions(int argc, char** argv) {
-    Options o;
-    std::vector<std::string> shape_names;
-    std::vector<MlpShape> custom;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        auto value = [&]() -> std::string {
-            SHARDLINE_CHECK(i + 1 < argc, kTool, "{} needs a value", arg);
-            return argv[++i];
-        };
-        if (arg == "--suite") {
-            o.suite = value();
-        } else if (arg == "--shapes") {
-            shape_names = SplitList(value());
-        } else if (arg == "--shape") {
-            const std::vector<std::string> parts = [&] {
-                std::vector<std::string> p;
-                std::stringstream ss(value());
-                for (std::string item; std::getline(ss, item, ':');) {
-                    p.push_back(item);
-                }
-                return p;
-            }();
-            SHARDLINE_CHECK(parts.size() == 3, kTool, "--shape takes NAME:H:FF, got {} fields", parts.size());
-            custom.push_back({parts[0], std::stoll(parts[1]), std::stoll(parts[2])});
-        } else if (arg == "--tokens") {
-            for (const std::string& t : SplitList(value())) {
-                o.tokens.push_back(std::stoll(t));
-            }
-        } else if (arg == "--variants") {
-            o.variants = SplitList(value());
-        } else if (arg == "--warmup") {
-            o.warmup = std::stoi(value());
-        } else if (arg == "--iters") {
-            o.iters = std::stoi(value());
-        } else if (arg == "--rounds") {
-            o.rounds = std::stoi(value());
-        } else if (arg == "--no-gate") {
-            o.gate = false;
-        } else if (arg == "--cpu") {
-            o.cpu = true;
-        } else if (arg == "--json") {
-            o.json = value();
-        } else if (arg == "--list-cases") {
-            o.list_cases = true;
-        } else {
-            SHARDLINE_THROW(Error, kTool, "unknown option '{}' (see the header of tp_mlp_bench.cc)", arg);
-        }
-    }
-    SHARDLINE_CHECK(o.suite == "quick" || o.suite == "full", kTool, "--suite must be quick or full, got '{}'", o.suite);
-    for (const std::string& v : o.variants) {
-        SHARDLINE_CHECK(v == "tp" || v == "sp", kTool, "--variants takes tp and sp, got '{}'", v);
-    }
+/// Parses argv into `o` and fills in the suite's defaults; returns -1 to go on, else the exit code (--help, or
+/// CLI11's code for a bad command line).
+int ParseCommandLine(int argc, char** argv, Options& o) {
+    CLI::App app{"shardline-tp-mlp-bench: nn::ParallelMLP forward + backward, TP = world size, one rank per GPU "
+                 "(mpirun -n N shardline-tp-mlp-bench [options]), against T_compute, T_comm and their lower bounds",
+                 std::string(kTool)};
+    bench::UseBenchDefaults(app);
+    std::string shape_names;
+    std::vector<std::string> custom;
+    std::string tokens;
+    std::string variants = "tp,sp";
+    int warmup = 10;
+    int iters = 10;
+    int rounds = 5;
+    bool no_gate = false;
+    app.add_option("--suite", o.suite, "full: shapes 8b,70b x tokens 128,2048,8192; quick: 8b x 128,8192, fewer "
+                                       "iterations")
+        ->check(CLI::IsMember({"quick", "full"}));
+    app.add_option("--shapes", shape_names, "Llama 3 MLP shapes, comma-separated (empty: the suite's)")
+        ->type_name("LIST")
+        ->check(bench::ListOf({"8b", "70b"}));
+    app.add_option("--shape", custom, "a custom shape, hidden H and ffn FF; repeatable; replaces --shapes")
+        ->type_name("NAME:H:FF")
+        ->default_str("")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false)
+        ->check(CLI::Validator(
+            [](std::string& text) {
+                return ParseShape(text) ? std::string() : "expected NAME:H:FF with H, FF >= 1, got '" + text + "'";
+            },
+            ""));
+    app.add_option("--tokens", tokens, "token counts T, comma-separated (empty: the suite's; --cpu: 16,64)")
+        ->type_name("LIST")
+        ->check(bench::IntListAtLeast(1));
+    app.add_option("--variants", variants, "step variants, comma-separated: tp (plain), sp (sequence parallel)")
+        ->type_name("LIST")
+        ->check(bench::ListOf({"tp", "sp"}));
+    CLI::Option* warmup_opt = app.add_option("--warmup", warmup, "untimed steps per case (--suite quick, --cpu: 3)")
+                                  ->check(CLI::Range(0, kIntMax));
+    CLI::Option* iters_opt = app.add_option("--iters", iters, "timed steps per variant and round (--suite quick, "
+                                                              "--cpu: 5)")
+                                 ->check(CLI::Range(1, kIntMax));
+    CLI::Option* rounds_opt = app.add_option("--rounds", rounds, "rounds over the variants (--suite quick, --cpu: 2)")
+                                  ->check(CLI::Range(1, kIntMax));
+    app.add_flag("--no-gate", no_gate, "skip the correctness gate before timing");
+    app.add_flag("--cpu", o.cpu, "MPI on CPU tensors, fp32, shape cpu-tiny (h 64, ff 256): a smoke test of the logic");
+    app.add_option("--json", o.json, "append one JSON line per measurement to PATH")->type_name("PATH");
+    app.add_flag("--list-cases", o.list_cases, "print the cases as JSON (for the torch peer) and exit");
+    CLI11_PARSE(app, argc, argv);
+
+    o.gate = !no_gate;
+    o.variants = bench::SplitList(variants);
+    o.tokens = bench::ParseIntList(tokens);
     const bool quick = o.suite == "quick";
+    const std::vector<std::string> named = bench::SplitList(shape_names);
     if (!custom.empty()) {
-        o.shapes = custom;
+        for (const std::string& text : custom) {
+            o.shapes.push_back(*ParseShape(text));
+        }
     } else if (o.cpu) {
         o.shapes = {kCpuShape};
     } else {
         for (const MlpShape& s : kShapes) {
-            const bool named = std::find(shape_names.begin(), shape_names.end(), s.name) != shape_names.end();
-            if (shape_names.empty() ? (!quick || s.name == "8b") : named) {
+            const bool wanted = std::find(named.begin(), named.end(), s.name) != named.end();
+            if (named.empty() ? (!quick || s.name == "8b") : wanted) {
                 o.shapes.push_back(s);
             }
         }
-        SHARDLINE_CHECK(!o.shapes.empty(), kTool, "--shapes matched none of 8b, 70b");
     }
     if (o.tokens.empty()) {
         o.tokens = o.cpu ? std::vector<std::int64_t>{16, 64}
                          : (quick ? std::vector<std::int64_t>{128, 8192} : std::vector<std::int64_t>{128, 2048, 8192});
     }
-    o.warmup = o.warmup.value_or(quick || o.cpu ? 3 : 10);
-    o.iters = o.iters.value_or(quick || o.cpu ? 5 : 10);
-    o.rounds = o.rounds.value_or(quick || o.cpu ? 2 : 5);
-    SHARDLINE_CHECK(*o.iters >= 1 && *o.rounds >= 1 && *o.warmup >= 0, kTool,
-                    "expected iters >= 1, rounds >= 1, warmup >= 0, got {} {} {}", *o.iters, *o.rounds, *o.warmup);
-    return o;
+    const bool short_run = quick || o.cpu;
+    o.warmup = warmup_opt->count() > 0 ? warmup : (short_run ? 3 : 10);
+    o.iters = iters_opt->count() > 0 ? iters : (short_run ? 5 : 10);
+    o.rounds = rounds_opt->count() > 0 ? rounds : (short_run ? 2 : 5);
+    return -1;
 }
 
 /// What the torch peer reads (--cases): the same cases, variants and iteration counts.
@@ -211,8 +222,8 @@ json CasesJson(const Options& o) {
             cases.push_back({{"shape", s.name}, {"hidden", s.hidden}, {"ffn", s.ffn}, {"tokens", t}});
         }
     }
-    return {{"suite", o.suite},   {"cases", cases},       {"variants", o.variants}, {"warmup", *o.warmup},
-            {"iters", *o.iters}, {"rounds", *o.rounds}, {"dtype", o.cpu ? "fp32" : "bf16"}};
+    return {{"suite", o.suite},   {"cases", cases},       {"variants", o.variants}, {"warmup", o.warmup},
+            {"iters", o.iters}, {"rounds", o.rounds}, {"dtype", o.cpu ? "fp32" : "bf16"}};
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -438,8 +449,8 @@ public:
         SetUpCompute();
         SetUpComm();
 
-        const int warmup = *o.warmup;
-        const int iters = *o.iters;
+        const int warmup = o.warmup;
+        const int iters = o.iters;
         for (Variant& v : variants_) {
             if (!v.run) {
                 continue;
@@ -450,7 +461,7 @@ public:
             }
         }
         BatchTimer timer(env_.device(), iters);
-        for (int r = 0; r < *o.rounds; ++r) {
+        for (int r = 0; r < o.rounds; ++r) {
             for (Variant& v : variants_) {
                 if (!v.run) {
                     continue;
@@ -943,13 +954,13 @@ int RunBench(launch::Environment& env, const Options& o) {
         }
     }
     if (env.rank() == 0) {
-        const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+        const std::string nvls = env::Get("NCCL_NVLS_ENABLE").value_or("(unset)");
         std::printf("# shardline ParallelMLP fwd+bwd, tp %d (%s), %s, %s, commit %s, %s, NCCL_NVLS_ENABLE=%s\n", tp,
                     std::string(env.world().backend()).c_str(), run.device.c_str(), o.cpu ? "fp32" : "bf16",
-                    run.commit.c_str(), run.date.c_str(), nvls != nullptr ? nvls : "(unset)");
+                    run.commit.c_str(), run.date.c_str(), nvls.c_str());
         std::printf("# ceiling (8192^3 bf16 cuBLASLt GEMM, slowest rank): %.1f TF/s; warmup %d, %d rounds x %d iters; "
                     "TF/GPU = 12*T*h*ff/tp / t\n",
-                    run.ceiling_tflops, *o.warmup, *o.rounds, *o.iters);
+                    run.ceiling_tflops, o.warmup, o.rounds, o.iters);
         std::printf("%-8s %6s %-3s %11s %11s %11s %11s %11s %11s %8s %8s\n", "shape", "tokens", "var", "T_us", "p90_us",
                     "Tcompute", "Tcomm", "LB_serial", "LB_overlap", "T/LBs", "TF/GPU");
         std::fflush(stdout);
@@ -984,11 +995,8 @@ int RunBench(launch::Environment& env, const Options& o) {
 
 int main(int argc, char** argv) {
     Options options;
-    try {
-        options = ParseOptions(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s\n", e.what());
-        return 2;
+    if (const int code = ParseCommandLine(argc, argv, options); code >= 0) {
+        return code;
     }
     if (options.list_cases) {
         std::printf("%s\n", CasesJson(options).dump(2).c_str());

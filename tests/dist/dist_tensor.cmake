@@ -30,13 +30,17 @@ shardline_add_dist_test(NAME shardline_nn_smoke_tests_cpu SOURCES ${CMAKE_CURREN
 # The gradient-consistency matrix (issue 5): every module's output and gradients gathered and compared with a dense
 # reference, and every phase's collectives counted. CPU/MPI at np 1, 2, 4 in CI; CUDA/NCCL at np 2 and 4 on the GPU
 # hosts, which adds bf16 and fp16 cases and skips on every rank without one GPU per rank.
-shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cpu
-                        SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_gradient_consistency_test.cc
+set(_shardline_nn_gradient_sources
+    ${CMAKE_CURRENT_LIST_DIR}/nn_column_parallel_linear_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nn_row_parallel_linear_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nn_parallel_mlp_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nn_data_parallel_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nn_parallel_linear_init_test.cc)
+shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cpu SOURCES ${_shardline_nn_gradient_sources}
                         NP 1 2 4 BACKEND cpu TIMEOUT 120)
 if(SHARDLINE_WITH_NCCL)
   # Meshes are built once per process; the cases themselves are small.
-  shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cuda
-                          SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_gradient_consistency_test.cc
+  shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cuda SOURCES ${_shardline_nn_gradient_sources}
                           NP 2 4 BACKEND cuda TIMEOUT 300)
   target_compile_definitions(shardline_nn_gradient_consistency_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
 endif()

@@ -1,4 +1,4 @@
-// Smoke test of the parallel modules (lead's first check; the full matrix is in nn_gradient_consistency_test.cc).
+// Smoke test of the parallel modules (lead's first check; the full matrix is in nn_*_test.cc, nn_test_util.h).
 
 #include <gtest/gtest.h>
 

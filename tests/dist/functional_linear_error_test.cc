@@ -1,0 +1,246 @@
+// Errors of the functional column/row-parallel Linear: every rank raises the same shardline::Error, naming the op, the
+// values and the expectation, before any collective, and the group stays usable afterwards.
+// BACKEND cpu (MPI, np 1/2/4) and BACKEND cuda (NCCL, np 2/4; SHARDLINE_FUNCTIONAL_TEST_CUDA) build this file, with
+// the shared problem, meshes and RunColumn / RunRow of functional_test_util.h.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <shardline/core/error.h>
+#include <shardline/core/tensor.h>
+#include <shardline/functional/parallel_linear.h>
+
+#include "functional_test_util.h"
+
+namespace shardline {
+namespace {
+
+using namespace functional_test;
+using functional::ColumnParallelLinearBackward;
+using functional::ColumnParallelLinearForward;
+using functional::ColumnParallelLinearOptions;
+using functional::RowParallelLinearBackward;
+using functional::RowParallelLinearForward;
+using functional::RowParallelLinearOptions;
+
+// ---- errors: every rank raises the same Error before any collective; the group stays usable
+// ----------------------------
+
+/// Runs `call`, which must throw shardline::Error whose message contains every one of `parts`, on every rank, with no
+/// collective issued; then a valid call on the same group still works (nothing is left waiting).
+template <class F> void ExpectErrorBeforeAnyCollective(const MeshAndDim &m, F &&call, std::vector<std::string> parts) {
+    ResetCounts(m);
+    try {
+        call();
+        ADD_FAILURE() << "no error raised; expected one containing '" << parts.front() << "'";
+    } catch (const Error &e) {
+        for (const std::string &part : parts) {
+            EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+                << "message: " << e.what() << "\nexpected to contain: " << part;
+        }
+    }
+    ExpectCalls(m, {}, "after the error");
+    RunColumn({.problem = Fp32Problems()[0]});
+}
+
+struct Buffers {
+    Tensor x, w, b, y;
+};
+
+Buffers ColumnBuffers(std::int64_t tp, DType dtype = DType::kFloat32) {
+    return {Tensor::Zeros({8, kIn}, dtype, TestDevice()), Tensor::Zeros({kOut / tp, kIn}, dtype, TestDevice()),
+            Tensor::Zeros({kOut / tp}, dtype, TestDevice()), Tensor::Zeros({8, kOut / tp}, dtype, TestDevice())};
+}
+
+TEST(FunctionalLinearErrorTest, SizesThatDoNotDivideByTpRaiseNamingSizeAndTp) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    if (tp == 1) {
+        GTEST_SKIP() << "every size divides by tp = 1";
+    }
+    const Tensor x = Tensor::Zeros({8, kIn}, DType::kFloat32, TestDevice());
+    const Tensor w = Tensor::Zeros({1, kIn}, DType::kFloat32, TestDevice());
+    const Tensor y = Tensor::Zeros({8, 1}, DType::kFloat32, TestDevice());
+    const std::int64_t bad_out = tp + 1;
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward({.in_features = kIn, .out_features = bad_out, .bias = false},
+                                        {.x = ViewOf(x), .weight = ViewOf(w), .y = ViewOf(y)}, m.group());
+        },
+        {"ColumnParallelLinearForward", fmt::format("out_features ({}) must be divisible by tp ({})", bad_out, tp)});
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            RowParallelLinearForward({.in_features = bad_out, .out_features = kOut, .input_is_parallel = true},
+                                     {.x = ViewOf(x), .weight = ViewOf(w), .y = ViewOf(y)}, m.group());
+        },
+        {"RowParallelLinearForward", fmt::format("in_features ({}) must be divisible by tp ({})", bad_out, tp)});
+    // A sequence that does not split into tp equal parts under sequence parallelism.
+    const std::int64_t s = 2 * tp + 1;
+    const Tensor xr = Tensor::Zeros({s, kIn / tp}, DType::kFloat32, TestDevice());
+    const Tensor wr = Tensor::Zeros({kOut, kIn / tp}, DType::kFloat32, TestDevice());
+    const Tensor yr = Tensor::Zeros({2, kOut}, DType::kFloat32, TestDevice());
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            RowParallelLinearForward({.in_features = kIn,
+                                      .out_features = kOut,
+                                      .bias = false,
+                                      .input_is_parallel = true,
+                                      .sequence_parallel = true},
+                                     {.x = ViewOf(xr), .weight = ViewOf(wr), .y = ViewOf(yr)}, m.group());
+        },
+        {"RowParallelLinearForward",
+         fmt::format("the sequence length x.shape[0] ({}) must be divisible by tp ({})", s, tp)});
+}
+
+TEST(FunctionalLinearErrorTest, ShapeAndDTypeMismatchesRaiseNamingTheTensorAndTheExpectation) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    Buffers t = ColumnBuffers(tp);
+    const ColumnParallelLinearOptions options{.in_features = kIn, .out_features = kOut};
+    // The full weight where this rank's rows are expected.
+    const Tensor w_full = Tensor::Zeros({kOut + tp, kIn}, DType::kFloat32, TestDevice());
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward(
+                options, {.x = ViewOf(t.x), .weight = ViewOf(w_full), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
+                m.group());
+        },
+        {"ColumnParallelLinearForward", "weight must be [out_features/tp, in_features]",
+         fmt::format("= [{}, {}]", kOut / tp, kIn), fmt::format("got [{}, {}]", kOut + tp, kIn)});
+    // A weight of another dtype than x. On the CPU the other dtype is float64, on CUDA bfloat16.
+    const DType other = TestDevice().is_cpu() ? DType::kFloat64 : DType::kBFloat16;
+    const Tensor w_other = Tensor::Zeros({kOut / tp, kIn}, other, TestDevice());
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward(
+                options, {.x = ViewOf(t.x), .weight = ViewOf(w_other), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
+                m.group());
+        },
+        {"ColumnParallelLinearForward", fmt::format("weight must have x's dtype float32, got {}", DTypeName(other))});
+    // A float32 main grad for float64 parameters needs GradMode::kAccumulate (CPU only: float64 is not a CUDA dtype).
+    if (TestDevice().is_cpu()) {
+        const Tensor dy = Tensor::Zeros({8, kOut / tp}, DType::kFloat64, TestDevice());
+        const Tensor x64 = Tensor::Zeros({8, kIn}, DType::kFloat64, TestDevice());
+        const Tensor dw32 = Tensor::Zeros({kOut / tp, kIn}, DType::kFloat32, TestDevice());
+        ExpectErrorBeforeAnyCollective(m,
+                                       [&] {
+                                           ColumnParallelLinearBackward(
+                                               options, {.dy = ViewOf(dy), .x = ViewOf(x64), .dweight = ViewOf(dw32)},
+                                               m.group());
+                                       },
+                                       {"ColumnParallelLinearBackward", "dweight must have the compute dtype float64",
+                                        "got float32 with GradMode::kOverwrite"});
+    }
+    // A half type on a CPU mesh (MPI and the CPU kernels take float32 and float64).
+    if (TestDevice().is_cpu()) {
+        TensorView x = ViewOf(t.x);
+        x.dtype = DType::kBFloat16;
+        ExpectErrorBeforeAnyCollective(
+            m,
+            [&] {
+                ColumnParallelLinearForward(
+                    options, {.x = x, .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
+            },
+            {"ColumnParallelLinearForward", "a CPU (MPI) mesh takes float32 or float64, got x bfloat16"});
+    }
+}
+
+TEST(FunctionalLinearErrorTest, NullRequiredPointersRaiseNamingTheTensor) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    Buffers t = ColumnBuffers(tp);
+    const ColumnParallelLinearOptions options{.in_features = kIn, .out_features = kOut};
+    TensorView null_x = ViewOf(t.x);
+    null_x.data = nullptr;
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward(
+                options, {.x = null_x, .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
+        },
+        {"ColumnParallelLinearForward", "x is required, got a null data pointer", fmt::format("[8, {}]", kIn)});
+    ExpectErrorBeforeAnyCollective(m,
+                                   [&] {
+                                       ColumnParallelLinearForward(
+                                           options, {.x = ViewOf(t.x), .weight = ViewOf(t.w), .y = ViewOf(t.y)},
+                                           m.group());
+                                   },
+                                   {"ColumnParallelLinearForward", "bias is required (options.bias is set)"});
+    // dx requested without the weight it needs.
+    ExpectErrorBeforeAnyCollective(
+        m, [&] { ColumnParallelLinearBackward(options, {.dy = ViewOf(t.y), .dx = ViewOf(t.x)}, m.group()); },
+        {"ColumnParallelLinearBackward", "weight is required for dx"});
+    // dweight without x (or x_total).
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            RowParallelLinearBackward(
+                {.in_features = kIn, .out_features = kOut, .input_is_parallel = true},
+                {.dy = ViewOf(Tensor::Zeros({8, kOut}, DType::kFloat32, TestDevice())),
+                 .dweight = ViewOf(Tensor::Zeros({kOut, kIn / tp}, DType::kFloat32, TestDevice()))},
+                m.group());
+        },
+        {"RowParallelLinearBackward", "x is required for dweight"});
+}
+
+TEST(FunctionalLinearErrorTest, AMeshDimOutsideTheMeshRaisesNamingIt) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    Buffers t = ColumnBuffers(m.tp());
+    for (int bad : {1, -1}) {
+        ExpectErrorBeforeAnyCollective(
+            m,
+            [&] {
+                ColumnParallelLinearForward(
+                    {.in_features = kIn, .out_features = kOut},
+                    {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
+                    {.mesh = &m.mesh, .tp_dim = bad});
+            },
+            {"ColumnParallelLinearForward",
+             fmt::format("tp_dim ({}) must name a dim of the mesh [{}]", bad, World().size())});
+    }
+}
+
+TEST(FunctionalLinearErrorTest, FlagCombinationsMegatronRejectsRaise) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    Buffers t = ColumnBuffers(m.tp());
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward(
+                {.in_features = kIn, .out_features = kOut, .gather_output = true, .sequence_parallel = true},
+                {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
+        },
+        {"ColumnParallelLinearForward", "gather_output and sequence_parallel exclude each other"});
+    ExpectErrorBeforeAnyCollective(m,
+                                   [&] {
+                                       RowParallelLinearForward(
+                                           {.in_features = kIn, .out_features = kOut, .sequence_parallel = true},
+                                           {.x = ViewOf(t.x), .weight = ViewOf(t.w), .y = ViewOf(t.y)}, m.group());
+                                   },
+                                   {"RowParallelLinearForward", "sequence_parallel needs input_is_parallel"});
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward(
+                {.in_features = kIn, .out_features = kOut, .bias = false},
+                {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
+        },
+        {"ColumnParallelLinearForward", "bias is given but options.bias is false"});
+}
+
+} // namespace
+} // namespace shardline

@@ -1,0 +1,222 @@
+// The functional layer beyond one layer kind: meshes with a data-parallel dim, the plan cache, a column -> GELU -> row
+// MLP in a foreign training loop (docs/functional.md's example) against the dense MLP in float64, and on CUDA half
+// precision and the caller's stream and workspace.
+// BACKEND cpu (MPI, np 1/2/4) and BACKEND cuda (NCCL, np 2/4; SHARDLINE_FUNCTIONAL_TEST_CUDA) build this file, with
+// the shared problem, meshes and RunColumn / RunRow of functional_test_util.h.
+
+#include <cstddef>
+#include <cstdint>
+
+#include <gtest/gtest.h>
+
+#include <shardline/core/context.h>
+#include <shardline/core/tensor.h>
+#include <shardline/functional/parallel_linear.h>
+#include <shardline/kernels/elementwise.h>
+
+#include "functional_test_util.h"
+
+namespace shardline {
+namespace {
+
+using namespace functional_test;
+using functional::ColumnParallelLinearBackward;
+using functional::ColumnParallelLinearForward;
+using functional::ColumnParallelLinearOptions;
+using functional::RowParallelLinearBackward;
+using functional::RowParallelLinearForward;
+using functional::RowParallelLinearOptions;
+
+// ---- meshes with a data-parallel dim
+// -----------------------------------------------------------------------------------
+
+// dp x tp with tp the minor dim, and tp x dp with tp the major one: each replica has its own data, collectives run on
+// the tp group only and the results match each replica's dense reference.
+TEST(FunctionalLinearTest, DataParallelMeshCommunicatesOverTheTpDimOnly) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    for (MeshKind mesh : {MeshKind::kDpTp, MeshKind::kTpDp}) {
+        RunColumn({.mesh = mesh, .problem = Fp32Problems()[0]});
+        RunColumn({.mesh = mesh, .problem = Fp32Problems()[0], .sequence_parallel = true});
+        RunRow({.mesh = mesh, .problem = Fp32Problems()[0]});
+        RunRow({.mesh = mesh, .problem = Fp32Problems()[1], .sequence_parallel = true});
+    }
+}
+
+// ---- the cache
+// ---------------------------------------------------------------------------------------------------------
+
+TEST(FunctionalLinearTest, SteadyStateCallsFindTheirRuleAndPlansWithoutInferring) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    functional::ClearPlanCache();
+    const ColumnCase c{.problem = Fp32Problems()[0], .sequence_parallel = true};
+    RunColumn(c); // forward infers (forward + grad rule at once); backward finds them
+    const functional::PlanCacheStats first = functional::GetPlanCacheStats();
+    EXPECT_EQ(first.misses, 1u);
+    EXPECT_EQ(first.hits, 1u);
+    EXPECT_EQ(first.size, 1u);
+    RunColumn(c);
+    RunColumn(c);
+    const functional::PlanCacheStats later = functional::GetPlanCacheStats();
+    EXPECT_EQ(later.misses, 1u) << "a steady-state call infers nothing";
+    EXPECT_EQ(later.hits, 5u);
+    RunRow({.problem = Fp32Problems()[0]}); // another configuration: one more inference
+    EXPECT_EQ(functional::GetPlanCacheStats().misses, 2u);
+    EXPECT_EQ(functional::GetPlanCacheStats().size, 2u);
+}
+
+// ---- an MLP in a foreign training loop (docs/functional.md's example)
+// -------------------------------------------------
+
+// Column (sequence parallel) -> GELU -> row (sequence parallel), forward and backward with the caller's own buffers
+// and "autograd" (the caller keeps x_total and h), against the dense MLP.
+TEST(FunctionalLinearTest, ColumnThenRowMlpMatchesTheDenseMlp) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    constexpr std::int64_t kS = 8;
+    constexpr std::int64_t kH = 16;
+    constexpr std::int64_t kF = 32;
+    const DType f32 = DType::kFloat32;
+    const Tensor x_full = MakeFull({kS, kH}, "x", Data::kRandom, f32, 5);
+    const Tensor w1_full = MakeFull({kF, kH}, "w1", Data::kRandom, f32, 5);
+    const Tensor b1_full = MakeFull({kF}, "b1", Data::kRandom, f32, 5);
+    const Tensor w2_full = MakeFull({kH, kF}, "w2", Data::kRandom, f32, 5);
+    const Tensor b2_full = MakeFull({kH}, "b2", Data::kRandom, f32, 5);
+    const Tensor dz_full = MakeFull({kS, kH}, "dz", Data::kRandom, f32, 5);
+
+    // The trainer's own tensors: this rank's shards.
+    const Tensor x = Shard(x_full, 0, m);
+    const Tensor w1 = Shard(w1_full, 0, m);
+    const Tensor b1 = Shard(b1_full, 0, m);
+    const Tensor w2 = Shard(w2_full, 1, m);
+    const Tensor &b2 = b2_full;
+    const Tensor dz = Shard(dz_full, 0, m);
+    const ColumnParallelLinearOptions fc1{.in_features = kH, .out_features = kF, .sequence_parallel = true};
+    const RowParallelLinearOptions fc2{
+        .in_features = kF, .out_features = kH, .input_is_parallel = true, .sequence_parallel = true};
+
+    Tensor x_total = Tensor::Empty({kS, kH}, f32, TestDevice());
+    Tensor h = Tensor::Empty({kS, kF / tp}, f32, TestDevice());
+    ColumnParallelLinearForward(
+        fc1, {.x = ViewOf(x), .weight = ViewOf(w1), .bias = ViewOf(b1), .y = ViewOf(h), .x_total = ViewOf(x_total)},
+        m.group());
+    const Tensor a = kernels::GeluForward(h);
+    Tensor z = Tensor::Empty({kS / tp, kH}, f32, TestDevice());
+    RowParallelLinearForward(fc2, {.x = ViewOf(a), .weight = ViewOf(w2), .bias = ViewOf(b2), .y = ViewOf(z)},
+                             m.group());
+
+    Tensor da = Tensor::Empty(a.shape(), f32, TestDevice());
+    Tensor dw2 = Tensor::Empty(w2.shape(), f32, TestDevice());
+    Tensor db2 = Tensor::Empty(b2.shape(), f32, TestDevice());
+    RowParallelLinearBackward(fc2,
+                              {.dy = ViewOf(dz),
+                               .x = ViewOf(a),
+                               .weight = ViewOf(w2),
+                               .dx = ViewOf(da),
+                               .dweight = ViewOf(dw2),
+                               .dbias = ViewOf(db2)},
+                              m.group());
+    const Tensor dh = kernels::GeluBackward(da, h);
+    Tensor dx = Tensor::Empty(x.shape(), f32, TestDevice());
+    Tensor dw1 = Tensor::Empty(w1.shape(), f32, TestDevice());
+    Tensor db1 = Tensor::Empty(b1.shape(), f32, TestDevice());
+    ColumnParallelLinearBackward(fc1,
+                                 {.dy = ViewOf(dh),
+                                  .x_total = ViewOf(x_total),
+                                  .weight = ViewOf(w1),
+                                  .dx = ViewOf(dx),
+                                  .dweight = ViewOf(dw1),
+                                  .dbias = ViewOf(db1)},
+                                 m.group());
+
+    // The dense MLP in float64.
+    const Values xv = x_full.ToDoubleVector();
+    const Values w1v = w1_full.ToDoubleVector();
+    const Values b1v = b1_full.ToDoubleVector();
+    const Values w2v = w2_full.ToDoubleVector();
+    const Values b2v = b2_full.ToDoubleVector();
+    const Values dzv = dz_full.ToDoubleVector();
+    const Values hv = testing::RefLinearForward(xv, w1v, &b1v, kS, kF, kH);
+    Values av(hv.size());
+    for (std::size_t i = 0; i < hv.size(); ++i) {
+        av[i] = testing::RefGeluTanh(hv[i]);
+    }
+    const Values zv = testing::RefLinearForward(av, w2v, &b2v, kS, kH, kF);
+    const Values dav = testing::RefLinearBackwardInput(dzv, w2v, kS, kH, kF);
+    Values dhv(dav.size());
+    for (std::size_t i = 0; i < dav.size(); ++i) {
+        dhv[i] = dav[i] * testing::RefGeluTanhGrad(hv[i]);
+    }
+    const DType t = f32;
+    EXPECT_TRUE(Matches(Gather(z, {kS, kH}, 0, m), zv, Data::kRandom, t)) << "z";
+    EXPECT_TRUE(
+        Matches(Gather(dw2, {kH, kF}, 1, m), testing::RefLinearBackwardWeight(dzv, av, kS, kH, kF), Data::kRandom, t))
+        << "dw2";
+    EXPECT_TRUE(Matches(db2, testing::RefColumnSum(dzv, kS, kH), Data::kRandom, t)) << "db2";
+    EXPECT_TRUE(
+        Matches(Gather(dx, {kS, kH}, 0, m), testing::RefLinearBackwardInput(dhv, w1v, kS, kF, kH), Data::kRandom, t))
+        << "dx";
+    EXPECT_TRUE(
+        Matches(Gather(dw1, {kF, kH}, 0, m), testing::RefLinearBackwardWeight(dhv, xv, kS, kF, kH), Data::kRandom, t))
+        << "dw1";
+    EXPECT_TRUE(Matches(Gather(db1, {kF}, 0, m), testing::RefColumnSum(dhv, kS, kF), Data::kRandom, t)) << "db1";
+}
+
+// ---- CUDA: half precision, the caller's stream and workspace
+// -------------------------------------------------------------
+
+#if SHARDLINE_FUNCTIONAL_TEST_CUDA
+
+TEST(FunctionalCudaTest, HalfPrecisionMatchesDenseWithinTheDTypeTolerance) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+        const Problem p{.lead = {8, 2}, .data = Data::kRandom, .dtype = dtype, .seed = 21};
+        RunColumn({.problem = p});
+        RunColumn({.problem = p, .sequence_parallel = true, .wants = {.mode = GradMode::kAccumulate}});
+        RunColumn({.problem = p, .gather_output = true});
+        RunRow({.problem = p});
+        RunRow({.problem = p, .sequence_parallel = true, .wants = {.mode = GradMode::kAccumulate}});
+        RunRow({.problem = p, .input_is_parallel = false});
+    }
+}
+
+TEST(FunctionalCudaTest, RunsOnTheCallersStreamAndWorkspaceAndRestoresTheContext) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    CudaContext &ctx = CudaContext::Get(TestDevice().index);
+    const cudaStream_t before = ctx.stream();
+    void *const workspace_before = ctx.workspace();
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+    void *workspace = nullptr;
+    ASSERT_EQ(cudaMalloc(&workspace, kWorkspaceBytes), cudaSuccess);
+
+    const Problem p{.lead = {8, 2}, .data = Data::kInteger, .seed = 31};
+    const Dense d = MakeDense(p, m);
+    Synchronize(TestDevice());
+    const Tensor x = Shard(d.x, 0, m);
+    const Tensor w = Shard(d.w, 0, m);
+    const Tensor b = Shard(d.b, 0, m);
+    Tensor y = Poisoned({8, 2, kOut / tp}, p.dtype);
+    Tensor x_total = Poisoned(d.x.shape(), p.dtype);
+    Synchronize(TestDevice());
+    const functional::CudaExecution exec{.stream = stream, .workspace = workspace, .workspace_bytes = kWorkspaceBytes};
+    ColumnParallelLinearForward(
+        {.in_features = kIn, .out_features = kOut, .sequence_parallel = true},
+        {.x = ViewOf(x), .weight = ViewOf(w), .bias = ViewOf(b), .y = ViewOf(y), .x_total = ViewOf(x_total)}, m.group(),
+        exec);
+    EXPECT_EQ(ctx.stream(), before) << "the context's stream is restored";
+    EXPECT_EQ(ctx.workspace(), workspace_before) << "the context's workspace is restored";
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(Matches(Gather(y, {8, 2, kOut}, 2, m), d.y, p.data, p.dtype));
+    Synchronize(TestDevice());
+    ASSERT_EQ(cudaFree(workspace), cudaSuccess);
+    ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+#endif
+
+} // namespace
+} // namespace shardline

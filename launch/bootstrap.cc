@@ -10,14 +10,13 @@
 #include <fmt/ranges.h>
 #include <mpi.h>
 
+#include <shardline/comm/communicator.h>
 #include <shardline/config.h>
 #include <shardline/core/context.h>
 #include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 #include <shardline/launch/bootstrap.h>
-
-#include "comm/backends.h"
 
 namespace shardline::launch {
 namespace {
@@ -88,7 +87,7 @@ Environment::Environment(int *argc, char ***argv, BootstrapOptions options) {
     const auto [local_rank, local_size] = LocalRankAndSize(rank_);
     local_rank_ = local_rank;
 
-    host_world_ = comm::detail::CreateMpiWorld("host world");
+    host_world_ = comm::Communicator::CreateMpiWorld("host world");
 
     // Device choice, agreed by every rank: a rank that cannot get its GPU must not leave the others waiting in NCCL
     // initialisation, so all ranks exchange their GPU counts and raise together.
@@ -139,7 +138,7 @@ Environment::Environment(int *argc, char ***argv, BootstrapOptions options) {
         CudaContext::Get(local_rank_); // makes the device current on this thread
 #endif
 #if SHARDLINE_WITH_NCCL
-        world_ = comm::detail::CreateNcclWorld(*host_world_, local_rank_, "world");
+        world_ = comm::Communicator::CreateNcclWorld(*host_world_, local_rank_, "world");
 #else
         SHARDLINE_THROW(DeviceError, "bootstrap",
                         "CUDA tensors need the NCCL backend, but this build has SHARDLINE_WITH_NCCL off; run with "
@@ -147,7 +146,7 @@ Environment::Environment(int *argc, char ***argv, BootstrapOptions options) {
 #endif
     } else {
         device_ = Device::CPU();
-        world_ = comm::detail::CreateMpiWorld("world");
+        world_ = comm::Communicator::CreateMpiWorld("world");
     }
     g_environment = this;
     SHARDLINE_LOG_DEBUG("bootstrap: rank {}/{}, local rank {}/{}, device {}, world backend {}", rank_, world_size_,

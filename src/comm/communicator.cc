@@ -1,8 +1,13 @@
 #include <shardline/comm/communicator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <numeric>
 #include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <shardline/core/env.h>
 #include <shardline/core/error.h>
@@ -77,6 +82,261 @@ void Communicator::Count(CollectiveKind kind, std::int64_t bytes) {
     std::lock_guard lock(counts_mutex_);
     counts_.calls[static_cast<int>(kind)] += 1;
     counts_.bytes[static_cast<int>(kind)] += bytes;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Validation, once for every backend. Messages read "<op>: expected <what>, got <values> (group 'g', rank r of n)".
+
+namespace {
+
+constexpr std::string_view kAllReduce = "all_reduce";
+constexpr std::string_view kAllGather = "all_gather";
+constexpr std::string_view kAllGatherV = "all_gather_v";
+constexpr std::string_view kReduceScatter = "reduce_scatter";
+constexpr std::string_view kReduceScatterV = "reduce_scatter_v";
+constexpr std::string_view kAllToAll = "all_to_all";
+constexpr std::string_view kAllToAllV = "all_to_all_v";
+constexpr std::string_view kBroadcast = "broadcast";
+constexpr std::string_view kBarrier = "barrier";
+
+std::int64_t Bytes(const Tensor& t) { return static_cast<std::int64_t>(t.nbytes()); }
+
+} // namespace
+
+std::string Communicator::Where() const {
+    return fmt::format("group '{}', rank {} of {}, {}", name(), rank(), size(), backend());
+}
+
+void Communicator::CheckUsable(std::string_view op) const {
+    if (aborted()) {
+        SHARDLINE_THROW(CommError, op,
+                        "expected a usable communicator, got communicator '{}' aborted: {}; nothing is called on an "
+                        "aborted communicator ({})",
+                        name(), AbortReason(), Where());
+    }
+}
+
+void Communicator::CheckTensor(const Tensor& t, std::string_view op, std::string_view what) const {
+    SHARDLINE_CHECK(t.defined(), op, "expected {} to be a defined tensor, got an undefined one ({})", what, Where());
+    const Device want = device();
+    SHARDLINE_CHECK_AS(DeviceError, t.device() == want, op,
+                       "expected {} on {} (the device of {} group '{}'), got {} ({})", what, ToString(want), backend(),
+                       name(), t.ToString(), Where());
+    const std::vector<DType> supported = dtypes();
+    const bool dtype_ok = std::find(supported.begin(), supported.end(), t.dtype()) != supported.end();
+    if (!dtype_ok) {
+        std::vector<std::string_view> names;
+        for (DType d : supported) {
+            names.push_back(DTypeName(d));
+        }
+        SHARDLINE_THROW(DTypeError, op, "expected {} of dtype {} (what the {} backend moves), got {} ({})", what,
+                        fmt::join(names, " or "), backend(), DTypeName(t.dtype()), Where());
+    }
+    SHARDLINE_CHECK_AS(ShapeError, t.is_contiguous(), op, "expected {} to be contiguous, got strides {} of {} ({})",
+                       what, ShapeToString(t.strides()), t.ToString(), Where());
+    CheckMaxCount(t.numel(), op, fmt::format("{} numel", what));
+}
+
+void Communicator::CheckPair(const Tensor& input, const Tensor& output, std::string_view op,
+                             bool allow_in_place) const {
+    CheckTensor(input, op, "input");
+    CheckTensor(output, op, "output");
+    SHARDLINE_CHECK_AS(DTypeError, input.dtype() == output.dtype(), op,
+                       "expected input and output of one dtype, got {} and {} ({})", DTypeName(input.dtype()),
+                       DTypeName(output.dtype()), Where());
+    // Overlapping buffers are undefined in MPI and NCCL alike; all_gather's input may be this rank's block of its
+    // output (both libraries' in-place form).
+    const auto* pi = static_cast<const char*>(input.data());
+    const auto* po = static_cast<const char*>(output.data());
+    const std::size_t ni = input.nbytes();
+    const std::size_t no = output.nbytes();
+    const bool in_place = allow_in_place && ni > 0 && pi == po + ni * static_cast<std::size_t>(rank());
+    const bool overlap = ni > 0 && no > 0 && pi < po + no && po < pi + ni;
+    SHARDLINE_CHECK(!overlap || in_place, op, "expected input and output not to overlap, got {} and {} ({})",
+                    input.ToString(), output.ToString(), Where());
+}
+
+std::int64_t Communicator::CheckCounts(const std::vector<std::int64_t>& counts, std::string_view op,
+                                       std::string_view what) const {
+    SHARDLINE_CHECK_AS(ShapeError, static_cast<int>(counts.size()) == size(), op,
+                       "expected {} with one entry per rank ({}), got {} entries ({})", what, size(), counts.size(),
+                       Where());
+    std::int64_t total = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+        SHARDLINE_CHECK_AS(ShapeError, counts[r] >= 0, op, "expected {}[{}] to be non-negative, got {} ({})", what, r,
+                           counts[r], Where());
+        total += counts[r];
+    }
+    CheckMaxCount(total, op, fmt::format("sum({})", what));
+    return total;
+}
+
+void Communicator::CheckMaxCount(std::int64_t n, std::string_view op, std::string_view what) const {
+    SHARDLINE_CHECK_AS(ShapeError, n <= max_count(), op,
+                       "expected {} in [0, {}] (the {} backend's count limit), got {} ({})", what, max_count(),
+                       backend(), n, Where());
+}
+
+namespace {
+
+void CheckReduceOp(ReduceOp op, std::string_view api) {
+    const auto v = static_cast<int>(op);
+    SHARDLINE_CHECK(v >= 0 && v <= static_cast<int>(ReduceOp::kMin), api,
+                    "expected a ReduceOp (sum, avg, max or min), got {}", v);
+}
+
+} // namespace
+
+void Communicator::Admit(const Collective& call) {
+    if (CommCheckEnabled()) {
+        CheckAgreement(call);
+    }
+    Count(call.kind, call.bytes);
+}
+
+WorkHandle Communicator::AllReduce(Tensor& tensor, ReduceOp op) {
+    CheckUsable(kAllReduce);
+    CheckTensor(tensor, kAllReduce, "tensor");
+    CheckReduceOp(op, kAllReduce);
+    Admit(Collective{.op = kAllReduce,
+                     .kind = CollectiveKind::kAllReduce,
+                     .count = tensor.numel(),
+                     .dtype = tensor.dtype(),
+                     .aux = static_cast<std::int64_t>(op),
+                     .bytes = Bytes(tensor)});
+    return DoAllReduce(tensor, op);
+}
+
+WorkHandle Communicator::AllGather(const Tensor& input, Tensor& output) {
+    CheckUsable(kAllGather);
+    CheckPair(input, output, kAllGather, /*allow_in_place=*/true);
+    SHARDLINE_CHECK_AS(ShapeError, output.numel() == input.numel() * size(), kAllGather,
+                       "expected output to hold size·n = {}·{} = {} elements, got {} ({})", size(), input.numel(),
+                       input.numel() * size(), output.numel(), Where());
+    Admit(Collective{.op = kAllGather,
+                     .kind = CollectiveKind::kAllGather,
+                     .count = input.numel(),
+                     .dtype = input.dtype(),
+                     .bytes = Bytes(input)});
+    return DoAllGather(input, output);
+}
+
+WorkHandle Communicator::AllGatherV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
+    CheckUsable(kAllGatherV);
+    CheckPair(input, output, kAllGatherV, /*allow_in_place=*/false);
+    const std::int64_t total = CheckCounts(counts, kAllGatherV, "counts");
+    SHARDLINE_CHECK_AS(ShapeError, input.numel() == counts[rank()], kAllGatherV,
+                       "expected input to hold counts[rank {}] = {} elements, got {} ({})", rank(), counts[rank()],
+                       input.numel(), Where());
+    SHARDLINE_CHECK_AS(ShapeError, output.numel() == total, kAllGatherV,
+                       "expected output to hold sum(counts) = {} elements, got {} ({})", total, output.numel(),
+                       Where());
+    Admit(Collective{.op = kAllGatherV,
+                     .kind = CollectiveKind::kAllGather,
+                     .uneven = true,
+                     .count = total,
+                     .dtype = input.dtype(),
+                     .bytes = Bytes(input),
+                     .counts = &counts});
+    return DoAllGatherV(input, output, counts);
+}
+
+WorkHandle Communicator::ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) {
+    CheckUsable(kReduceScatter);
+    CheckPair(input, output, kReduceScatter, /*allow_in_place=*/false);
+    CheckReduceOp(op, kReduceScatter);
+    SHARDLINE_CHECK_AS(ShapeError, input.numel() == output.numel() * size(), kReduceScatter,
+                       "expected input to hold size·n = {}·{} = {} elements, got {} ({})", size(), output.numel(),
+                       output.numel() * size(), input.numel(), Where());
+    Admit(Collective{.op = kReduceScatter,
+                     .kind = CollectiveKind::kReduceScatter,
+                     .count = output.numel(),
+                     .dtype = input.dtype(),
+                     .aux = static_cast<std::int64_t>(op),
+                     .bytes = Bytes(input)});
+    return DoReduceScatter(input, output, op);
+}
+
+WorkHandle Communicator::ReduceScatterV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
+                                        ReduceOp op) {
+    CheckUsable(kReduceScatterV);
+    CheckPair(input, output, kReduceScatterV, /*allow_in_place=*/false);
+    CheckReduceOp(op, kReduceScatterV);
+    const std::int64_t total = CheckCounts(counts, kReduceScatterV, "counts");
+    SHARDLINE_CHECK_AS(ShapeError, input.numel() == total, kReduceScatterV,
+                       "expected input to hold sum(counts) = {} elements, got {} ({})", total, input.numel(), Where());
+    SHARDLINE_CHECK_AS(ShapeError, output.numel() == counts[rank()], kReduceScatterV,
+                       "expected output to hold counts[rank {}] = {} elements, got {} ({})", rank(), counts[rank()],
+                       output.numel(), Where());
+    Admit(Collective{.op = kReduceScatterV,
+                     .kind = CollectiveKind::kReduceScatter,
+                     .uneven = true,
+                     .count = total,
+                     .dtype = input.dtype(),
+                     .aux = static_cast<std::int64_t>(op),
+                     .bytes = Bytes(input),
+                     .counts = &counts});
+    return DoReduceScatterV(input, output, counts, op);
+}
+
+WorkHandle Communicator::AllToAll(const Tensor& input, Tensor& output) {
+    CheckUsable(kAllToAll);
+    CheckPair(input, output, kAllToAll, /*allow_in_place=*/false);
+    SHARDLINE_CHECK_AS(ShapeError, input.numel() % size() == 0, kAllToAll,
+                       "expected input numel divisible by the group size {}, got {} ({})", size(), input.numel(),
+                       Where());
+    SHARDLINE_CHECK_AS(ShapeError, output.numel() == input.numel(), kAllToAll,
+                       "expected output to hold as many elements as the input ({}), got {} ({})", input.numel(),
+                       output.numel(), Where());
+    Admit(Collective{.op = kAllToAll,
+                     .kind = CollectiveKind::kAllToAll,
+                     .count = input.numel(),
+                     .dtype = input.dtype(),
+                     .bytes = Bytes(input)});
+    return DoAllToAll(input, output);
+}
+
+WorkHandle Communicator::AllToAllV(const Tensor& input, const std::vector<std::int64_t>& send_counts, Tensor& output,
+                                   const std::vector<std::int64_t>& recv_counts) {
+    CheckUsable(kAllToAllV);
+    CheckPair(input, output, kAllToAllV, /*allow_in_place=*/false);
+    const std::int64_t sent = CheckCounts(send_counts, kAllToAllV, "send_counts");
+    const std::int64_t received = CheckCounts(recv_counts, kAllToAllV, "recv_counts");
+    SHARDLINE_CHECK_AS(ShapeError, input.numel() == sent, kAllToAllV,
+                       "expected input to hold sum(send_counts) = {} elements, got {} ({})", sent, input.numel(),
+                       Where());
+    SHARDLINE_CHECK_AS(ShapeError, output.numel() == received, kAllToAllV,
+                       "expected output to hold sum(recv_counts) = {} elements, got {} ({})", received, output.numel(),
+                       Where());
+    Admit(Collective{.op = kAllToAllV,
+                     .kind = CollectiveKind::kAllToAll,
+                     .uneven = true,
+                     .count = sent,
+                     .dtype = input.dtype(),
+                     .bytes = Bytes(input),
+                     .counts = &send_counts,
+                     .recv_counts = &recv_counts});
+    return DoAllToAllV(input, send_counts, output, recv_counts);
+}
+
+WorkHandle Communicator::Broadcast(Tensor& tensor, int root) {
+    CheckUsable(kBroadcast);
+    CheckTensor(tensor, kBroadcast, "tensor");
+    SHARDLINE_CHECK(root >= 0 && root < size(), kBroadcast, "expected root in [0, {}), got {} ({})", size(), root,
+                    Where());
+    Admit(Collective{.op = kBroadcast,
+                     .kind = CollectiveKind::kBroadcast,
+                     .count = tensor.numel(),
+                     .dtype = tensor.dtype(),
+                     .aux = root,
+                     .bytes = Bytes(tensor)});
+    return DoBroadcast(tensor, root);
+}
+
+WorkHandle Communicator::Barrier() {
+    CheckUsable(kBarrier);
+    Admit(Collective{.op = kBarrier, .kind = CollectiveKind::kBarrier});
+    return DoBarrier();
 }
 
 std::chrono::milliseconds CommTimeout() {

@@ -1,11 +1,12 @@
 #pragma once
 
 // The MPI backend: collectives on CPU tensors (float32, float64) through non-blocking MPI calls behind Work
-// handles. Private to the library; programs get one through CreateMpiWorld (backends.h) and Split.
+// handles. Private to the library; programs get one through Communicator::CreateMpiWorld, Communicator::FromMpiComm
+// and Split. Files: mpi_communicator.cc (state, work, collectives, split, factories), mpi_check.cc (the debug check).
 //
-// Validation is local: sizes, counts, dtypes and devices are checked on the calling rank before any MPI call, so a
-// bad argument raises there and issues nothing. A rank that raises does not take part in the collective, so the
-// others wait for it until the timeout (or until the program's main, through launch::RunMain, calls MPI_Abort).
+// Validation is local and done by Communicator (communicator.cc) before any hook here runs: sizes, counts, dtypes and
+// devices are checked on the calling rank before any MPI call, so a bad argument raises there and issues nothing. A
+// rank that raises does not take part in the collective, so the others wait for it until the timeout (or until the program's main, through launch::RunMain, calls MPI_Abort).
 // Cross-rank disagreement (one rank passes another count, op or root) is what SHARDLINE_COMM_CHECK=1 catches: the
 // ranks exchange (op, sequence, count, dtype, op/root, counts) before every collective and all of them raise.
 //
@@ -19,6 +20,7 @@
 // the CommError and calls MPI_Abort (launch::RunMain does).
 
 #include <atomic>
+#include <climits>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -46,6 +48,9 @@ struct MpiPendingOp {
 /// Shared by a communicator and its Work handles, so a handle may outlive its communicator.
 struct MpiGroupState {
     MPI_Comm comm = MPI_COMM_NULL;
+    /// Freed with the state (MPI_Comm_free). A borrowed communicator (FromMpiComm) gets its error handler back instead.
+    bool owned = true;
+    MPI_Errhandler previous_errhandler = MPI_ERRHANDLER_NULL;
     std::string name;
     int rank = 0;
     int size = 1;
@@ -72,29 +77,40 @@ struct MpiOpInfo {
     std::chrono::milliseconds timeout{0};
 };
 
+using Clock = std::chrono::steady_clock;
+
+// The ops the debug check tells apart (the even and uneven forms of one kind are different calls).
+enum CheckOp : int {
+    kCheckAllReduce,
+    kCheckAllGather,
+    kCheckAllGatherV,
+    kCheckReduceScatter,
+    kCheckReduceScatterV,
+    kCheckAllToAll,
+    kCheckAllToAllV,
+    kCheckBroadcast,
+    kCheckBarrier,
+    kCheckSplit,
+};
+
+bool MpiRunning();
+/// Marks the communicator aborted and raises the timeout's CommError (`phase` prefixes what timed out).
+[[noreturn]] void ThrowTimeout(MpiGroupState &state, const MpiOpInfo &info, std::string_view phase);
+/// Blocks on an internal request (debug check, split rendezvous) with the op's deadline.
+void WaitInternal(MpiGroupState &state, MPI_Request &request, const MpiOpInfo &info, std::string_view phase);
+
 class MpiCommunicator final : public Communicator {
 public:
-    /// Takes ownership of `comm` (its error handler is set to MPI_ERRORS_RETURN).
-    MpiCommunicator(MPI_Comm comm, std::string name);
+    /// Wraps `comm` (its error handler is set to MPI_ERRORS_RETURN); `owned`: MPI_Comm_free it at the end, else restore
+    /// its error handler.
+    MpiCommunicator(MPI_Comm comm, std::string name, bool owned);
     ~MpiCommunicator() override = default;
 
     int rank() const override { return state_->rank; }
     int size() const override { return state_->size; }
     std::string_view backend() const override { return "mpi"; }
     const std::string &name() const override { return state_->name; }
-    DeviceType device_type() const override { return DeviceType::kCPU; }
-
-    WorkHandle AllReduce(Tensor &tensor, ReduceOp op) override;
-    WorkHandle AllGather(const Tensor &input, Tensor &output) override;
-    WorkHandle AllGatherV(const Tensor &input, Tensor &output, const std::vector<std::int64_t> &counts) override;
-    WorkHandle ReduceScatter(const Tensor &input, Tensor &output, ReduceOp op) override;
-    WorkHandle ReduceScatterV(const Tensor &input, Tensor &output, const std::vector<std::int64_t> &counts,
-                              ReduceOp op) override;
-    WorkHandle AllToAll(const Tensor &input, Tensor &output) override;
-    WorkHandle AllToAllV(const Tensor &input, const std::vector<std::int64_t> &send_counts, Tensor &output,
-                         const std::vector<std::int64_t> &recv_counts) override;
-    WorkHandle Broadcast(Tensor &tensor, int root) override;
-    WorkHandle Barrier() override;
+    Device device() const override { return Device::CPU(); }
 
     /// color < 0: this rank joins no group and gets nullptr (MPI_UNDEFINED).
     std::unique_ptr<Communicator> Split(int color, int key, std::string name) override;
@@ -105,13 +121,30 @@ public:
     /// The underlying MPI communicator (for tests and host-side tools).
     MPI_Comm mpi_comm() const { return state_->comm; }
 
-private:
-    struct CheckRecord;
+protected:
+    std::vector<DType> dtypes() const override { return {DType::kFloat32, DType::kFloat64}; }
+    std::int64_t max_count() const override { return INT_MAX; }
+    std::string AbortReason() const override;
+    void CheckUsable(std::string_view op) const override;
+    void CheckAgreement(const Collective &call) override;
 
-    void CheckUsable(std::string_view op) const;
-    /// Reaps finished orphans, assigns the next sequence number and, in debug mode, runs the cross-rank check.
-    MpiOpInfo Begin(int check_op, std::string_view op, std::int64_t count, DType dtype, std::int64_t aux,
-                    const std::vector<std::int64_t> &a, const std::vector<std::int64_t> &b);
+    WorkHandle DoAllReduce(Tensor &tensor, ReduceOp op) override;
+    WorkHandle DoAllGather(const Tensor &input, Tensor &output) override;
+    WorkHandle DoAllGatherV(const Tensor &input, Tensor &output, const std::vector<std::int64_t> &counts) override;
+    WorkHandle DoReduceScatter(const Tensor &input, Tensor &output, ReduceOp op) override;
+    WorkHandle DoReduceScatterV(const Tensor &input, Tensor &output, const std::vector<std::int64_t> &counts,
+                                ReduceOp op) override;
+    WorkHandle DoAllToAll(const Tensor &input, Tensor &output) override;
+    WorkHandle DoAllToAllV(const Tensor &input, const std::vector<std::int64_t> &send_counts, Tensor &output,
+                           const std::vector<std::int64_t> &recv_counts) override;
+    WorkHandle DoBroadcast(Tensor &tensor, int root) override;
+    WorkHandle DoBarrier() override;
+
+private:
+    /// Reaps finished orphans and assigns the next sequence number.
+    MpiOpInfo Begin(std::string_view op, std::int64_t count, DType dtype);
+    /// The debug check's exchange (mpi_check.cc): `a` holds the V counts (all_to_all_v: send), `b` all_to_all_v's
+    /// receive counts.
     void RunCheck(const MpiOpInfo &info, int check_op, std::int64_t aux, const std::vector<std::int64_t> &a,
                   const std::vector<std::int64_t> &b);
     void ReapOrphans();

@@ -1,6 +1,8 @@
 #pragma once
 
-// The NCCL backend: CUDA tensors (float32, float16, bfloat16) over a non-blocking NCCL communicator.
+// The NCCL backend: CUDA tensors (float32, float16, bfloat16) over a non-blocking NCCL communicator. Private to the
+// library; programs get one through Communicator::CreateNcclWorld, Communicator::FromNcclComm and Split. Arguments
+// are validated by Communicator (communicator.cc) before any hook here runs. The files are listed in nccl_state.h.
 //
 // Streams and events: every collective runs on a communication stream owned by the communicator. The issuing thread
 // records an event on the compute stream (CudaContext::Get(device).stream()), makes the communication stream wait on
@@ -23,15 +25,15 @@
 
 #include <shardline/comm/communicator.h>
 
-namespace shardline::comm::detail {
+#include "comm/nccl_state.h"
 
-struct NcclState;
-struct NcclIssue;
+namespace shardline::comm::detail {
 
 class NcclCommunicator final : public Communicator {
 public:
-    /// Takes ownership of `comm`, an initialised non-blocking NCCL communicator on CUDA device `device`.
-    NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::string name);
+    /// Wraps `comm`, an initialised NCCL communicator on CUDA device `device`. `owned`: finalized and destroyed with
+    /// this object (the world, splits); else left to the caller (FromNcclComm). A fault aborts it either way.
+    NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::string name, bool owned);
     ~NcclCommunicator() override;
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -40,35 +42,39 @@ public:
     int size() const override { return size_; }
     std::string_view backend() const override { return "nccl"; }
     const std::string& name() const override { return name_; }
-    DeviceType device_type() const override { return DeviceType::kCUDA; }
-    int device() const { return device_; }
-
-    WorkHandle AllReduce(Tensor& tensor, ReduceOp op) override;
-    WorkHandle AllGather(const Tensor& input, Tensor& output) override;
-    WorkHandle AllGatherV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) override;
-    WorkHandle ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) override;
-    WorkHandle ReduceScatterV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
-                              ReduceOp op) override;
-    WorkHandle AllToAll(const Tensor& input, Tensor& output) override;
-    WorkHandle AllToAllV(const Tensor& input, const std::vector<std::int64_t>& send_counts, Tensor& output,
-                         const std::vector<std::int64_t>& recv_counts) override;
-    WorkHandle Broadcast(Tensor& tensor, int root) override;
-    WorkHandle Barrier() override;
+    Device device() const override { return Device::CUDA(device_); }
 
     std::unique_ptr<Communicator> Split(int color, int key, std::string name) override;
 
     void Abort() noexcept override;
     bool aborted() const override;
 
+protected:
+    std::vector<DType> dtypes() const override { return {DType::kFloat32, DType::kFloat16, DType::kBFloat16}; }
+    std::string AbortReason() const override;
+    void CheckAgreement(const Collective& call) override;
+
+    WorkHandle DoAllReduce(Tensor& tensor, ReduceOp op) override;
+    WorkHandle DoAllGather(const Tensor& input, Tensor& output) override;
+    WorkHandle DoAllGatherV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) override;
+    WorkHandle DoReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) override;
+    WorkHandle DoReduceScatterV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
+                                ReduceOp op) override;
+    WorkHandle DoAllToAll(const Tensor& input, Tensor& output) override;
+    WorkHandle DoAllToAllV(const Tensor& input, const std::vector<std::int64_t>& send_counts, Tensor& output,
+                           const std::vector<std::int64_t>& recv_counts) override;
+    WorkHandle DoBroadcast(Tensor& tensor, int root) override;
+    WorkHandle DoBarrier() override;
+
 private:
     template <class Enqueue> WorkHandle Issue(const NcclIssue& issue, Enqueue&& enqueue);
-    void CheckTensor(const Tensor& tensor, std::string_view api, std::string_view what) const;
 
     std::shared_ptr<NcclState> state_;
     int device_;
     int rank_;
     int size_;
     std::string name_;
+    bool owned_;
 };
 
 } // namespace shardline::comm::detail

@@ -10,10 +10,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <shardline/comm/communicator.h>
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
 
-#include "comm/backends.h"
 #include "comm_nccl_helpers.h"
 
 namespace shardline::testing {
@@ -48,7 +48,7 @@ protected:
     }
 
     comm::Communicator& Fresh(const std::string& name) {
-        comm_ = comm::detail::CreateNcclWorld(Env().host_world(), Env().local_rank(), name);
+        comm_ = comm::Communicator::CreateNcclWorld(Env().host_world(), Env().local_rank(), name);
         // First use sets up the connections (lazily, per algorithm and protocol): a warm-up that every rank joins, of
         // the size the tests then fault, so the faulted call is enqueued at once and only its kernel waits.
         Tensor t = Tensor::Full({kFaultCount}, 1.0, DType::kFloat32, MyGpu());

@@ -4,10 +4,9 @@ if(SHARDLINE_WITH_NCCL)
   shardline_add_dist_test(NAME shardline_dist_comm_nccl_tests NP 2 4 BACKEND cuda TIMEOUT 180
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_nccl_collectives_test.cc)
 
-  # Faults: each test sets a 5 s timeout itself (SetCommTimeout) and makes its own communicator through the private
-  # factory, so it needs src/ on the include path.
+  # Faults: each test sets a 5 s timeout itself (SetCommTimeout) and makes its own communicator
+  # (Communicator::CreateNcclWorld).
   shardline_add_dist_test(NAME shardline_dist_comm_nccl_fault_tests NP 2 4 BACKEND cuda TIMEOUT 120
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_nccl_fault_test.cc
     LIBS GTest::gmock)
-  target_include_directories(shardline_dist_comm_nccl_fault_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
 endif()

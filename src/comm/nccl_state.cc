@@ -1,0 +1,316 @@
+#include "comm/nccl_state.h"
+
+#include <cstdlib>
+#include <optional>
+
+#include <shardline/core/context.h>
+#include <shardline/core/env.h>
+
+// The NCCL backend's state machinery: op descriptions, the phase-1 wait, the watchdog (phase 2 when nobody waits on
+// the host) and the work handles.
+
+namespace shardline::comm::detail {
+
+NcclOp::~NcclOp() {
+    if (state != nullptr) {
+        state->ReleaseEvent(done);
+    }
+}
+
+std::string NcclOp::Describe() const {
+    return fmt::format("{} #{} (count {}, {}) on group '{}' (rank {} of {})", DescribeOp(kind, aux), seq, count,
+                       DTypeName(dtype), state->name, state->rank, state->size);
+}
+
+/// Phase 1: NCCL has accepted the call (ncclGroupEnd/Init/Split returned) but a non-blocking communicator may still be
+/// working on it. Polls until it has left ncclInProgress; throws CommError on an error, a requested abort or the
+/// timeout. `comms` are polled together (a split polls parent and child). nccl_mutex held.
+void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comms, ncclResult_t returned,
+                        std::string_view api, const std::string& what, Clock::time_point start) {
+    if (returned != ncclSuccess && returned != ncclInProgress) {
+        SHARDLINE_THROW(CommError, api, "{} failed: {} ({})", what, ncclGetErrorString(returned),
+                        ncclGetLastError(nullptr));
+    }
+    const auto timeout = CommTimeout();
+    Backoff backoff;
+    while (true) {
+        bool in_progress = false;
+        for (ncclComm_t c : comms) {
+            if (c == nullptr) {
+                continue;
+            }
+            ncclResult_t async = ncclSuccess;
+            const ncclResult_t r = ncclCommGetAsyncError(c, &async);
+            if (r != ncclSuccess) {
+                SHARDLINE_THROW(CommError, api, "{}: ncclCommGetAsyncError failed: {}", what, ncclGetErrorString(r));
+            }
+            if (async == ncclInProgress) {
+                in_progress = true;
+            } else if (async != ncclSuccess) {
+                SHARDLINE_THROW(CommError, api, "{} failed asynchronously: {} ({})", what, ncclGetErrorString(async),
+                                ncclGetLastError(c));
+            }
+        }
+        if (!in_progress) {
+            return;
+        }
+        if (state.abort_requested) {
+            state.ThrowAborted(api);
+        }
+        const auto elapsed = Clock::now() - start;
+        if (elapsed > timeout) {
+            SHARDLINE_THROW(CommError, api,
+                            "{} did not leave ncclInProgress within {:.1f} s (phase 1: enqueue; elapsed {:.1f} s); "
+                            "communicator aborted",
+                            what, Seconds(timeout), Seconds(elapsed));
+        }
+        backoff.Pause();
+    }
+}
+
+ncclConfig_t NonBlockingConfig(const std::string& name) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.commName = name.c_str();
+    return config;
+}
+
+/// NVLink multicast can put shared GPUs out of service: NCCL must never use NVLS, whatever the caller's environment.
+void KeepMulticastOff() {
+    const std::optional<std::string> env = env::Get("NCCL_NVLS_ENABLE");
+    if (env && *env == "0") {
+        return;
+    }
+    if (env) {
+        SHARDLINE_LOG_WARN("NCCL_NVLS_ENABLE={} overridden to 0: shardline never lets NCCL use NVLink multicast", *env);
+    }
+    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Watchdog: phase 2 when nobody waits on the host.
+
+void NcclState::WatchdogLoop() noexcept {
+    try {
+        (void)cudaSetDevice(device);
+        std::vector<std::shared_ptr<NcclOp>> ops;
+        while (true) {
+            {
+                std::unique_lock lock(mutex);
+                if (outstanding.empty() && (!abort_requested || abort_done)) {
+                    wake.wait(lock, [&] { return stop || !outstanding.empty(); });
+                } else {
+                    wake.wait_for(lock, kWatchdogPoll, [&] { return stop; });
+                }
+                if (stop) {
+                    return;
+                }
+                ops.assign(outstanding.begin(), outstanding.end());
+            }
+
+            // Retire finished work (its tensors may go back to the pool now), find the oldest overdue one.
+            const auto now = Clock::now();
+            const auto timeout = CommTimeout();
+            std::shared_ptr<NcclOp> overdue;
+            std::string cuda_failure;
+            std::vector<NcclOp*> finished;
+            for (auto& op : ops) {
+                const cudaError_t q = cudaEventQuery(op->done);
+                if (q == cudaSuccess) {
+                    int expected = NcclOp::kPending;
+                    op->status.compare_exchange_strong(expected, NcclOp::kDone);
+                    op->Release();
+                    finished.push_back(op.get());
+                } else if (q != cudaErrorNotReady) {
+                    (void)cudaGetLastError();
+                    if (cuda_failure.empty()) {
+                        cuda_failure = fmt::format("{}: CUDA reported {} ({}) while it ran", op->Describe(),
+                                                   cudaGetErrorName(q), cudaGetErrorString(q));
+                    }
+                } else if (op->status == NcclOp::kPending && overdue == nullptr && now - op->issued > timeout) {
+                    overdue = op;
+                }
+            }
+            if (!finished.empty()) {
+                std::lock_guard lock(mutex);
+                std::erase_if(outstanding, [&](const std::shared_ptr<NcclOp>& op) {
+                    return std::find(finished.begin(), finished.end(), op.get()) != finished.end();
+                });
+            }
+            ops.clear();
+
+            if (!abort_requested) {
+                if (!cuda_failure.empty()) {
+                    RequestAbort(::shardline::detail::FormatError(__FILE__, __LINE__, "NcclWatchdog", cuda_failure));
+                } else if (overdue != nullptr) {
+                    RequestAbort(::shardline::detail::FormatError(
+                        __FILE__, __LINE__, "NcclWatchdog",
+                        fmt::format("{} did not finish within {:.1f} s (phase 2: kernel; elapsed {:.1f} s); "
+                                    "communicator aborted",
+                                    overdue->Describe(), Seconds(timeout), Seconds(now - overdue->issued))));
+                } else if (nccl_mutex.try_lock()) {
+                    // Asynchronous errors (a peer's connection dropped, ...) while work is in flight.
+                    std::string failure;
+                    if (comm != nullptr) {
+                        ncclResult_t async = ncclSuccess;
+                        const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+                        if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+                            const ncclResult_t bad = r != ncclSuccess ? r : async;
+                            failure = fmt::format("asynchronous NCCL error on group '{}' (rank {} of {}): {} ({})",
+                                                  name, rank, size, ncclGetErrorString(bad), ncclGetLastError(comm));
+                        }
+                    }
+                    nccl_mutex.unlock();
+                    if (!failure.empty()) {
+                        RequestAbort(::shardline::detail::FormatError(__FILE__, __LINE__, "NcclWatchdog", failure));
+                    }
+                }
+            }
+            overdue.reset();
+
+            if (abort_requested && !abort_done) {
+                // Carry out a requested abort that found the mutex busy. A holder is inside a bounded poll that checks
+                // the request, or stuck inside NCCL itself (a full launch queue behind a hung kernel): give it another
+                // timeout, then end the process rather than hang.
+                if (nccl_mutex.try_lock()) {
+                    AbortLocked();
+                    nccl_mutex.unlock();
+                } else {
+                    Clock::time_point requested;
+                    {
+                        std::lock_guard lock(mutex);
+                        requested = abort_requested_at;
+                    }
+                    if (requested != Clock::time_point{} && Clock::now() - requested > 2 * timeout) {
+                        SHARDLINE_LOG_ERROR("NCCL communicator '{}': abort requested {:.1f} s ago but a thread is stuck "
+                                            "inside NCCL; terminating the process ({})",
+                                            name, Seconds(Clock::now() - requested), AbortReason());
+                        std::abort();
+                    }
+                }
+            }
+        }
+    } catch (const std::exception& e) {
+        try {
+            SHARDLINE_LOG_ERROR("NCCL watchdog of '{}' stopped: {}", name, e.what());
+        } catch (...) {
+        }
+    } catch (...) {
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Work
+
+namespace {
+
+class NcclWork final : public Work {
+public:
+    explicit NcclWork(std::shared_ptr<NcclOp> op) : op_(std::move(op)) {}
+
+    void Wait(bool host) override {
+        NcclState& state = *op_->state;
+        if (op_->captured) {
+            SHARDLINE_CHECK_AS(CommError, !host, "Work::Wait",
+                               "{} was captured into a CUDA graph: it runs when the graph is launched, so the host "
+                               "cannot wait for it (Wait(false) orders it on the stream)",
+                               op_->Describe());
+            DeviceGuard guard(state.device);
+            SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(CudaContext::Get(state.device).stream(), op_->done, 0));
+            return;
+        }
+        ThrowIfFailed("Work::Wait");
+        if (op_->status != NcclOp::kDone) {
+            DeviceGuard guard(state.device);
+            // Ordered after the collective: the compute stream's later work, and any stream-ordered free of the
+            // tensors, waits for it. The tensors need no reference from here on.
+            SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(CudaContext::Get(state.device).stream(), op_->done, 0));
+            if (!host) {
+                op_->Release();
+                return;
+            }
+        }
+        if (!host) {
+            return;
+        }
+        Backoff backoff;
+        while (!Test()) {
+            backoff.Pause();
+        }
+    }
+
+    bool Test() override {
+        NcclState& state = *op_->state;
+        SHARDLINE_CHECK_AS(CommError, !op_->captured, "Work::Test",
+                           "{} was captured into a CUDA graph: it completes when the graph runs, not now (Wait(false) "
+                           "orders it on the stream)",
+                           op_->Describe());
+        ThrowIfFailed("Work::Test");
+        if (op_->status == NcclOp::kDone) {
+            return true;
+        }
+        const cudaError_t q = cudaEventQuery(op_->done);
+        if (q == cudaSuccess) {
+            // A done-event also fires when an abort made the kernel exit: trust it only while not aborted.
+            int expected = NcclOp::kPending;
+            if (!state.abort_requested && op_->status.compare_exchange_strong(expected, NcclOp::kDone)) {
+                op_->Release();
+                return true;
+            }
+            ThrowIfFailed("Work::Test");
+            return op_->status == NcclOp::kDone;
+        }
+        if (q != cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            Fail("Work::Test", fmt::format("{}: CUDA reported {} ({}) while it ran", op_->Describe(),
+                                           cudaGetErrorName(q), cudaGetErrorString(q)));
+        }
+        const auto elapsed = Clock::now() - op_->issued;
+        if (elapsed > CommTimeout()) {
+            Fail("Work::Test", fmt::format("{} did not finish within {:.1f} s (phase 2: kernel; elapsed {:.1f} s); "
+                                           "communicator aborted",
+                                           op_->Describe(), Seconds(CommTimeout()), Seconds(elapsed)));
+        }
+        if (state.nccl_mutex.try_lock()) {
+            std::string failure;
+            if (state.comm != nullptr) {
+                ncclResult_t async = ncclSuccess;
+                const ncclResult_t r = ncclCommGetAsyncError(state.comm, &async);
+                if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+                    failure = fmt::format("{}: asynchronous NCCL error: {} ({})", op_->Describe(),
+                                          ncclGetErrorString(r != ncclSuccess ? r : async),
+                                          ncclGetLastError(state.comm));
+                }
+            }
+            state.nccl_mutex.unlock();
+            if (!failure.empty()) {
+                Fail("Work::Test", failure);
+            }
+        }
+        return false;
+    }
+
+private:
+    void ThrowIfFailed(std::string_view api) {
+        NcclState& state = *op_->state;
+        if (op_->status == NcclOp::kFailed || (op_->status == NcclOp::kPending && state.abort_requested)) {
+            const std::string reason = state.AbortReason();
+            SHARDLINE_THROW(CommError, api, "{} failed: NCCL communicator '{}' was aborted: {}", op_->Describe(),
+                            state.name, reason.empty() ? std::string("Abort() was called") : reason);
+        }
+    }
+
+    [[noreturn]] void Fail(std::string_view api, const std::string& what) {
+        op_->state->RequestAbort(::shardline::detail::FormatError(__FILE__, __LINE__, api, what));
+        ThrowIfFailed(api);
+        SHARDLINE_THROW(CommError, api, "{}", what); // the op finished just before the abort
+    }
+
+    std::shared_ptr<NcclOp> op_;
+};
+
+} // namespace
+
+WorkHandle MakeNcclWork(std::shared_ptr<NcclOp> op) { return std::make_shared<NcclWork>(std::move(op)); }
+
+} // namespace shardline::comm::detail

@@ -1,0 +1,350 @@
+#pragma once
+
+// The NCCL backend's shared pieces: the state a communicator shares with its work handles and its watchdog, the
+// polling helpers, and the functions the backend's files call across. Private to src/comm.
+//
+// Files: nccl_state.cc (op descriptions, the phase-1 wait, the watchdog, work handles), nccl_check.cc (the debug
+// agreement check), nccl_collectives.cc (the issue engine and the collectives), nccl_communicator.cc (creation,
+// destruction, abort), nccl_world.cc (split, CreateNcclWorld, FromNcclComm, the NVLS guard).
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <shardline/comm/communicator.h>
+#include <shardline/core/error.h>
+#include <shardline/core/logging.h>
+#include <shardline/core/tensor.h>
+
+namespace shardline::comm::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the watchdog looks at outstanding work. Timeouts are seconds; this bounds how long a finished
+// collective's tensors stay referenced when nobody waits on it.
+inline constexpr auto kWatchdogPoll = std::chrono::milliseconds(2);
+// How long a destructor lets ncclCommFinalize run before it falls back to ncclCommAbort.
+inline constexpr auto kMaxFinalize = std::chrono::seconds(30);
+
+inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+inline ncclDataType_t ToNccl(DType dtype) {
+    switch (dtype) {
+    case DType::kFloat32:
+        return ncclFloat32;
+    case DType::kFloat16:
+        return ncclFloat16;
+    case DType::kBFloat16:
+        return ncclBfloat16;
+    case DType::kFloat64:
+    case DType::kInt64:
+        break;
+    }
+    SHARDLINE_THROW(DTypeError, "NcclCommunicator", "NCCL collectives take float32, float16 or bfloat16, got {}",
+                    DTypeName(dtype));
+}
+
+inline ncclRedOp_t ToNccl(ReduceOp op) {
+    switch (op) {
+    case ReduceOp::kSum:
+        return ncclSum;
+    case ReduceOp::kAvg:
+        return ncclAvg;
+    case ReduceOp::kMax:
+        return ncclMax;
+    case ReduceOp::kMin:
+        return ncclMin;
+    }
+    SHARDLINE_THROW(Error, "NcclCommunicator", "unknown ReduceOp {}", static_cast<int>(op));
+}
+
+/// Makes `device` current for the scope and restores the caller's device (callers may drive several GPUs).
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device) {
+        if (cudaGetDevice(&previous_) != cudaSuccess) {
+            (void)cudaGetLastError();
+            previous_ = -1;
+        }
+        if (previous_ != device) {
+            SHARDLINE_CHECK_CUDA(cudaSetDevice(device));
+        }
+        device_ = device;
+    }
+    ~DeviceGuard() {
+        if (previous_ >= 0 && previous_ != device_) {
+            (void)cudaSetDevice(previous_);
+        }
+    }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+private:
+    int previous_ = -1;
+    int device_ = -1;
+};
+
+/// Polls that stay cheap when the wait is short. Enqueueing on a non-blocking communicator usually finishes within tens
+/// of microseconds, and the first sleep_for costs ~60 µs whatever it asks for (timer slack), so: yield for the first
+/// 200 µs (what a blocking communicator's own spin costs), then sleep, doubling up to 1 ms.
+class Backoff {
+public:
+    void Pause() {
+        if (Clock::now() - start_ < std::chrono::microseconds(200)) {
+            std::this_thread::yield();
+            return;
+        }
+        std::this_thread::sleep_for(sleep_);
+        sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
+    }
+
+private:
+    Clock::time_point start_ = Clock::now();
+    std::chrono::microseconds sleep_{20};
+};
+
+inline std::string DescribeOp(CollectiveKind kind, std::int64_t aux) {
+    switch (kind) {
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kReduceScatter:
+        return fmt::format("{}({})", CollectiveName(kind), ReduceOpName(static_cast<ReduceOp>(aux)));
+    case CollectiveKind::kBroadcast:
+        return fmt::format("{}(root {})", CollectiveName(kind), aux);
+    default:
+        return std::string(CollectiveName(kind));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// State shared by the communicator, its work handles and its watchdog.
+
+struct NcclState;
+
+// ---------------------------------------------------------------------------------------------------------------------
+// State shared by the communicator, its work handles and its watchdog.
+
+/// What one collective call is, for counting, messages and the debug-mode agreement.
+struct NcclIssue {
+    std::string_view api;
+    CollectiveKind kind;
+    std::int64_t count;   // elements, as every rank must agree (-1: checked per pair, all_to_all_v)
+    DType dtype;
+    std::int64_t aux = 0; // reduce op or broadcast root
+    bool uneven = false;
+    const std::vector<std::int64_t>* send_counts = nullptr; // all_to_all_v: checked as a matrix in debug mode
+    const std::vector<std::int64_t>* recv_counts = nullptr;
+};
+
+struct NcclOp {
+    enum Status : int { kPending, kDone, kFailed };
+
+    std::shared_ptr<NcclState> state;
+    CollectiveKind kind;
+    std::int64_t aux;
+    std::int64_t seq;
+    std::int64_t count;
+    DType dtype;
+    Clock::time_point issued;
+    cudaEvent_t done = nullptr;
+    /// Issued while the compute stream was capturing a CUDA graph: it runs when the graph is launched, so the host
+    /// neither tracks nor waits for it (the watchdog never sees it; its events belong to the capture).
+    bool captured = false;
+    std::atomic<int> status{kPending};
+    std::mutex keep_mutex;
+    std::vector<std::shared_ptr<Storage>> keep; // released once the collective is complete or ordered on compute
+
+    ~NcclOp();
+    std::string Describe() const;
+    void Release() {
+        std::vector<std::shared_ptr<Storage>> drop;
+        {
+            std::lock_guard lock(keep_mutex);
+            drop.swap(keep);
+        }
+    }
+};
+
+struct NcclState {
+    int device = 0;
+    int rank = 0;
+    int size = 1;
+    std::string name;
+
+    // Every NCCL call on `comm` holds nccl_mutex (NCCL allows one thread at a time on a communicator, abort included).
+    // Holders never keep it longer than a bounded poll.
+    std::timed_mutex nccl_mutex;
+    ncclComm_t comm = nullptr;
+    std::int64_t seq = 0;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ready_event = nullptr; // re-recorded per call: a stream wait captures the record at call time
+    float* barrier_buffer = nullptr;
+    std::int64_t* check_buffer = nullptr; // debug mode: [record | n records]
+    std::int64_t check_record = 0;        // int64 per record
+    cudaEvent_t check_event = nullptr;
+
+    std::atomic<bool> abort_requested{false};
+    std::atomic<bool> abort_done{false}; // ncclCommAbort has been called
+    std::atomic<bool> closed{false};
+
+    // Guards everything below.
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::string abort_reason;
+    Clock::time_point abort_requested_at;
+    std::deque<std::shared_ptr<NcclOp>> outstanding;
+    std::vector<cudaEvent_t> event_pool;
+    bool stop = false;
+    std::thread watchdog;
+
+    std::string AbortReason() {
+        std::lock_guard lock(mutex);
+        return abort_reason;
+    }
+
+    /// Records why (the first reason wins); whoever holds nccl_mutex next carries out the abort. For holders of
+    /// nccl_mutex (NcclLock aborts when it releases it).
+    void NoteAbort(std::string reason) noexcept {
+        try {
+            std::lock_guard lock(mutex);
+            if (abort_reason.empty()) {
+                abort_reason = std::move(reason);
+                abort_requested_at = Clock::now();
+            }
+        } catch (...) {
+            // a reason we could not store is still an abort
+        }
+        abort_requested = true;
+    }
+
+    /// NoteAbort, then aborts at once when nccl_mutex is free. Never blocks; never call it holding nccl_mutex.
+    void RequestAbort(std::string reason) noexcept {
+        NoteAbort(std::move(reason));
+        if (nccl_mutex.try_lock()) {
+            AbortLocked();
+            nccl_mutex.unlock();
+        }
+        wake.notify_all();
+    }
+
+    /// nccl_mutex held. Work whose done-event already fired finished before the abort and stays valid; the rest fails.
+    void AbortLocked() noexcept {
+        abort_requested = true;
+        if (comm == nullptr) {
+            return;
+        }
+        std::vector<std::shared_ptr<NcclOp>> ops;
+        try {
+            std::lock_guard lock(mutex);
+            ops.assign(outstanding.begin(), outstanding.end());
+        } catch (...) {
+        }
+        for (auto& op : ops) {
+            int expected = NcclOp::kPending;
+            const cudaError_t q = cudaEventQuery(op->done);
+            if (q != cudaErrorNotReady) {
+                (void)cudaGetLastError();
+            }
+            op->status.compare_exchange_strong(expected, q == cudaSuccess ? NcclOp::kDone : NcclOp::kFailed);
+        }
+        const ncclResult_t r = ncclCommAbort(comm);
+        comm = nullptr;
+        abort_done = true;
+        try {
+            SHARDLINE_LOG_ERROR("NCCL communicator '{}' aborted ({}): {}", name,
+                                r == ncclSuccess ? "ncclCommAbort ok" : ncclGetErrorString(r), AbortReason());
+        } catch (...) {
+        }
+    }
+
+    cudaEvent_t AcquireEvent() {
+        {
+            std::lock_guard lock(mutex);
+            if (!event_pool.empty()) {
+                cudaEvent_t e = event_pool.back();
+                event_pool.pop_back();
+                return e;
+            }
+        }
+        cudaEvent_t e = nullptr;
+        SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        return e;
+    }
+
+    void ReleaseEvent(cudaEvent_t e) noexcept {
+        if (e == nullptr) {
+            return;
+        }
+        if (!closed) {
+            try {
+                std::lock_guard lock(mutex);
+                if (!closed) {
+                    event_pool.push_back(e);
+                    return;
+                }
+            } catch (...) {
+            }
+        }
+        (void)cudaEventDestroy(e);
+    }
+
+    [[noreturn]] void ThrowAborted(std::string_view api) {
+        const std::string reason = AbortReason();
+        SHARDLINE_THROW(CommError, api, "NCCL communicator '{}' was aborted: {}", name,
+                        reason.empty() ? std::string("Abort() was called") : reason);
+    }
+
+    void WatchdogLoop() noexcept;
+};
+
+/// nccl_mutex for the scope; a requested abort is carried out before the mutex is released.
+
+/// nccl_mutex for the scope; a requested abort is carried out before the mutex is released.
+class NcclLock {
+public:
+    explicit NcclLock(NcclState& state) : state_(state), lock_(state.nccl_mutex) {}
+    ~NcclLock() {
+        if (state_.abort_requested && state_.comm != nullptr) {
+            state_.AbortLocked();
+        }
+    }
+    NcclLock(const NcclLock&) = delete;
+    NcclLock& operator=(const NcclLock&) = delete;
+
+private:
+    NcclState& state_;
+    std::unique_lock<std::timed_mutex> lock_;
+};
+
+/// Phase 1: NCCL has accepted the call (ncclGroupEnd/Init/Split returned) but a non-blocking communicator may still be
+/// working on it. Polls until it has left ncclInProgress; throws CommError on an error, a requested abort or the
+/// timeout. `comms` are polled together (a split polls parent and child). nccl_mutex held.
+void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comms, ncclResult_t returned,
+                        std::string_view api, const std::string& what, Clock::time_point start);
+
+/// A non-blocking configuration named `name` (the string must outlive the config's use).
+ncclConfig_t NonBlockingConfig(const std::string& name);
+
+/// NVLink multicast can put shared GPUs out of service: NCCL must never use NVLS, whatever the caller's environment.
+void KeepMulticastOff();
+
+/// The work handle of an issued op.
+WorkHandle MakeNcclWork(std::shared_ptr<NcclOp> op);
+
+/// Debug mode: every rank learns every rank's (op, seq, count, dtype) and returns the same verdict: an empty string
+/// when they agree, else a message listing them. nccl_mutex held.
+std::string AgreementVerdict(NcclState& s, const NcclIssue& issue, std::int64_t seq);
+
+} // namespace shardline::comm::detail

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <cublasLt.h>
 #include <gtest/gtest.h>
 
 #include <shardline/kernels/gemm_tuning.h>

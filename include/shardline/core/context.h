@@ -7,9 +7,12 @@
 #include <shardline/core/device.h>
 
 #if SHARDLINE_HAVE_CUDA
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+
+// The cuBLASLt and cuBLAS handle types are pointers to these opaque structs: declaring them keeps the cuBLAS headers
+// out of the public headers. A program that calls cuBLAS itself includes them and gets the same types.
+struct cublasLtContext;
+struct cublasContext;
 #endif
 
 namespace shardline {
@@ -31,8 +34,10 @@ public:
     /// Uses `stream` for compute from now on (e.g. an embedding trainer's own stream); nullptr restores ours. The new
     /// stream is ordered after the old one.
     void SetStream(cudaStream_t stream);
-    cublasLtHandle_t lt_handle() const { return lt_handle_; }
-    cublasHandle_t cublas_handle();
+    /// The cuBLASLt handle, for programs that call cuBLASLt on this context's stream.
+    cublasLtContext* lt_handle() const { return lt_handle_; }
+    /// The legacy provider's cuBLAS handle, created on first use and bound to the compute stream.
+    cublasContext* cublas_handle();
     /// The cuBLASLt workspace: ours, or the one SetWorkspace installed.
     void* workspace() const { return active_workspace_; }
     std::size_t workspace_bytes() const { return active_workspace_bytes_; }
@@ -55,8 +60,8 @@ private:
     int device_;
     cudaStream_t own_stream_ = nullptr;
     std::atomic<cudaStream_t> stream_{nullptr};
-    cublasLtHandle_t lt_handle_ = nullptr;
-    cublasHandle_t cublas_handle_ = nullptr;
+    cublasLtContext* lt_handle_ = nullptr;
+    cublasContext* cublas_handle_ = nullptr;
     void* workspace_ = nullptr;
     std::size_t workspace_bytes_ = 0;
     void* active_workspace_ = nullptr;

@@ -16,6 +16,7 @@
 #include <shardline/core/logging.h>
 
 #include "context_internal.h"
+#include "cublas_check.h"
 
 // Log lines are formatted by fmt::format and given to spdlog as finished strings: spdlog's own formatting overloads
 // instantiate fmt 9's float formatter in this file, which g++ 13 -O3 flags with a false -Warray-bounds.

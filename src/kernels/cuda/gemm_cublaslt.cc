@@ -24,8 +24,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <cublasLt.h>
-
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
@@ -33,6 +31,7 @@
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/gemm_tuning.h>
 
+#include "core/cuda/cublas_check.h"
 #include "cuda_ops.h"
 #include "gemm_common.h"
 #include "kernels/gemm_tuning_internal.h"

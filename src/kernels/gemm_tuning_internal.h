@@ -10,7 +10,8 @@
 #include <vector>
 
 #include <shardline/config.h>
-#include <shardline/kernels/gemm_tuning.h>
+
+#include "gemm_tuning.h"
 
 namespace shardline::kernels::detail {
 

@@ -14,8 +14,9 @@
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
-#include <shardline/kernels/gemm_tuning.h>
 #include <shardline/kernels/linear.h>
+
+#include "kernels/gemm_tuning.h"
 
 #include "helpers.h"
 

@@ -4,10 +4,11 @@
 // and reused: a repeated call makes no heuristic query and creates no descriptor; it re-points the descriptor at this
 // call's bias/aux vectors when they moved, and launches.
 //
-// Choosing the algorithm (see include/shardline/kernels/gemm_tuning.h): a record of the tuning-cache file wins (no
-// heuristic query, no timing); else the heuristic's top-k candidates are timed once on the call's own operands and
-// the fastest is kept (tuning on, the default), or its first pick is taken (tuning off). A BGRADB key also times the
-// plain GEMM followed by the separate column sum and keeps the fused epilogue only where it measures faster.
+// Choosing the algorithm (see include/shardline/kernels/gemm_tuning.h; the key is in src/kernels/gemm_tuning.h): a
+// record of the tuning-cache file wins (no heuristic query, no timing); else the heuristic's top-k candidates are
+// timed once on the call's own operands and the fastest is kept (tuning on, the default), or its first pick is taken
+// (tuning off). A BGRADB key also times the plain GEMM followed by the separate column sum and keeps the fused
+// epilogue only where it measures faster.
 //
 // When cuBLASLt offers no algorithm for a fused epilogue (or the problem is outside what the epilogues support, see
 // FusedIneligibleReason), the plan says so, one warning is logged for that key, and every call runs the plain GEMM

@@ -38,7 +38,7 @@ void StoreTuningRecord(const GemmTuningRecord& record);
 
 #if SHARDLINE_HAVE_CUDA
 namespace shardline::kernels::cuda {
-/// gemm_cublaslt.cc: the plan cache behind ClearGemmPlanCache / GemmPlanInfos.
+/// gemm_lt_plan.cc: the plan cache behind ClearGemmPlanCache / GemmPlanInfos.
 void ClearPlanCache();
 std::vector<GemmPlanInfo> PlanInfos();
 } // namespace shardline::kernels::cuda

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cublasLt.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <shardline/kernels/linear.h>

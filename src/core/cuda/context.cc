@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string_view>
 
+#include <cuda_runtime_api.h>
+
 #include <shardline/core/context.h>
 
 #include <shardline/core/env.h>

@@ -19,6 +19,7 @@
 #include <shardline/core/tensor.h>
 
 #include "common/bench_util.h"
+#include "core/cuda/cublas_check.h"
 
 namespace shardline::bench {
 

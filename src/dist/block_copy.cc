@@ -2,6 +2,11 @@
 
 #include <cstring>
 
+#include <shardline/config.h>
+#if SHARDLINE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
 

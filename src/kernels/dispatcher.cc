@@ -2,11 +2,13 @@
 
 #include <shardline/core/env.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
 #include "register.h"
@@ -19,8 +21,10 @@ struct Selection {
     std::mutex mutex;
     std::string global;                         // empty: "default"
     std::map<std::string, std::string, std::less<>> per_op;
-    std::set<std::string, std::less<>> logged;  // "op|device|provider" lines already logged
+    std::set<std::string, std::less<>> logged;  // "op|device|wanted|serving" debug lines already logged
     std::vector<KernelInfo> kernels;
+    std::uint64_t summary_generation = 0;       // the selection generation the summary below was checked at
+    std::string summary;                        // the last summary line logged
 };
 
 Selection& TheSelection() {
@@ -49,6 +53,82 @@ void LoadEnvironment(Selection& s) {
 
 thread_local std::string_view t_current_provider;
 std::atomic<std::uint64_t> g_selection_generation{1};
+
+// The provider rules 1 and 3 choose for a top-level call of `op`, before the fallback (caller holds s.mutex).
+std::string WantedProvider(const Selection& s, std::string_view op) {
+    if (auto it = s.per_op.find(op); it != s.per_op.end()) {
+        return it->second;
+    }
+    return s.global.empty() ? std::string(kDefaultProvider) : s.global;
+}
+
+// One line for every registered op under the current selection (caller holds s.mutex):
+//   "kernels: provider 'default' serves all 34 ops", or
+//   "kernels: provider 'default' serves 30 of 34 ops; 'legacy' serves LinearForward[cuda], LinearBackwardBias[cuda]"
+// An op appears under another provider by name when that provider serves it on every device it has kernels for, else
+// as op[device] for the devices it serves. Top-level calls only: an op called by another one inherits its caller's
+// provider (rule 2), which the per-op debug lines show.
+std::string SelectionSummary(const Selection& s) {
+    std::vector<std::string> ops; // in registration order
+    std::map<std::string, std::vector<DeviceType>, std::less<>> devices;
+    std::set<std::tuple<std::string_view, DeviceType, std::string_view>> registered;
+    for (const KernelInfo& k : s.kernels) {
+        auto& op_devices = devices[k.op];
+        if (op_devices.empty()) {
+            ops.push_back(k.op);
+        }
+        if (std::find(op_devices.begin(), op_devices.end(), k.device) == op_devices.end()) {
+            op_devices.push_back(k.device);
+        }
+        registered.emplace(k.op, k.device, k.provider);
+    }
+    // provider -> the ops (or op[device]) it serves, in registration order of the providers' first op.
+    std::vector<std::pair<std::string, std::vector<std::string>>> served;
+    auto entry = [&](const std::string& provider) -> std::vector<std::string>& {
+        for (auto& [name, labels] : served) {
+            if (name == provider) {
+                return labels;
+            }
+        }
+        return served.emplace_back(provider, std::vector<std::string>{}).second;
+    };
+    for (const std::string& op : ops) {
+        const std::string wanted = WantedProvider(s, op);
+        std::vector<std::pair<DeviceType, std::string>> serving;
+        for (DeviceType device : devices[op]) {
+            const bool has = registered.contains({op, device, wanted});
+            serving.emplace_back(device, has ? wanted : std::string(kDefaultProvider));
+        }
+        const bool one = std::all_of(serving.begin(), serving.end(),
+                                     [&](const auto& d) { return d.second == serving.front().second; });
+        if (one) {
+            entry(serving.front().second).push_back(op);
+        } else {
+            for (const auto& [device, provider] : serving) {
+                entry(provider).push_back(fmt::format("{}[{}]", op, DeviceTypeName(device)));
+            }
+        }
+    }
+    if (served.empty()) {
+        return "kernels: no kernels registered";
+    }
+    // The main provider serves the most ops; its op[device] entries are implied by the others'.
+    auto main = std::max_element(served.begin(), served.end(), [](const auto& a, const auto& b) {
+        return a.second.size() < b.second.size() || (a.second.size() == b.second.size() && b.first == kDefaultProvider);
+    });
+    if (served.size() == 1) {
+        return fmt::format("kernels: provider '{}' serves all {} ops", main->first, ops.size());
+    }
+    const auto whole = std::count_if(main->second.begin(), main->second.end(),
+                                     [](const std::string& label) { return !label.ends_with(']'); });
+    std::string line = fmt::format("kernels: provider '{}' serves {} of {} ops", main->first, whole, ops.size());
+    for (const auto& [provider, labels] : served) {
+        if (&provider != &main->first) {
+            line += fmt::format("; '{}' serves {}", provider, fmt::join(labels, ", "));
+        }
+    }
+    return line;
+}
 
 } // namespace
 
@@ -152,10 +232,15 @@ void ForgetProvider(std::string_view provider) {
     Selection& s = TheSelection();
     std::lock_guard lock(s.mutex);
     std::erase_if(s.kernels, [&](const KernelInfo& k) { return k.provider == provider; });
+    // Lines read "op|device|wanted|serving": forget those that name the provider as either.
     std::erase_if(s.logged, [&](const std::string& line) {
-        return line.size() > provider.size() && line.ends_with(provider) &&
-               line[line.size() - provider.size() - 1] == '|';
+        const std::string_view text = line;
+        const std::size_t serving_at = text.rfind('|');
+        const std::size_t wanted_at = text.rfind('|', serving_at - 1);
+        return text.substr(serving_at + 1) == provider ||
+               text.substr(wanted_at + 1, serving_at - wanted_at - 1) == provider;
     });
+    s.summary.clear(); // the next summary is logged even when it reads as the last one did
 }
 
 std::string ChooseProvider(std::string_view op, DeviceType device, std::string_view caller_provider,
@@ -164,27 +249,44 @@ std::string ChooseProvider(std::string_view op, DeviceType device, std::string_v
     std::string wanted;
     {
         std::lock_guard lock(s.mutex);
-        if (auto it = s.per_op.find(op); it != s.per_op.end()) {
-            wanted = it->second;
-        } else if (!caller_provider.empty()) {
+        if (s.per_op.find(op) == s.per_op.end() && !caller_provider.empty()) {
             wanted = std::string(caller_provider);
         } else {
-            wanted = s.global.empty() ? std::string(kDefaultProvider) : s.global;
+            wanted = WantedProvider(s, op);
         }
     }
     const std::string serving = has(wanted) ? wanted : std::string(kDefaultProvider);
     const std::string line = fmt::format("{}|{}|{}|{}", op, DeviceTypeName(device), wanted, serving);
     bool first = false;
+    std::string summary; // non-empty: a new summary to log
     {
         std::lock_guard lock(s.mutex);
         first = s.logged.insert(line).second;
+        const std::uint64_t generation = SelectionGeneration();
+        if (s.summary_generation != generation) {
+            s.summary_generation = generation;
+            std::string now = SelectionSummary(s);
+            if (now != s.summary) {
+                s.summary = now;
+                summary = std::move(now);
+            }
+        }
+    }
+    // One info line per process (per selection) says who serves the ops; rank 0 alone prints it at info level, the
+    // other ranks at debug. The per-op resolution is debug detail.
+    if (!summary.empty()) {
+        if (ProcessRank() == 0) {
+            SHARDLINE_LOG_INFO("{}", summary);
+        } else {
+            SHARDLINE_LOG_DEBUG("{}", summary);
+        }
     }
     if (first) {
         if (serving == wanted) {
-            SHARDLINE_LOG_INFO("kernel {} on {}: provider '{}'", op, DeviceTypeName(device), serving);
+            SHARDLINE_LOG_DEBUG("kernel {} on {}: provider '{}'", op, DeviceTypeName(device), serving);
         } else {
-            SHARDLINE_LOG_INFO("kernel {} on {}: provider '{}' has none, '{}' serves it", op, DeviceTypeName(device),
-                               wanted, serving);
+            SHARDLINE_LOG_DEBUG("kernel {} on {}: provider '{}' has none, '{}' serves it", op, DeviceTypeName(device),
+                                wanted, serving);
         }
     }
     if (wanted_out != nullptr) {

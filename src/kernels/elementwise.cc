@@ -108,7 +108,8 @@ Tensor BiasAdd(const Tensor& x, const Tensor& bias) {
     return out;
 }
 
-Shape SumOutputShape(const Shape& x, const std::vector<int>& dims, bool keepdim, std::string_view op) {
+Shape SumOutputShape(const Shape& x, const SumOptions& options, std::string_view op) {
+    const std::vector<int>& dims = options.dims;
     const int rank = static_cast<int>(x.size());
     std::vector<bool> reduced(x.size(), dims.empty());
     for (int d : dims) {
@@ -122,7 +123,7 @@ Shape SumOutputShape(const Shape& x, const std::vector<int>& dims, bool keepdim,
     for (int d = 0; d < rank; ++d) {
         if (!reduced[d]) {
             out.push_back(x[d]);
-        } else if (keepdim) {
+        } else if (options.keepdim) {
             out.push_back(1);
         }
     }
@@ -136,16 +137,16 @@ void Sum(const SumArgs& args) {
     CheckDeviceDType(args.x, kOp, "x");
     CheckDeviceDType(args.out, kOp, "out");
     CheckSameDevice(args.x, "x", args.out, "out", kOp);
-    CheckShape(args.out, SumOutputShape(args.x.shape(), args.dims, args.keepdim, kOp), kOp, "out");
+    CheckShape(args.out, SumOutputShape(args.x.shape(), {.dims = args.dims, .keepdim = args.keepdim}, kOp), kOp, "out");
     if (args.out.numel() > 0) {
         Dispatch<SumOp>(args.x.device().type, args);
     }
 }
 
-Tensor Sum(const Tensor& x, std::vector<int> dims, bool keepdim) {
+Tensor Sum(const Tensor& x, SumOptions options) {
     CheckTensor(x, SumOp::kName, "x");
-    Tensor out = Tensor::Empty(SumOutputShape(x.shape(), dims, keepdim, SumOp::kName), x.dtype(), x.device());
-    Sum(SumArgs{.x = x, .out = out, .dims = std::move(dims), .keepdim = keepdim});
+    Tensor out = Tensor::Empty(SumOutputShape(x.shape(), options, SumOp::kName), x.dtype(), x.device());
+    Sum(SumArgs{.x = x, .out = out, .dims = std::move(options.dims), .keepdim = options.keepdim});
     return out;
 }
 

@@ -1,7 +1,7 @@
 // GEMM tuning: options, counters, plan keys and the tuning-cache file. Host-only: the timing itself lives in the
-// cuBLASLt provider (src/kernels/cuda/gemm_cublaslt.cc), which reaches this through gemm_tuning_internal.h.
+// cuBLASLt provider (src/kernels/cuda/gemm_lt_tuning.cc), which reaches this through gemm_tuning_internal.h.
 
-#include <shardline/kernels/gemm_tuning.h>
+#include "gemm_tuning.h"
 
 #include <shardline/core/env.h>
 

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include <shardline/config.h>
-#include <shardline/kernels/gemm_tuning.h>
+
+#include "gemm_tuning.h"
 
 namespace shardline::kernels::detail {
 
@@ -37,7 +38,7 @@ void StoreTuningRecord(const GemmTuningRecord& record);
 
 #if SHARDLINE_HAVE_CUDA
 namespace shardline::kernels::cuda {
-/// gemm_cublaslt.cc: the plan cache behind ClearGemmPlanCache / GemmPlanInfos.
+/// gemm_lt_plan.cc: the plan cache behind ClearGemmPlanCache / GemmPlanInfos.
 void ClearPlanCache();
 std::vector<GemmPlanInfo> PlanInfos();
 } // namespace shardline::kernels::cuda

@@ -131,7 +131,7 @@ void ReduceToOperand(const Tensor& full, Tensor& grad) {
             dims.push_back(static_cast<int>(i));
         }
     }
-    Tensor keep = grad.View(SumOutputShape(full.shape(), dims, /*keepdim=*/false, "Matmul"));
+    Tensor keep = grad.View(SumOutputShape(full.shape(), {.dims = dims}, "Matmul"));
     Sum(SumArgs{.x = full, .out = keep, .dims = dims, .keepdim = false});
 }
 
@@ -184,9 +184,15 @@ void CheckOperands(const Tensor& a, const Tensor& b, std::string_view op, std::s
     CheckSameDType(a, a_name, b, b_name, op);
 }
 
+template <class Args> MatmulOptions TransposesOf(const Args& args) {
+    return {.trans_a = args.trans_a, .trans_b = args.trans_b};
+}
+
 } // namespace
 
-Shape MatmulOutputShape(const Shape& a, const Shape& b, bool trans_a, bool trans_b, std::string_view op) {
+Shape MatmulOutputShape(const Shape& a, const Shape& b, MatmulOptions options, std::string_view op) {
+    const bool trans_a = options.trans_a;
+    const bool trans_b = options.trans_b;
     SHARDLINE_CHECK_AS(ShapeError, a.size() >= 2 && b.size() >= 2, op,
                        "operands must have rank >= 2, got a {} and b {}", ShapeToString(a), ShapeToString(b));
     const std::int64_t m = trans_a ? a.back() : a[a.size() - 2];
@@ -208,19 +214,19 @@ void MatmulForward(const MatmulForwardArgs& args) {
     CheckTensor(args.out, kOp, "out");
     CheckSameDevice(args.out, "out", args.a, "a", kOp);
     CheckSameDType(args.out, "out", args.a, "a", kOp);
-    CheckShape(args.out, MatmulOutputShape(args.a.shape(), args.b.shape(), args.trans_a, args.trans_b, kOp), kOp,
-               "out");
+    CheckShape(args.out, MatmulOutputShape(args.a.shape(), args.b.shape(), TransposesOf(args), kOp), kOp, "out");
     if (args.out.numel() == 0) {
         return;
     }
     Dispatch<MatmulForwardOp>(args.out.device().type, args);
 }
 
-Tensor MatmulForward(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor MatmulForward(const Tensor& a, const Tensor& b, MatmulOptions options) {
     CheckOperands(a, b, MatmulForwardOp::kName, "a", "b");
-    Tensor out = Tensor::Empty(MatmulOutputShape(a.shape(), b.shape(), trans_a, trans_b, MatmulForwardOp::kName),
-                               a.dtype(), a.device());
-    MatmulForward(MatmulForwardArgs{.a = a, .b = b, .out = out, .trans_a = trans_a, .trans_b = trans_b});
+    Tensor out = Tensor::Empty(MatmulOutputShape(a.shape(), b.shape(), options, MatmulForwardOp::kName), a.dtype(),
+                               a.device());
+    MatmulForward(
+        MatmulForwardArgs{.a = a, .b = b, .out = out, .trans_a = options.trans_a, .trans_b = options.trans_b});
     return out;
 }
 
@@ -230,7 +236,7 @@ void MatmulBackwardInput(const MatmulBackwardInputArgs& args) {
     CheckTensor(args.da, kOp, "da");
     CheckSameDevice(args.da, "da", args.b, "b", kOp);
     CheckSameDType(args.da, "da", args.b, "b", kOp);
-    CheckShape(args.dout, MatmulOutputShape(args.da.shape(), args.b.shape(), args.trans_a, args.trans_b, kOp), kOp,
+    CheckShape(args.dout, MatmulOutputShape(args.da.shape(), args.b.shape(), TransposesOf(args), kOp), kOp,
                "dout");
     if (args.da.numel() == 0) {
         return;
@@ -244,7 +250,7 @@ void MatmulBackwardOther(const MatmulBackwardOtherArgs& args) {
     CheckTensor(args.db, kOp, "db");
     CheckSameDevice(args.db, "db", args.a, "a", kOp);
     CheckSameDType(args.db, "db", args.a, "a", kOp);
-    CheckShape(args.dout, MatmulOutputShape(args.a.shape(), args.db.shape(), args.trans_a, args.trans_b, kOp), kOp,
+    CheckShape(args.dout, MatmulOutputShape(args.a.shape(), args.db.shape(), TransposesOf(args), kOp), kOp,
                "dout");
     if (args.db.numel() == 0) {
         return;

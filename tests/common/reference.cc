@@ -120,7 +120,8 @@ Values RefMatmul(const Values& a, const Values& b, std::int64_t m, std::int64_t 
 
 Values RefBatchedMatmul(const Values& a, const Shape& a_shape, const Values& b, const Shape& b_shape, bool trans_a,
                         bool trans_b, Shape* out_shape) {
-    const Shape out = kernels::MatmulOutputShape(a_shape, b_shape, trans_a, trans_b, "RefBatchedMatmul");
+    const Shape out = kernels::MatmulOutputShape(a_shape, b_shape, {.trans_a = trans_a, .trans_b = trans_b},
+                                                 "RefBatchedMatmul");
     const std::int64_t m = out[out.size() - 2];
     const std::int64_t n = out.back();
     const std::int64_t k = trans_a ? a_shape[a_shape.size() - 2] : a_shape.back();

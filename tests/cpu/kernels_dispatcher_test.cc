@@ -5,10 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
 
+#include <shardline/core/logging.h>
 #include <shardline/kernels/ops.h>
 
 #include "helpers.h"
@@ -104,6 +111,59 @@ protected:
 
     Tensor x_, w_, dy_, a_, b_;
 };
+
+/// The library logger's lines (level, message) while in scope, at debug level and above.
+class CapturedLog {
+public:
+    struct Line {
+        spdlog::level::level_enum level;
+        std::string text;
+    };
+
+    CapturedLog() : sink_(std::make_shared<Sink>()), level_(Logger().level()) {
+        Logger().sinks().push_back(sink_);
+        Logger().set_level(spdlog::level::debug);
+    }
+    ~CapturedLog() {
+        Logger().set_level(level_);
+        auto& sinks = Logger().sinks();
+        sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+    }
+    CapturedLog(const CapturedLog&) = delete;
+    CapturedLog& operator=(const CapturedLog&) = delete;
+
+    std::vector<std::string> At(spdlog::level::level_enum level) const {
+        std::lock_guard lock(sink_->lines_mutex);
+        std::vector<std::string> texts;
+        for (const Line& line : sink_->lines) {
+            if (line.level == level) {
+                texts.push_back(line.text);
+            }
+        }
+        return texts;
+    }
+
+private:
+    struct Sink : spdlog::sinks::base_sink<std::mutex> {
+        mutable std::mutex lines_mutex;
+        std::vector<Line> lines;
+        void sink_it_(const spdlog::details::log_msg& msg) override {
+            std::lock_guard lock(lines_mutex);
+            lines.push_back({msg.level, std::string(msg.payload.data(), msg.payload.size())});
+        }
+        void flush_() override {}
+    };
+    std::shared_ptr<Sink> sink_;
+    spdlog::level::level_enum level_;
+};
+
+std::size_t RegisteredOpCount() {
+    std::set<std::string> ops;
+    for (const KernelInfo& k : RegisteredKernels()) {
+        ops.insert(k.op);
+    }
+    return ops.size();
+}
 
 TEST_F(DispatcherTest, GemmOnlyProviderServesLinearMatmulAndOuter) {
     SetProvider(kCounting);
@@ -242,6 +302,39 @@ TEST_F(DispatcherTest, RegisteringAgainReplacesTheKernel) {
     EXPECT_EQ(LinearForwardGemms(), 0);
     Register<GemmOp>(DeviceType::kCPU, kCounting, &CountingGemm);
     EXPECT_EQ(LinearForwardGemms(), 1);
+}
+
+TEST_F(DispatcherTest, ProviderChoiceIsOneInfoLineAndPerOpDetailIsDebug) {
+    using ::testing::HasSubstr;
+    using ::testing::StartsWith;
+    // A selection no earlier dispatch saw, so its summary is new: several ops, then one info line for all of them.
+    SetProvider(kPartial); // supplies only LinearForward (on the CPU)
+    CapturedLog log;
+    (void)LinearForward(x_, w_);
+    (void)LinearBackwardInput(dy_, w_);
+    (void)MatmulForward(a_, b_);
+    (void)Sum(x_);
+    const std::vector<std::string> info = log.At(spdlog::level::info);
+    ASSERT_EQ(info.size(), 1u) << ::testing::PrintToString(info);
+    EXPECT_THAT(info[0], StartsWith("kernels: provider 'default' serves "));
+    EXPECT_THAT(info[0], HasSubstr(fmt::format(" of {} ops; 'partial' serves LinearForward", RegisteredOpCount())));
+    // The per-op resolutions are debug lines, one per (op, device, choice).
+    const std::vector<std::string> debug = log.At(spdlog::level::debug);
+    EXPECT_THAT(debug, ::testing::Contains("kernel LinearForward on cpu: provider 'partial'"));
+    EXPECT_THAT(debug, ::testing::Contains("kernel LinearBackwardInput on cpu: provider 'partial' has none, 'default' "
+                                           "serves it"));
+    EXPECT_EQ(std::count(debug.begin(), debug.end(), "kernel LinearForward on cpu: provider 'partial'"), 1);
+
+    // Back to the default selection: one new info line, naming the default provider for every op.
+    ResetProviderSelection();
+    (void)LinearForward(x_, w_);
+    (void)MatmulForward(a_, b_);
+    const std::vector<std::string> after = log.At(spdlog::level::info);
+    ASSERT_EQ(after.size(), 2u) << ::testing::PrintToString(after);
+    EXPECT_EQ(after[1], fmt::format("kernels: provider 'default' serves all {} ops", RegisteredOpCount()));
+    for (const std::string& line : after) {
+        EXPECT_THAT(line, ::testing::Not(StartsWith("kernel "))) << "a per-op line at info level";
+    }
 }
 
 } // namespace

@@ -215,11 +215,11 @@ TEST(ErrorsTest, ElementwiseShapesMustMatch) {
 
 TEST(ErrorsTest, SumDimsAreValidated) {
     EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    Sum(F32({2, 3}), {2});
+                    Sum(F32({2, 3}), {.dims = {2}});
                 }),
                 AllOf(HasSubstr("Sum"), HasSubstr("dim 2 out of range for shape [2, 3]")));
     EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    Sum(F32({2, 3}), {1, -1});
+                    Sum(F32({2, 3}), {.dims = {1, -1}});
                 }),
                 AllOf(HasSubstr("Sum"), HasSubstr("listed twice")));
     Tensor out = Tensor::Empty({3}, DType::kFloat32);

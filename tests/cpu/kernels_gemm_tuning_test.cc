@@ -15,7 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <shardline/core/error.h>
-#include <shardline/kernels/gemm_tuning.h>
+
+#include "kernels/gemm_tuning.h"
 
 namespace shardline::kernels {
 namespace {

@@ -11,10 +11,13 @@
 
 #include <unistd.h>
 
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <shardline/kernels/gemm_tuning.h>
 #include <shardline/kernels/linear.h>
+
+#include "kernels/gemm_tuning.h"
 
 #include "helpers.h"
 

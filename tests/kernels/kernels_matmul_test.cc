@@ -169,7 +169,7 @@ protected:
         Tensor out = Poison(out_shape_, dtype());
         MatmulForward(MatmulForwardArgs{.a = a_, .b = b_, .out = out, .trans_a = ta_, .trans_b = tb_});
         EXPECT_TRUE(ValuesMatch(out, out_, dtype()));
-        const Tensor allocated = MatmulForward(a_, b_, ta_, tb_);
+        const Tensor allocated = MatmulForward(a_, b_, {.trans_a = ta_, .trans_b = tb_});
         EXPECT_EQ(allocated.shape(), out_shape_);
         EXPECT_TRUE(ValuesMatch(allocated, out_, dtype())) << "allocating wrapper";
     }

@@ -73,8 +73,8 @@ TEST_P(SumTest, MatchesReferenceAndShape) {
     const Tensor x = Random(c.shape, dtype(), 12, "sum.x", 1.0, mean);
     const Values xv = x.ToDoubleVector();
     ASSERT_GT(AbsSum(xv), 0.0);
-    const Tensor out = Sum(x, c.dims, keepdim);
-    EXPECT_EQ(out.shape(), SumOutputShape(c.shape, c.dims, keepdim, "test"));
+    const Tensor out = Sum(x, {.dims = c.dims, .keepdim = keepdim});
+    EXPECT_EQ(out.shape(), SumOutputShape(c.shape, {.dims = c.dims, .keepdim = keepdim}, "test"));
     EXPECT_EQ(out.dtype(), dtype());
     EXPECT_TRUE(ValuesMatch(out, RefSum(xv, c.shape, c.dims), dtype()));
 }
@@ -115,7 +115,7 @@ TEST_P(SumShapesTest, MatchesFloat64IntoTheInputDTypeAndFloat32) {
     for (const ShapeCase &c : cases) {
         const Tensor x = Random(c.shape, dtype(), 45, "x", 1.0, c.mean);
         const Values ref = RefSum(x.ToDoubleVector(), c.shape, c.dims);
-        const Shape out_shape = SumOutputShape(c.shape, c.dims, c.keepdim, "test");
+        const Shape out_shape = SumOutputShape(c.shape, {.dims = c.dims, .keepdim = c.keepdim}, "test");
         for (const DType out_dtype : {dtype(), DType::kFloat32}) {
             SCOPED_TRACE(::testing::Message() << ShapeToString(c.shape) << " dims " << ::testing::PrintToString(c.dims)
                                               << (c.keepdim ? " keepdim" : "") << " -> " << DTypeName(out_dtype));
@@ -123,7 +123,7 @@ TEST_P(SumShapesTest, MatchesFloat64IntoTheInputDTypeAndFloat32) {
             Sum(SumArgs{.x = x, .out = out, .dims = c.dims, .keepdim = c.keepdim});
             EXPECT_TRUE(ValuesMatch(out, ref, out_dtype));
         }
-        const Tensor wrapped = Sum(x, c.dims, c.keepdim);
+        const Tensor wrapped = Sum(x, {.dims = c.dims, .keepdim = c.keepdim});
         EXPECT_EQ(wrapped.shape(), out_shape);
         EXPECT_TRUE(ValuesMatch(wrapped, ref, dtype())) << "allocating wrapper";
     }
@@ -131,7 +131,7 @@ TEST_P(SumShapesTest, MatchesFloat64IntoTheInputDTypeAndFloat32) {
 
 TEST_P(SumShapesTest, EmptyReducedDimGivesZeros) {
     const Tensor x = Tensor::Empty({0, 3}, dtype(), device());
-    EXPECT_EQ(Sum(x, {0}).ToDoubleVector(), Values(3, 0.0));
+    EXPECT_EQ(Sum(x, {.dims = {0}}).ToDoubleVector(), Values(3, 0.0));
 }
 
 SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(SumShapesTest, DeviceCases, DeviceDTypeName);

@@ -7,9 +7,11 @@
 #include <shardline/core/device.h>
 
 #if SHARDLINE_HAVE_CUDA
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
+// cudaStream_t, cublasLtHandle_t and cublasHandle_t are pointers to these opaque structs: declaring them keeps the CUDA
+// headers out of the public headers. A program that calls CUDA or cuBLAS itself includes them and gets the same types.
+struct CUstream_st;
+struct cublasLtContext;
+struct cublasContext;
 #endif
 
 namespace shardline {
@@ -27,12 +29,14 @@ public:
     static CudaContext& Current();
 
     int device() const { return device_; }
-    cudaStream_t stream() const { return stream_.load(std::memory_order_acquire); }
+    CUstream_st* stream() const { return stream_.load(std::memory_order_acquire); }
     /// Uses `stream` for compute from now on (e.g. an embedding trainer's own stream); nullptr restores ours. The new
     /// stream is ordered after the old one.
-    void SetStream(cudaStream_t stream);
-    cublasLtHandle_t lt_handle() const { return lt_handle_; }
-    cublasHandle_t cublas_handle();
+    void SetStream(CUstream_st* stream);
+    /// The cuBLASLt handle, for programs that call cuBLASLt on this context's stream.
+    cublasLtContext* lt_handle() const { return lt_handle_; }
+    /// The legacy provider's cuBLAS handle, created on first use and bound to the compute stream.
+    cublasContext* cublas_handle();
     /// The cuBLASLt workspace: ours, or the one SetWorkspace installed.
     void* workspace() const { return active_workspace_; }
     std::size_t workspace_bytes() const { return active_workspace_bytes_; }
@@ -53,10 +57,10 @@ public:
 private:
     explicit CudaContext(int device);
     int device_;
-    cudaStream_t own_stream_ = nullptr;
-    std::atomic<cudaStream_t> stream_{nullptr};
-    cublasLtHandle_t lt_handle_ = nullptr;
-    cublasHandle_t cublas_handle_ = nullptr;
+    CUstream_st* own_stream_ = nullptr;
+    std::atomic<CUstream_st*> stream_{nullptr};
+    cublasLtContext* lt_handle_ = nullptr;
+    cublasContext* cublas_handle_ = nullptr;
     void* workspace_ = nullptr;
     std::size_t workspace_bytes_ = 0;
     void* active_workspace_ = nullptr;
@@ -73,14 +77,14 @@ private:
 /// no other shardline work may run on the device meanwhile.
 class ScopedCudaOverride {
 public:
-    ScopedCudaOverride(CudaContext& ctx, cudaStream_t stream, void* workspace, std::size_t workspace_bytes);
+    ScopedCudaOverride(CudaContext& ctx, CUstream_st* stream, void* workspace, std::size_t workspace_bytes);
     ~ScopedCudaOverride();
     ScopedCudaOverride(const ScopedCudaOverride&) = delete;
     ScopedCudaOverride& operator=(const ScopedCudaOverride&) = delete;
 
 private:
     CudaContext& ctx_;
-    cudaStream_t previous_stream_ = nullptr;
+    CUstream_st* previous_stream_ = nullptr;
     void* previous_workspace_ = nullptr;
     std::size_t previous_workspace_bytes_ = 0;
     bool stream_set_ = false;

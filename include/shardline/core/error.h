@@ -74,7 +74,8 @@ std::string_view BaseName(const char* path);
     } while (0)
 
 // The checks below expand where they are used, so the caller includes the library's own header
-// (cuda_runtime_api.h, cublasLt.h, nccl.h, mpi.h) and core needs none of them.
+// (cuda_runtime_api.h, nccl.h, mpi.h) and core needs none of them. cuBLAS is no part of the public API: its check,
+// SHARDLINE_CHECK_CUBLAS, is in a private header of src/core/cuda.
 
 /// CUDA runtime call: throws CudaError with the call text and cudaGetErrorString.
 #define SHARDLINE_CHECK_CUDA(call)                                                                                     \
@@ -83,16 +84,6 @@ std::string_view BaseName(const char* path);
         if (shardline_status_ != cudaSuccess) [[unlikely]] {                                                           \
             SHARDLINE_THROW(::shardline::CudaError, "CUDA", "{} failed: {} ({})", #call,                               \
                             cudaGetErrorName(shardline_status_), cudaGetErrorString(shardline_status_));               \
-        }                                                                                                              \
-    } while (0)
-
-/// cuBLAS / cuBLASLt call: throws CudaError with the call text and the status name.
-#define SHARDLINE_CHECK_CUBLAS(call)                                                                                   \
-    do {                                                                                                               \
-        const cublasStatus_t shardline_status_ = (call);                                                               \
-        if (shardline_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                                                 \
-            SHARDLINE_THROW(::shardline::CudaError, "cuBLAS", "{} failed: {} ({})", #call,                             \
-                            cublasGetStatusName(shardline_status_), cublasGetStatusString(shardline_status_));         \
         }                                                                                                              \
     } while (0)
 

@@ -15,7 +15,9 @@
 //   3. the global provider: SetProvider(p), else SHARDLINE_PROVIDER, else "default".
 // If the chosen provider has no kernel for (X, device), "default" serves it. So a provider may register any subset
 // of ops, and one that registers only Gemm serves Linear, Matmul and Outer through the default compositions.
-// The provider serving each (op, device, provider choice) is logged once at info level.
+// One info line (rank 0; once per process, again only when the selection changes) says which provider serves the ops:
+// "kernels: provider 'default' serves all 34 ops". The provider serving each (op, device, provider choice) is logged
+// once at debug level.
 
 #include <cstdint>
 #include <functional>

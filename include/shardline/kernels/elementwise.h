@@ -92,8 +92,14 @@ struct SumOp {
 };
 /// out = Σ over dims of x, accumulated in fp32 (fp64 for fp64).
 void Sum(const SumArgs& args);
-Tensor Sum(const Tensor& x, std::vector<int> dims = {}, bool keepdim = false);
+/// What the allocating Sum and SumOutputShape reduce: Sum(x, {.dims = {0}, .keepdim = true}).
+struct SumOptions {
+    std::vector<int> dims = {}; ///< dims to reduce (negative counts from the end); empty = all dims
+    bool keepdim = false;       ///< keep each reduced dim, with size 1
+};
+/// Σ over options.dims of x into a new tensor.
+Tensor Sum(const Tensor& x, SumOptions options = {});
 /// The output shape of Sum (dims normalised and validated against x's rank).
-Shape SumOutputShape(const Shape& x, const std::vector<int>& dims, bool keepdim, std::string_view op);
+Shape SumOutputShape(const Shape& x, const SumOptions& options, std::string_view op);
 
 } // namespace shardline::kernels

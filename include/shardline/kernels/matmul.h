@@ -10,6 +10,13 @@
 
 namespace shardline::kernels {
 
+/// How the allocating MatmulForward and MatmulOutputShape read the operands (the Args structs carry the same fields):
+/// MatmulForward(a, b, {.trans_b = true}) is a·bᵀ over the last two dims.
+struct MatmulOptions {
+    bool trans_a = false; ///< op(a) = aᵀ: a is [..., k, m]
+    bool trans_b = false; ///< op(b) = bᵀ: b is [..., n, k]
+};
+
 struct MatmulForwardArgs {
     const Tensor& a;
     const Tensor& b;
@@ -23,10 +30,11 @@ struct MatmulForwardOp {
 };
 /// out = op(a)·op(b), batch dims broadcast.
 void MatmulForward(const MatmulForwardArgs& args);
-Tensor MatmulForward(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+/// out = op(a)·op(b) into a new tensor.
+Tensor MatmulForward(const Tensor& a, const Tensor& b, MatmulOptions options = {});
 
 /// The shape of op(a)·op(b); throws ShapeError naming `op` when the operands do not fit.
-Shape MatmulOutputShape(const Shape& a, const Shape& b, bool trans_a, bool trans_b, std::string_view op);
+Shape MatmulOutputShape(const Shape& a, const Shape& b, MatmulOptions options, std::string_view op);
 
 struct MatmulBackwardInputArgs {
     const Tensor& dout;

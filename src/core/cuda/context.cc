@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string_view>
 
+#include <cuda_runtime_api.h>
+
 #include <shardline/core/context.h>
 
 #include <shardline/core/env.h>
@@ -16,6 +18,7 @@
 #include <shardline/core/logging.h>
 
 #include "context_internal.h"
+#include "cublas_check.h"
 
 // Log lines are formatted by fmt::format and given to spdlog as finished strings: spdlog's own formatting overloads
 // instantiate fmt 9's float formatter in this file, which g++ 13 -O3 flags with a false -Warray-bounds.

@@ -91,7 +91,7 @@ CrossEntropyResult CrossEntropyForward(const DistTensor &logits, const DistTenso
     kernels::CrossEntropyLoss(
         {.row_max = saved.row_max, .sum_exp = saved.sum_exp, .target_logit = target, .loss = loss_flat});
     if (options.reduction != LossReduction::kNone) {
-        loss = kernels::Sum(loss, {}, false);
+        loss = kernels::Sum(loss);
         if (options.reduction == LossReduction::kMean) {
             loss = kernels::Scale(loss, 1.0 / static_cast<double>(std::max<std::int64_t>(1, saved.global_rows)));
         }

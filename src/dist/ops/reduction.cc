@@ -98,7 +98,7 @@ DistTensor Sum(const DistTensor &x, const SumOptions &options) {
     const double scale = mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.global_shape(), norm)))
                               : 1.0;
     auto run = [&](const Tensor &xl) {
-        Tensor s = kernels::Sum(xl, norm, keepdim);
+        Tensor s = kernels::Sum(xl, {.dims = norm, .keepdim = keepdim});
         return mean ? kernels::Scale(s, scale) : s;
     };
     if (mesh == nullptr) {

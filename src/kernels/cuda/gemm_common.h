@@ -7,13 +7,13 @@
 #include <cstdint>
 #include <string_view>
 
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <shardline/core/context.h>
 #include <shardline/core/dtype.h>
 #include <shardline/kernels/gemm.h>
+
+#include "core/cuda/cublas_check.h"
 
 namespace shardline::kernels::cuda {
 

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
 #include <shardline/core/tensor.h>

@@ -1,0 +1,380 @@
+// The cuBLASLt provider's plans: descriptors and layouts, the plan cache, and the algorithm choice — a tuning-cache
+// record, else the heuristic's candidates (timed by gemm_lt_tuning.cc), else the unfused path with one warning.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/logging.h>
+#include <shardline/kernels/gemm.h>
+#include <shardline/kernels/gemm_tuning.h>
+
+#include "gemm_common.h"
+#include "gemm_lt_plan.h"
+#include "kernels/gemm_tuning_internal.h"
+
+// Log lines are formatted by fmt::format and given to spdlog as finished strings: spdlog's own formatting overloads
+// instantiate fmt 9's float formatter in this file, which g++ 13 -O3 flags with a false -Warray-bounds.
+
+namespace shardline::kernels::cuda::lt {
+namespace {
+
+// Tuning also asks the heuristic for its candidates under this workspace cap (see BuildPlan).
+constexpr std::size_t kSmallWorkspaceBytes = std::size_t{1} << 20;
+
+struct PlanCache {
+    std::mutex mutex;
+    std::unordered_map<GemmPlanKey, std::shared_ptr<LtPlan>, GemmPlanKeyHash> plans;
+    std::unordered_map<std::string, bool> warned; ///< one fallback warning per key string
+};
+
+PlanCache &ThePlanCache() {
+    // Never destroyed: plans hold cuBLASLt objects, and releasing them during static destruction would race the
+    // library's own teardown.
+    static PlanCache *cache = new PlanCache();
+    return *cache;
+}
+
+/// The fused-epilogue eligibility predicate, checked before asking cuBLASLt. Empty when eligible; otherwise the
+/// reason, which goes into the one warning for the key:
+///  - batched problems run unfused: GemmParams carries no bias/aux batch strides, and a bias grad of a batch is a
+///    sum over the batch, which the BGRAD epilogues do not compute;
+///  - the bias (or bias-grad) vector must have D's dtype: cuBLASLt's bias vectors take D's type outside fp8/int8
+///    kernels;
+///  - the GELU aux matrix needs a leading dimension divisible by 8 (cuBLASLt's requirement for EPILOGUE_AUX_LD).
+std::string FusedIneligibleReason(const GemmParams &p) {
+    if (p.epilogue == GemmEpilogue::kNone) {
+        return {};
+    }
+    if (p.batch_count > 1) {
+        return fmt::format("batched (batch={}) epilogues run unfused", p.batch_count);
+    }
+    if (p.bias != nullptr && p.bias_type != p.c_type) {
+        return fmt::format("bias dtype {} differs from D's {}", DTypeName(p.bias_type), DTypeName(p.c_type));
+    }
+    const bool has_aux = p.epilogue == GemmEpilogue::kGeluAuxBias || p.epilogue == GemmEpilogue::kDGeluBGrad;
+    if (has_aux && p.ldaux % 8 != 0) {
+        return fmt::format("ldaux {} is not a multiple of 8", p.ldaux);
+    }
+    return {};
+}
+
+cublasLtEpilogue_t LtEpilogue(const GemmParams &p) {
+    switch (p.epilogue) {
+    case GemmEpilogue::kNone:
+        return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias:
+        return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAuxBias:
+        return p.bias != nullptr ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::kBGradB:
+        return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::kDGeluBGrad:
+        return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    }
+    return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+std::string Describe(const GemmParams &p) {
+    return fmt::format("m={} n={} k={} trans_a={} trans_b={} lda={} ldb={} ldc={} batch={} {}x{}->{} epilogue {}", p.m,
+                       p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, p.batch_count, DTypeName(p.a_type),
+                       DTypeName(p.b_type), DTypeName(p.c_type), GemmEpilogueName(p.epilogue));
+}
+
+void WarnOnce(const std::string &key, const std::string &message) {
+    PlanCache &cache = ThePlanCache();
+    {
+        std::lock_guard lock(cache.mutex);
+        if (!cache.warned.emplace(key, true).second) {
+            return;
+        }
+    }
+    Logger().log(spdlog::level::warn, message);
+}
+
+/// Builds the plan for p: descriptors, epilogue attributes (with this call's pointers, whose alignment the heuristic
+/// reads), then the algorithm (tuning-cache record, timed candidates or the heuristic's first pick).
+std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, CudaContext &ctx) {
+    detail::GemmCounters().plans_built.fetch_add(1);
+    auto plan = std::make_shared<LtPlan>();
+    plan->key = GemmPlanKeyString(key);
+    if (const std::string reason = FusedIneligibleReason(p); !reason.empty()) {
+        WarnOnce(plan->key,
+                 fmt::format("Gemm: fused epilogue {} not used for {} ({}): running the GEMM and separate epilogue "
+                             "kernels for this shape",
+                             GemmEpilogueName(p.epilogue), Describe(p), reason));
+        return plan;
+    }
+    const cublasComputeType_t compute = GemmComputeType(p, ctx);
+    // alpha/beta are float for every dtype here: the compute type is 32F (or 32F_FAST_TF32).
+    cublasLtMatmulDesc_t raw_desc = nullptr;
+    SHARDLINE_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw_desc, compute, CUDA_R_32F));
+    plan->desc.reset(raw_desc);
+    SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, LtEpilogue(p));
+    if (p.epilogue != GemmEpilogue::kNone && p.bias != nullptr) {
+        plan->set_bias = true;
+        plan->bias_ptr = p.bias;
+        SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+        SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                static_cast<std::int32_t>(CudaDataType(p.bias_type, kOp)));
+    }
+    if (p.epilogue == GemmEpilogue::kGeluAuxBias || p.epilogue == GemmEpilogue::kDGeluBGrad) {
+        plan->set_aux = true;
+        plan->aux_ptr = p.aux;
+        SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+        SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.ldaux);
+    }
+
+    // Layouts as stored: A is m×k (k×m when transposed), B is k×n (n×k when transposed), C and D are m×n.
+    const cudaDataType_t a_type = CudaDataType(p.a_type, kOp);
+    const cudaDataType_t b_type = CudaDataType(p.b_type, kOp);
+    const cudaDataType_t c_type = CudaDataType(p.c_type, kOp);
+    plan->a = MakeLayout(a_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, p.lda, p.batch_count, p.stride_a);
+    plan->b = MakeLayout(b_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.ldb, p.batch_count, p.stride_b);
+    plan->c = MakeLayout(c_type, p.m, p.n, p.ldc, p.batch_count, p.stride_c);
+
+    const GemmTuningOptions options = CurrentGemmTuningOptions();
+    const DeviceIdentity &id = Identity(ctx.device());
+
+    // 1. A tuning-cache record: no heuristic query, no timing.
+    if (std::optional<GemmTuningRecord> record = detail::FindTuningRecord(id.gpu, id.cublaslt_version, plan->key)) {
+        cublasLtMatmulAlgo_t algo{};
+        std::memcpy(&algo, record->algo.data(), sizeof(algo));
+        cublasLtMatmulHeuristicResult_t check{};
+        const cublasStatus_t status = cublasLtMatmulAlgoCheck(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(),
+                                                              plan->c.get(), plan->c.get(), &algo, &check);
+        if (status == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= ctx.workspace_bytes()) {
+            plan->algo = algo;
+            plan->usable = true;
+            plan->tuned = true;
+            plan->from_file = true;
+            plan->candidate_count = record->candidates;
+            plan->chosen = record->chosen;
+            plan->chosen_us = record->chosen_us;
+            plan->first_us = record->first_us;
+            plan->bgradb_separate = record->bgradb_separate;
+            plan->bgradb_fused_us = record->bgradb_fused_us;
+            plan->bgradb_separate_us = record->bgradb_separate_us;
+            if (p.epilogue == GemmEpilogue::kBGradB) {
+                if (plan->bgradb_separate) {
+                    plan->plain = GetPlan(PlainParams(p), ctx);
+                }
+                CountBGradB(*plan);
+            }
+            detail::GemmCounters().file_hits.fetch_add(1);
+            return plan;
+        }
+        detail::GemmCounters().file_rejected.fetch_add(1);
+        WarnOnce(plan->key + "|file",
+                 fmt::format("Gemm: tuning-file record for {} refused by cuBLASLt ({}, workspace {} of {} bytes): "
+                             "tuning afresh",
+                             plan->key, cublasGetStatusName(status), check.workspaceSize, ctx.workspace_bytes()));
+    }
+
+    // 2. The heuristic's candidates.
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    SHARDLINE_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&raw_pref));
+    LtPreference pref(raw_pref);
+    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ctx.workspace_bytes()));
+    const std::uint32_t align_a = key.align_a;
+    const std::uint32_t align_b = key.align_b;
+    const std::uint32_t align_c = key.align_c;
+    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+
+    const int wanted = options.enabled ? options.top_k : 1;
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<std::size_t>(wanted));
+    int returned = 0;
+    detail::GemmCounters().heuristic_queries.fetch_add(1);
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), plan->c.get(),
+                                       plan->c.get(), raw_pref, wanted, results.data(), &returned);
+    results.resize(status == CUBLAS_STATUS_SUCCESS ? static_cast<std::size_t>(std::max(returned, 0)) : 0);
+    std::erase_if(results, [](const cublasLtMatmulHeuristicResult_t &r) { return r.state != CUBLAS_STATUS_SUCCESS; });
+    plan->full_workspace_candidates = static_cast<int>(results.size());
+    if (options.enabled && ctx.workspace_bytes() > kSmallWorkspaceBytes && !results.empty()) {
+        // The heuristic ranks differently under a small workspace cap (it then proposes the non-split kernels that
+        // torch's default 1 MiB cuBLASLt workspace gets): time those candidates too. The first pick stays the
+        // full-workspace one.
+        std::vector<cublasLtMatmulHeuristicResult_t> more(static_cast<std::size_t>(wanted));
+        int more_returned = 0;
+        SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(kSmallWorkspaceBytes));
+        detail::GemmCounters().heuristic_queries.fetch_add(1);
+        if (cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), plan->c.get(),
+                                           plan->c.get(), raw_pref, wanted, more.data(),
+                                           &more_returned) == CUBLAS_STATUS_SUCCESS) {
+            for (int i = 0; i < more_returned; ++i) {
+                const cublasLtMatmulHeuristicResult_t &r = more[static_cast<std::size_t>(i)];
+                const bool seen = std::any_of(results.begin(), results.end(), [&](const auto &q) {
+                    return std::memcmp(&q.algo, &r.algo, sizeof(r.algo)) == 0;
+                });
+                if (r.state == CUBLAS_STATUS_SUCCESS && !seen) {
+                    results.push_back(r);
+                }
+            }
+        }
+    }
+    if (results.empty()) {
+        if (p.epilogue != GemmEpilogue::kNone) {
+            WarnOnce(plan->key,
+                     fmt::format("Gemm: cuBLASLt has no algorithm for epilogue {} with {} (heuristic: {}): running the "
+                                 "GEMM and separate epilogue kernels for this shape",
+                                 GemmEpilogueName(p.epilogue), Describe(p), cublasGetStatusName(status)));
+        } else {
+            WarnOnce(plan->key, fmt::format("Gemm: cuBLASLt has no algorithm for {} (heuristic: {}): using "
+                                            "cublasGemmStridedBatchedEx for this shape",
+                                            Describe(p), cublasGetStatusName(status)));
+        }
+        return plan;
+    }
+    plan->algo = results.front().algo;
+    plan->candidate_count = static_cast<int>(results.size());
+    plan->candidates = std::move(results);
+    plan->usable = true;
+
+    // 3. Timing, unless tuning is off or the stream is being captured (it needs a synchronisation; the first call
+    //    outside the capture tunes the plan).
+    if (options.enabled) {
+        if (StreamCapturing(ctx.stream())) {
+            plan->needs_tuning = true;
+        } else {
+            std::lock_guard lock(plan->mutex);
+            TuneNow(*plan, p, ctx);
+        }
+    } else if (p.epilogue == GemmEpilogue::kBGradB) {
+        CountBGradB(*plan); // untuned: the fused epilogue, one launch
+    }
+    return plan;
+}
+
+} // namespace
+
+/// A column-major rows×cols matrix, strided-batched when batch > 1 (a stride of 0 broadcasts it).
+LtMatrixLayout MakeLayout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                          std::int64_t batch, std::int64_t stride) {
+    cublasLtMatrixLayout_t raw = nullptr;
+    SHARDLINE_CHECK_CUBLAS(
+        cublasLtMatrixLayoutCreate(&raw, type, static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), ld));
+    LtMatrixLayout layout(raw);
+    if (batch > 1) {
+        SHARDLINE_CHECK_AS(ShapeError, batch <= INT32_MAX, kOp, "batch count {} exceeds cuBLASLt's int32 limit", batch);
+        SetLayout(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<std::int32_t>(batch));
+        SetLayout(raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, stride);
+    }
+    return layout;
+}
+
+const DeviceIdentity &Identity(int device) {
+    static std::mutex mutex;
+    static auto *identities = new std::unordered_map<int, DeviceIdentity>();
+    std::lock_guard lock(mutex);
+    auto it = identities->find(device);
+    if (it == identities->end()) {
+        cudaDeviceProp prop{};
+        SHARDLINE_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+        it = identities
+                 ->emplace(device, DeviceIdentity{std::string(prop.name),
+                                                  static_cast<std::int64_t>(cublasLtGetVersion()),
+                                                  static_cast<std::size_t>(prop.l2CacheSize)})
+                 .first;
+    }
+    return it->second;
+}
+
+
+GemmParams PlainParams(const GemmParams &p) {
+    GemmParams plain = p;
+    plain.epilogue = GemmEpilogue::kNone;
+    plain.bias = nullptr;
+    plain.aux = nullptr;
+    plain.ldaux = 0;
+    return plain;
+}
+
+bool StreamCapturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    SHARDLINE_CHECK_CUDA(cudaStreamIsCapturing(stream, &status));
+    return status != cudaStreamCaptureStatusNone;
+}
+
+/// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning).
+cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const GemmParams &p, void *d, CudaContext &ctx,
+                      cudaStream_t stream) {
+    const float alpha = static_cast<float>(p.alpha);
+    const float beta = static_cast<float>(p.beta);
+    // D is written over C (same pointer, same layout).
+    return cublasLtMatmul(ctx.lt_handle(), plan.desc.get(), &alpha, p.a, plan.a.get(), p.b, plan.b.get(), &beta, d,
+                          plan.c.get(), d, plan.c.get(), &algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+}
+
+std::shared_ptr<LtPlan> GetPlan(const GemmParams &p, CudaContext &ctx) {
+    const GemmPlanKey key = MakeGemmPlanKey(p, ctx.allow_tf32(), ctx.workspace_bytes());
+    PlanCache &cache = ThePlanCache();
+    {
+        std::lock_guard lock(cache.mutex);
+        if (auto it = cache.plans.find(key); it != cache.plans.end()) {
+            return it->second;
+        }
+    }
+    // Built outside the cache lock: tuning takes milliseconds once per key, and other keys (other threads, other
+    // devices) must not wait for it. Two threads racing on one new key both build; the first insert wins.
+    std::shared_ptr<LtPlan> plan = BuildPlan(p, key, ctx);
+    std::lock_guard lock(cache.mutex);
+    return cache.plans.emplace(key, std::move(plan)).first->second;
+}
+
+} // namespace shardline::kernels::cuda::lt
+
+namespace shardline::kernels::cuda {
+
+void ClearPlanCache() {
+    lt::PlanCache &cache = lt::ThePlanCache();
+    std::lock_guard lock(cache.mutex);
+    cache.plans.clear();
+    cache.warned.clear();
+}
+
+std::vector<GemmPlanInfo> PlanInfos() {
+    std::vector<std::shared_ptr<lt::LtPlan>> plans;
+    {
+        lt::PlanCache &cache = lt::ThePlanCache();
+        std::lock_guard lock(cache.mutex);
+        for (const auto &[key, plan] : cache.plans) {
+            plans.push_back(plan);
+        }
+    }
+    std::vector<GemmPlanInfo> infos;
+    infos.reserve(plans.size());
+    for (const std::shared_ptr<lt::LtPlan> &plan : plans) {
+        std::lock_guard lock(plan->mutex);
+        infos.push_back(GemmPlanInfo{.key = plan->key,
+                                     .usable = plan->usable,
+                                     .tuned = plan->tuned,
+                                     .from_file = plan->from_file,
+                                     .candidates = plan->candidate_count,
+                                     .chosen = plan->chosen,
+                                     .chosen_us = plan->chosen_us,
+                                     .first_us = plan->first_us,
+                                     .bgradb_separate = plan->bgradb_separate,
+                                     .bgradb_fused_us = plan->bgradb_fused_us,
+                                     .bgradb_separate_us = plan->bgradb_separate_us,
+                                     .chosen_small_workspace = plan->tuned && !plan->from_file &&
+                                                               plan->chosen >= plan->full_workspace_candidates});
+    }
+    std::sort(infos.begin(), infos.end(), [](const GemmPlanInfo &a, const GemmPlanInfo &b) { return a.key < b.key; });
+    return infos;
+}
+
+} // namespace shardline::kernels::cuda

@@ -1,0 +1,128 @@
+#pragma once
+
+// Private to the cuBLASLt provider, which is three files: gemm_cublaslt.cc (the op entry points), gemm_lt_plan.cc
+// (descriptors and layouts, the plan cache, the algorithm choice) and gemm_lt_tuning.cc (timing the candidates, the
+// BGRADB decision). Shared here: the RAII cuBLASLt objects, the plan, and the functions the files call across.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <shardline/core/context.h>
+#include <shardline/kernels/gemm.h>
+
+#include "core/cuda/cublas_check.h"
+#include "kernels/gemm_tuning.h"
+
+namespace shardline::kernels::cuda::lt {
+
+inline constexpr std::string_view kOp = GemmOp::kName;
+
+// ---------------------------------------------------------------------------------------------------------------------
+// RAII for cuBLASLt objects. Destroy statuses are ignored: a destructor must not throw.
+
+template <class T, cublasStatus_t (*Destroy)(T *)> struct LtDeleter {
+    void operator()(T *p) const noexcept {
+        if (p != nullptr) {
+            (void)Destroy(p);
+        }
+    }
+};
+using LtMatmulDesc =
+    std::unique_ptr<cublasLtMatmulDescOpaque_t, LtDeleter<cublasLtMatmulDescOpaque_t, &cublasLtMatmulDescDestroy>>;
+using LtMatrixLayout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t,
+                                       LtDeleter<cublasLtMatrixLayoutOpaque_t, &cublasLtMatrixLayoutDestroy>>;
+using LtPreference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t,
+                                     LtDeleter<cublasLtMatmulPreferenceOpaque_t, &cublasLtMatmulPreferenceDestroy>>;
+
+template <class V> void SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const V &value) {
+    SHARDLINE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+}
+template <class V> void SetLayout(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr, const V &value) {
+    SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, attr, &value, sizeof(value)));
+}
+template <class V>
+void SetPref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const V &value) {
+    SHARDLINE_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+/// A column-major rows×cols matrix, strided-batched when batch > 1 (a stride of 0 broadcasts it).
+LtMatrixLayout MakeLayout(cudaDataType_t type, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                          std::int64_t batch, std::int64_t stride);
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Plans
+
+struct LtPlan {
+    bool usable = false; ///< false: no algorithm (or not eligible); run the unfused path
+    bool set_bias = false;
+    bool set_aux = false;
+    LtMatmulDesc desc;
+    LtMatrixLayout a;
+    LtMatrixLayout b;
+    LtMatrixLayout c;
+    cublasLtMatmulAlgo_t algo{};
+    std::mutex mutex; ///< the bias/aux pointers are descriptor attributes: set and launch under one lock
+    const void *bias_ptr = nullptr; ///< what the descriptor points at now
+    const void *aux_ptr = nullptr;
+
+    // How the algorithm was chosen.
+    std::string key;
+    bool tuned = false;
+    bool from_file = false;
+    /// Built while its stream was being captured: timing needs a synchronisation, so the heuristic's first pick runs
+    /// until the first call outside a capture tunes it.
+    bool needs_tuning = false;
+    std::vector<cublasLtMatmulHeuristicResult_t> candidates;
+    int candidate_count = 0; ///< candidates timed (or, from the file, timed when the record was made)
+    int full_workspace_candidates = 0; ///< the first ones came from the full-workspace heuristic query
+    int chosen = 0;
+    double chosen_us = 0.0;
+    double first_us = 0.0;
+
+    // BGRADB keys: run the plain plan and the separate column sum instead of the fused epilogue.
+    bool bgradb_separate = false;
+    double bgradb_fused_us = 0.0;
+    double bgradb_separate_us = 0.0;
+    std::shared_ptr<LtPlan> plain;
+};
+
+/// The GPU's name (cudaDeviceProp::name) and cuBLASLt's version: the tuning-cache file's record key.
+struct DeviceIdentity {
+    std::string gpu;
+    std::int64_t cublaslt_version = 0;
+    std::size_t l2_bytes = 0;
+};
+const DeviceIdentity &Identity(int device);
+
+// gemm_lt_plan.cc
+
+/// The plan for p's key: the cached one, else built now (descriptors, then the algorithm: a tuning-cache record, the
+/// timed candidates or the heuristic's first pick).
+std::shared_ptr<LtPlan> GetPlan(const GemmParams &p, CudaContext &ctx);
+/// p without its epilogue: the plain product.
+GemmParams PlainParams(const GemmParams &p);
+bool StreamCapturing(cudaStream_t stream);
+/// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning).
+cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const GemmParams &p, void *d, CudaContext &ctx,
+                      cudaStream_t stream);
+
+// gemm_lt_tuning.cc
+
+/// Times the plan's candidates on p's operands and keeps the fastest; for a BGRADB key also decides fused against
+/// separate; stores the record in the tuning-cache file (under plan.mutex, stream not capturing).
+void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
+/// Counts a BGRADB plan's decision (GemmPlanStats).
+void CountBGradB(const LtPlan &plan);
+
+// gemm_cublaslt.cc
+
+/// The product without epilogue: cuBLASLt, or cuBLAS when cuBLASLt has nothing for the shape.
+void RunPlain(const GemmParams &p, CudaContext &ctx);
+
+} // namespace shardline::kernels::cuda::lt

@@ -1,0 +1,253 @@
+// Tuning the cuBLASLt provider's plans: the heuristic's candidates timed on the call's own operands (the fastest is
+// kept), and for BGRADB keys the fused epilogue timed against the plain GEMM + separate column sum.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/tensor.h>
+#include <shardline/kernels/gemm.h>
+
+#include "gemm_common.h"
+#include "gemm_lt_plan.h"
+#include "kernels/gemm_tuning_internal.h"
+
+namespace shardline::kernels::cuda::lt {
+namespace {
+
+// Tuning: a candidate replaces the heuristic's first pick only when it is faster by this fraction on two passes, and
+// the fused BGRADB epilogue is kept only when it beats the plain GEMM + column sum by it (timing noise of repeated
+// launches on one GPU is below 1 %; a tie keeps the simpler and, for the bias grad, exactly-summed path).
+constexpr double kTuningMargin = 0.01;
+// Each candidate runs once to warm up, then reps times between two events; reps targets ~kTuningBudgetUs per
+// candidate and pass, within [kMinReps, kMaxReps].
+constexpr double kTuningBudgetUs = 1000.0;
+constexpr int kMinReps = 2;
+constexpr int kMaxReps = 20;
+
+/// Times launches of tuning candidates on one stream. Warm: `reps` launches back to back between two events (the
+/// operands stay in L2 when they fit, as they do when a large GEMM repeats). Cold (a flush buffer given, for problems
+/// whose operands fit in L2): before each launch a write of twice the L2 size evicts them, and only the launch is timed,
+/// as a decode step meets its weights coming from device memory.
+class CandidateTimer {
+public:
+    CandidateTimer(cudaStream_t stream, void *flush, std::size_t flush_bytes)
+        : stream_(stream), flush_(flush), flush_bytes_(flush_bytes) {
+        SHARDLINE_CHECK_CUDA(cudaEventCreate(&start_));
+        if (cudaEventCreate(&stop_) != cudaSuccess) {
+            cudaEventDestroy(start_);
+            SHARDLINE_THROW(CudaError, kOp, "cudaEventCreate failed while tuning");
+        }
+    }
+    ~CandidateTimer() {
+        cudaEventDestroy(start_);
+        cudaEventDestroy(stop_);
+    }
+    CandidateTimer(const CandidateTimer &) = delete;
+    CandidateTimer &operator=(const CandidateTimer &) = delete;
+
+    /// Mean µs of `reps` runs of launch(); a negative value when launch() reported a failure.
+    template <class F> double Time(int reps, F &&launch) {
+        if (flush_ == nullptr) {
+            SHARDLINE_CHECK_CUDA(cudaEventRecord(start_, stream_));
+            bool ok = true;
+            for (int r = 0; r < reps && ok; ++r) {
+                ok = launch();
+            }
+            return Stop(ok) / reps;
+        }
+        double total = 0.0;
+        for (int r = 0; r < reps; ++r) {
+            SHARDLINE_CHECK_CUDA(cudaMemsetAsync(flush_, r & 0xff, flush_bytes_, stream_));
+            SHARDLINE_CHECK_CUDA(cudaEventRecord(start_, stream_));
+            const double us = Stop(launch());
+            if (us < 0.0) {
+                return -1.0;
+            }
+            total += us;
+        }
+        return total / reps;
+    }
+
+private:
+    double Stop(bool ok) {
+        SHARDLINE_CHECK_CUDA(cudaEventRecord(stop_, stream_));
+        SHARDLINE_CHECK_CUDA(cudaEventSynchronize(stop_));
+        if (!ok) {
+            return -1.0;
+        }
+        float ms = 0.0f;
+        SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+        return 1000.0 * static_cast<double>(ms);
+    }
+
+    cudaStream_t stream_ = nullptr;
+    void *flush_ = nullptr;
+    std::size_t flush_bytes_ = 0;
+    cudaEvent_t start_ = nullptr;
+    cudaEvent_t stop_ = nullptr;
+};
+
+int RepsFor(double single_us) {
+    if (single_us <= 0.0) {
+        return kMaxReps;
+    }
+    return std::clamp(static_cast<int>(kTuningBudgetUs / single_us), kMinReps, kMaxReps);
+}
+
+/// A buffer twice the L2 size when p's operands (and output) fit in twice the L2 cache, else an empty tensor: see
+/// CandidateTimer.
+Tensor ColdFlushBuffer(const GemmParams &p, CudaContext &ctx) {
+    const std::size_t l2 = Identity(ctx.device()).l2_bytes;
+    const auto bytes = [](std::int64_t rows, std::int64_t cols, DType t) {
+        return static_cast<double>(rows) * static_cast<double>(cols) * static_cast<double>(ElementSize(t));
+    };
+    const double operands = static_cast<double>(p.batch_count) *
+                            (bytes(p.m, p.k, p.a_type) + bytes(p.k, p.n, p.b_type) + bytes(p.m, p.n, p.c_type));
+    if (l2 == 0 || operands >= 2.0 * static_cast<double>(l2)) {
+        return {};
+    }
+    return Tensor::Empty(Shape{static_cast<std::int64_t>(2 * l2 / sizeof(float))}, DType::kFloat32, p.device);
+}
+
+/// Times plan.candidates on p's operands and keeps the fastest in plan.algo (called under plan.mutex, stream not
+/// capturing). D goes to p.c when beta == 0 (the real call overwrites it right after) and to a scratch copy of C
+/// otherwise (an accumulating GEMM must not add twice).
+void TuneCandidates(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+    const cudaStream_t stream = ctx.stream();
+    const std::size_t n_cand = plan.candidates.size();
+    Tensor scratch;
+    void *d = p.c;
+    if (p.beta != 0.0) {
+        const std::int64_t elems = p.stride_c * (p.batch_count - 1) + p.ldc * p.n;
+        scratch = Tensor::Empty(Shape{elems}, p.c_type, p.device);
+        SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(scratch.data(), p.c, scratch.nbytes(), cudaMemcpyDeviceToDevice, stream));
+        d = scratch.data();
+    }
+    const Tensor flush = ColdFlushBuffer(p, ctx);
+    CandidateTimer events(stream, flush.defined() ? flush.data() : nullptr, flush.defined() ? flush.nbytes() : 0);
+    std::vector<double> pass1(n_cand, -1.0);
+    std::vector<int> reps(n_cand, kMinReps);
+    for (std::size_t i = 0; i < n_cand; ++i) {
+        const cublasLtMatmulAlgo_t &algo = plan.candidates[i].algo;
+        auto launch = [&] { return Launch(plan, algo, p, d, ctx, stream) == CUBLAS_STATUS_SUCCESS; };
+        const double single = events.Time(1, launch); // also the warm-up
+        if (single < 0.0) {
+            continue;
+        }
+        reps[i] = RepsFor(single);
+        pass1[i] = events.Time(reps[i], launch);
+    }
+    int best = -1;
+    for (std::size_t i = 0; i < n_cand; ++i) {
+        if (pass1[i] > 0.0 && (best < 0 || pass1[i] < pass1[static_cast<std::size_t>(best)])) {
+            best = static_cast<int>(i);
+        }
+    }
+    SHARDLINE_CHECK_AS(CudaError, best >= 0, kOp, "no cuBLASLt candidate ran for {}", plan.key);
+    int chosen = best;
+    double chosen_us = pass1[static_cast<std::size_t>(best)];
+    double first_us = pass1[0];
+    if (best != 0 && pass1[0] > 0.0) {
+        // Confirm on a second pass, interleaved, before leaving the heuristic's first pick.
+        auto time = [&](std::size_t i) {
+            return events.Time(reps[i], [&] {
+                return Launch(plan, plan.candidates[i].algo, p, d, ctx, stream) == CUBLAS_STATUS_SUCCESS;
+            });
+        };
+        const double first2 = time(0);
+        const double best2 = time(static_cast<std::size_t>(best));
+        const bool faster = pass1[static_cast<std::size_t>(best)] < pass1[0] * (1.0 - kTuningMargin) &&
+                            best2 > 0.0 && best2 < first2 * (1.0 - kTuningMargin);
+        first_us = std::min(pass1[0], first2);
+        if (faster) {
+            chosen_us = std::min(pass1[static_cast<std::size_t>(best)], best2);
+        } else {
+            chosen = 0;
+            chosen_us = first_us;
+        }
+    }
+    plan.algo = plan.candidates[static_cast<std::size_t>(chosen)].algo;
+    plan.candidate_count = static_cast<int>(n_cand);
+    plan.chosen = chosen;
+    plan.chosen_us = chosen_us;
+    plan.first_us = first_us;
+    plan.tuned = true;
+    detail::GemmCounters().tuned.fetch_add(1);
+}
+
+/// BGRADB: the fused epilogue with its tuned algorithm against the plain GEMM (its own tuned plan) followed by the
+/// separate column sum, both on p's operands (beta is 0 for BGRADB, so they write p.c and p.bias, which the real call
+/// overwrites). Called under plan.mutex, stream not capturing.
+void DecideBGradB(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+    const cudaStream_t stream = ctx.stream();
+    const GemmParams plain_params = PlainParams(p);
+    plan.plain = GetPlan(plain_params, ctx);
+    const Tensor flush = ColdFlushBuffer(p, ctx);
+    CandidateTimer events(stream, flush.defined() ? flush.data() : nullptr, flush.defined() ? flush.nbytes() : 0);
+    auto fused = [&] { return Launch(plan, plan.algo, p, p.c, ctx, stream) == CUBLAS_STATUS_SUCCESS; };
+    auto separate = [&] {
+        RunPlain(plain_params, ctx);
+        RunUnfusedEpilogue(p, ctx, ReduceImpl::kVectorized);
+        return true;
+    };
+    const double fused_single = events.Time(1, fused);
+    SHARDLINE_CHECK_AS(CudaError, fused_single > 0.0, kOp, "the tuned BGRADB algorithm failed for {}", plan.key);
+    (void)events.Time(1, separate);
+    const int reps = RepsFor(fused_single);
+    double fused_us = 0.0;
+    double separate_us = 0.0;
+    for (int pass = 0; pass < 2; ++pass) {
+        const double f = events.Time(reps, fused);
+        const double s = events.Time(reps, separate);
+        fused_us = pass == 0 ? f : std::min(fused_us, f);
+        separate_us = pass == 0 ? s : std::min(separate_us, s);
+    }
+    plan.bgradb_fused_us = fused_us;
+    plan.bgradb_separate_us = separate_us;
+    plan.bgradb_separate = !(fused_us < separate_us * (1.0 - kTuningMargin));
+}
+
+GemmTuningRecord MakeRecord(const LtPlan &plan, const DeviceIdentity &id) {
+    GemmTuningRecord r;
+    r.gpu = id.gpu;
+    r.cublaslt_version = id.cublaslt_version;
+    r.key = plan.key;
+    static_assert(sizeof(plan.algo) == sizeof(r.algo), "cublasLtMatmulAlgo_t is 8 uint64 words");
+    std::memcpy(r.algo.data(), &plan.algo, sizeof(plan.algo));
+    r.candidates = plan.candidate_count;
+    r.chosen = plan.chosen;
+    r.chosen_us = plan.chosen_us;
+    r.first_us = plan.first_us;
+    r.bgradb_separate = plan.bgradb_separate;
+    r.bgradb_fused_us = plan.bgradb_fused_us;
+    r.bgradb_separate_us = plan.bgradb_separate_us;
+    return r;
+}
+
+} // namespace
+
+void CountBGradB(const LtPlan &plan) {
+    if (plan.bgradb_separate) {
+        detail::GemmCounters().bgradb_separate.fetch_add(1);
+    } else {
+        detail::GemmCounters().bgradb_fused.fetch_add(1);
+    }
+}
+
+/// Tunes a plan built during a capture, or just built outside one (under plan.mutex).
+void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+    TuneCandidates(plan, p, ctx);
+    if (p.epilogue == GemmEpilogue::kBGradB) {
+        DecideBGradB(plan, p, ctx);
+        CountBGradB(plan);
+    }
+    plan.needs_tuning = false;
+    detail::StoreTuningRecord(MakeRecord(plan, Identity(ctx.device())));
+}
+
+} // namespace shardline::kernels::cuda::lt

@@ -4,6 +4,7 @@
 // table, and the error messages.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -191,6 +192,46 @@ TEST_P(EmbeddingTest, BackwardOfIntegerGradientsIsExactAndDeterministic) {
     Tensor second = Random({vocab, hidden}, dtype(), 99, "poison");
     EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = second});
     EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ: the backward must be deterministic";
+}
+
+TEST_P(EmbeddingTest, BackwardOfFewFrequentIdsSumsLongRunsExactlyAndDeterministically) {
+    // The README model's distribution: a few ids take most positions (half of them one id, a quarter another), the
+    // rest spread over 64 rows, some outside the table. Long runs are split over warps and blocks; integer gradients
+    // (|dout| <= 8, runs of at most 20000: partial sums below 2^24) keep every fp32 sum exact in any order, so the
+    // result is the reference with one rounding to the dtype. hidden 300 leaves a partial column tile.
+    const std::int64_t vocab = 70;
+    const std::int64_t hidden = 300;
+    const std::int64_t n = 20000;
+    Values id_values(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t r = (i * 7919) % 100; // a fixed scatter of the positions over the buckets
+        id_values[static_cast<std::size_t>(i)] = r < 50 ? 3.0 : r < 75 ? 41.0 : r < 97 ? static_cast<double>(i % 64)
+                                                 : r < 99 ? -1.0 : static_cast<double>(vocab);
+    }
+    const Tensor ids = Tensor::FromVector(id_values, {n}, DType::kInt64).To(device());
+    const Tensor int_dout =
+        RandomTensor({n, hidden}, dtype(), device(), 55, "dout", RandomDistribution::kInteger, -8, 8);
+    Tensor dweight = Random({vocab, hidden}, dtype(), 55, "poison");
+    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = int_dout, .dweight = dweight});
+    const Values want = RefBackward(id_values, int_dout.ToDoubleVector(), vocab, hidden, 0);
+    ASSERT_GT(AbsSum(want), 0.0);
+    EXPECT_TRUE(ValuesMatch(dweight, want, dtype()));
+
+    // Real-valued gradients: the summation order matters, and it must be the same on every run.
+    const Tensor dout = Random({n, hidden}, dtype(), 56, "dout");
+    Tensor first = Random({vocab, hidden}, dtype(), 57, "poison");
+    Tensor second = Random({vocab, hidden}, dtype(), 58, "poison");
+    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = first});
+    EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = second});
+    EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ: the backward must be deterministic";
+    // And close to the float64 sum: a sum of up to 10000 terms in fp32 (CUDA) or float64 (CPU), one rounding.
+    const Values want_real = RefBackward(id_values, dout.ToDoubleVector(), vocab, hidden, 0);
+    const Values got = first.ToDoubleVector();
+    double worst = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::abs(got[i] - want_real[i]) / (1.0 + std::abs(want_real[i])));
+    }
+    EXPECT_LT(worst, dtype() == DType::kFloat32 || dtype() == DType::kFloat64 ? 1e-4 : 1e-2) << "worst error " << worst;
 }
 
 struct SplitCase {

@@ -41,8 +41,10 @@ struct EmbeddingBackwardOp {
     using Fn = void (*)(const EmbeddingBackwardArgs&);
 };
 /// dweight[v, :] (+)= Σ_{i : ids[i] - vocab_start == v} dout[i, :]; ids outside the local range contribute nothing.
-/// Each sum runs over the positions i in increasing order (fp32 on CUDA, fp64 on the CPU) and rounds once into
-/// dweight, so results are deterministic on both devices (CUDA sorts the ids instead of adding with atomics).
+/// Each sum runs in a fixed order and rounds once into dweight, so results are bitwise reproducible on both devices:
+/// on the CPU over the positions i in increasing order in fp64; on CUDA in fp32, the ids radix-sorted (stable, no
+/// atomics) and each row's positions split over 4 warps (warp w takes every 4th from the w-th) whose sums are then
+/// added in warp order, so that a frequent id's long run is summed in parallel.
 void EmbeddingBackward(const EmbeddingBackwardArgs& args);
 
 } // namespace shardline::kernels

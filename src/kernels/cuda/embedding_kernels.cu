@@ -1,6 +1,10 @@
 // Embedding kernels (see embedding_kernels.h). No fmt/spdlog here: launchers return a cudaError_t.
 
+#include <algorithm>
+
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "device_utils.cuh"
 #include "embedding_kernels.h"
@@ -47,27 +51,64 @@ __global__ void EmbeddingKeysKernel(const std::int64_t *__restrict__ ids, std::i
     }
 }
 
-// One block per run of equal sorted keys (a block visits every sorted position and works only at a run's head).
-// Each thread owns columns h, h + blockDim.x, ...: it sums the run's dout rows in increasing position order in fp32,
-// then rounds once into dweight. The block's control flow depends only on the keys, so it is uniform.
+// The segment sum. Grid: x = column tiles of kSegmentColumns, y = runs of equal sorted keys (grid-stride).
+// Warp w of the block sums the run's dout rows w, w + kSegmentWarps, w + 2·kSegmentWarps, ... (in increasing sorted
+// position) for its lane's kSegmentVec columns in fp32; then the kSegmentWarps partial sums are added in warp order and
+// rounded once into dweight. The order of every addition is fixed by the run's length alone, never by scheduling, so
+// the result is bitwise reproducible; and a long run (one frequent id) is summed by kSegmentWarps warps in each of
+// hidden / kSegmentColumns blocks instead of serially by one block.
+constexpr int kSegmentWarps = 4;
+constexpr int kSegmentVec = 4;
+constexpr int kSegmentColumns = 32 * kSegmentVec;
+
 template <class In, class Out>
-__global__ void EmbeddingRunSumKernel(const std::uint32_t *__restrict__ keys,
-                                      const std::uint32_t *__restrict__ positions, std::int64_t n,
-                                      std::uint32_t sentinel, const In *__restrict__ dout, Out *__restrict__ dweight,
-                                      std::int64_t hidden, bool accumulate) {
-    for (std::int64_t j = blockIdx.x; j < n; j += gridDim.x) {
-        const std::uint32_t key = keys[j];
-        if (key == sentinel || (j > 0 && keys[j - 1] == key)) {
-            continue;
+__global__ void __launch_bounds__(32 * kSegmentWarps)
+    EmbeddingSegmentSumKernel(const std::uint32_t *__restrict__ run_keys, const int *__restrict__ run_lengths,
+                              const int *__restrict__ run_offsets, const int *__restrict__ num_runs,
+                              std::int64_t max_runs, const std::uint32_t *__restrict__ positions,
+                              std::uint32_t sentinel, const In *__restrict__ dout, Out *__restrict__ dweight,
+                              std::int64_t hidden, bool accumulate) {
+    __shared__ float partial[kSegmentWarps][kSegmentColumns];
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.x) * kSegmentColumns;
+    const std::int64_t runs = *num_runs < max_runs ? *num_runs : max_runs;
+    for (std::int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        const std::uint32_t key = run_keys[r];
+        if (key == sentinel) {
+            continue; // ids outside this shard sort last; the block's branch is uniform
         }
-        Out *dst = dweight + static_cast<std::int64_t>(key) * hidden;
-        for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-            float s = 0.0f;
-            for (std::int64_t r = j; r < n && keys[r] == key; ++r) {
-                s += ToFloat(dout[static_cast<std::int64_t>(positions[r]) * hidden + h]);
+        const int begin = run_offsets[r];
+        const int end = begin + run_lengths[r];
+        float acc[kSegmentVec] = {};
+        for (int j = begin + warp; j < end; j += kSegmentWarps) {
+            const In *row = dout + static_cast<std::int64_t>(positions[j]) * hidden;
+#pragma unroll
+            for (int v = 0; v < kSegmentVec; ++v) {
+                const std::int64_t h = col0 + v * 32 + lane;
+                if (h < hidden) {
+                    acc[v] += ToFloat(row[h]);
+                }
             }
-            dst[h] = FromFloat<Out>(accumulate ? ToFloat(dst[h]) + s : s);
         }
+#pragma unroll
+        for (int v = 0; v < kSegmentVec; ++v) {
+            partial[warp][v * 32 + lane] = acc[v];
+        }
+        __syncthreads();
+        Out *dst = dweight + static_cast<std::int64_t>(key) * hidden;
+        for (int c = static_cast<int>(threadIdx.x); c < kSegmentColumns; c += 32 * kSegmentWarps) {
+            const std::int64_t h = col0 + c;
+            if (h < hidden) {
+                float s = partial[0][c];
+#pragma unroll
+                for (int w = 1; w < kSegmentWarps; ++w) {
+                    s += partial[w][c];
+                }
+                dst[h] = FromFloat<Out>(accumulate ? ToFloat(dst[h]) + s : s);
+            }
+        }
+        __syncthreads(); // partial is reused by the next run
     }
 }
 
@@ -86,12 +127,66 @@ int KeyBits(std::int64_t rows) {
     return bits;
 }
 
-cudaError_t SortBytes(std::int64_t n, std::int64_t rows, std::size_t *bytes) {
-    *bytes = 0;
-    return cub::DeviceRadixSort::SortPairs(
-        nullptr, *bytes, static_cast<const std::uint32_t *>(nullptr), static_cast<std::uint32_t *>(nullptr),
+/// At most one run per table row plus the "not in this shard" run, and never more runs than ids.
+std::int64_t MaxRuns(std::int64_t n, std::int64_t rows) { return n < rows + 1 ? n : rows + 1; }
+
+/// The scratch CUB needs for the sort, the run-length encoding and the scan (one region: they run one after another).
+cudaError_t TempBytes(std::int64_t n, std::int64_t rows, std::size_t *bytes) {
+    std::size_t sort = 0;
+    std::size_t encode = 0;
+    std::size_t scan = 0;
+    cudaError_t status = cub::DeviceRadixSort::SortPairs(
+        nullptr, sort, static_cast<const std::uint32_t *>(nullptr), static_cast<std::uint32_t *>(nullptr),
         static_cast<const std::uint32_t *>(nullptr), static_cast<std::uint32_t *>(nullptr), static_cast<int>(n), 0,
         KeyBits(rows), cudaStream_t{nullptr});
+    if (status == cudaSuccess) {
+        status = cub::DeviceRunLengthEncode::Encode(nullptr, encode, static_cast<const std::uint32_t *>(nullptr),
+                                                    static_cast<std::uint32_t *>(nullptr), static_cast<int *>(nullptr),
+                                                    static_cast<int *>(nullptr), static_cast<int>(n),
+                                                    cudaStream_t{nullptr});
+    }
+    if (status == cudaSuccess) {
+        status = cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int *>(nullptr),
+                                               static_cast<int *>(nullptr), static_cast<int>(MaxRuns(n, rows)),
+                                               cudaStream_t{nullptr});
+    }
+    *bytes = std::max({sort, encode, scan});
+    return status;
+}
+
+/// The workspace's parts: keys and positions before and after the sort, the runs (key, length, offset, count), and
+/// CUB's scratch.
+struct BackwardWorkspace {
+    std::uint32_t *keys_in, *keys_out, *pos_in, *pos_out, *run_keys;
+    int *run_lengths, *run_offsets, *num_runs;
+    void *temp;
+    std::size_t temp_bytes;
+    std::size_t total;
+};
+
+BackwardWorkspace LayOut(char *base, std::int64_t n, std::int64_t rows, std::size_t temp_bytes) {
+    const std::size_t ids = AlignUp(static_cast<std::size_t>(n) * sizeof(std::uint32_t));
+    const std::size_t runs = AlignUp(static_cast<std::size_t>(MaxRuns(n, rows)) * sizeof(std::uint32_t));
+    static_assert(sizeof(int) == sizeof(std::uint32_t));
+    BackwardWorkspace w{};
+    std::size_t at = 0;
+    auto take = [&](std::size_t bytes) {
+        char *p = base == nullptr ? nullptr : base + at;
+        at += bytes;
+        return p;
+    };
+    w.keys_in = reinterpret_cast<std::uint32_t *>(take(ids));
+    w.keys_out = reinterpret_cast<std::uint32_t *>(take(ids));
+    w.pos_in = reinterpret_cast<std::uint32_t *>(take(ids));
+    w.pos_out = reinterpret_cast<std::uint32_t *>(take(ids));
+    w.run_keys = reinterpret_cast<std::uint32_t *>(take(runs));
+    w.run_lengths = reinterpret_cast<int *>(take(runs));
+    w.run_offsets = reinterpret_cast<int *>(take(runs));
+    w.num_runs = reinterpret_cast<int *>(take(kWorkspaceAlignment));
+    w.temp_bytes = temp_bytes;
+    w.temp = take(AlignUp(temp_bytes));
+    w.total = at;
+    return w;
 }
 
 } // namespace
@@ -122,9 +217,9 @@ cudaError_t LaunchEmbeddingForward(const std::int64_t *ids, std::int64_t n, std:
 }
 
 cudaError_t EmbeddingBackwardWorkspace(std::int64_t n, std::int64_t rows, std::size_t *bytes) {
-    std::size_t sort_bytes = 0;
-    const cudaError_t status = SortBytes(n, rows, &sort_bytes);
-    *bytes = 4 * AlignUp(static_cast<std::size_t>(n) * sizeof(std::uint32_t)) + AlignUp(sort_bytes);
+    std::size_t temp = 0;
+    const cudaError_t status = TempBytes(n, rows, &temp);
+    *bytes = LayOut(nullptr, n, rows, temp).total;
     return status;
 }
 
@@ -147,40 +242,51 @@ cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std
     if (n <= 0) {
         return cudaSuccess;
     }
-    std::size_t sort_bytes = 0;
-    if (const cudaError_t status = SortBytes(n, rows, &sort_bytes); status != cudaSuccess) {
+    std::size_t temp_bytes = 0;
+    if (const cudaError_t status = TempBytes(n, rows, &temp_bytes); status != cudaSuccess) {
         return status;
     }
-    const std::size_t array_bytes = AlignUp(static_cast<std::size_t>(n) * sizeof(std::uint32_t));
-    if (workspace == nullptr || workspace_bytes < 4 * array_bytes + sort_bytes) {
+    const BackwardWorkspace w = LayOut(static_cast<char *>(workspace), n, rows, temp_bytes);
+    if (workspace == nullptr || workspace_bytes < w.total) {
         return cudaErrorInvalidValue;
     }
-    char *base = static_cast<char *>(workspace);
-    auto *keys_in = reinterpret_cast<std::uint32_t *>(base);
-    auto *keys_out = reinterpret_cast<std::uint32_t *>(base + array_bytes);
-    auto *pos_in = reinterpret_cast<std::uint32_t *>(base + 2 * array_bytes);
-    auto *pos_out = reinterpret_cast<std::uint32_t *>(base + 3 * array_bytes);
-    void *sort_temp = base + 4 * array_bytes;
+    const int count = static_cast<int>(n);
+    const std::int64_t max_runs = MaxRuns(n, rows);
 
-    EmbeddingKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(ids, n, vocab_start, rows, keys_in, pos_in);
-    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) {
-        return status;
-    }
+    EmbeddingKeysKernel<<<BlocksFor(n), kThreads, 0, stream>>>(ids, n, vocab_start, rows, w.keys_in, w.pos_in);
+    cudaError_t status = cudaGetLastError();
     // LSD radix sort is stable: equal keys keep their positions' increasing order, which fixes the summation order.
-    if (const cudaError_t status = cub::DeviceRadixSort::SortPairs(
-            sort_temp, sort_bytes, keys_in, keys_out, pos_in, pos_out, static_cast<int>(n), 0, KeyBits(rows), stream);
-        status != cudaSuccess) {
+    if (status == cudaSuccess) {
+        std::size_t bytes = w.temp_bytes;
+        status = cub::DeviceRadixSort::SortPairs(w.temp, bytes, w.keys_in, w.keys_out, w.pos_in, w.pos_out, count, 0,
+                                                 KeyBits(rows), stream);
+    }
+    // The runs of equal keys: their keys, lengths and (by an exclusive scan of the lengths) first sorted positions.
+    // The run count stays on the device: nothing here waits for the host.
+    if (status == cudaSuccess) {
+        std::size_t bytes = w.temp_bytes;
+        status = cub::DeviceRunLengthEncode::Encode(w.temp, bytes, w.keys_out, w.run_keys, w.run_lengths, w.num_runs,
+                                                    count, stream);
+    }
+    if (status == cudaSuccess) {
+        // Entries past the run count are scanned too (the host does not know the count); nothing reads them.
+        std::size_t bytes = w.temp_bytes;
+        status = cub::DeviceScan::ExclusiveSum(w.temp, bytes, w.run_lengths, w.run_offsets, static_cast<int>(max_runs),
+                                               stream);
+    }
+    if (status != cudaSuccess) {
         return status;
     }
-    constexpr int kRunThreads = 128;
-    const int blocks = static_cast<int>(n < (std::int64_t{1} << 20) ? n : (std::int64_t{1} << 20));
+    const dim3 grid(static_cast<unsigned>((hidden + kSegmentColumns - 1) / kSegmentColumns),
+                    static_cast<unsigned>(max_runs < 65535 ? max_runs : 65535));
     return WithFloatType(dout_dtype, [&](auto in_tag) {
         using In = decltype(in_tag);
         return WithFloatType(dweight_dtype, [&](auto out_tag) {
             using Out = decltype(out_tag);
-            EmbeddingRunSumKernel<In, Out><<<blocks, kRunThreads, 0, stream>>>(
-                keys_out, pos_out, n, static_cast<std::uint32_t>(rows), static_cast<const In *>(dout),
-                static_cast<Out *>(dweight), hidden, accumulate);
+            EmbeddingSegmentSumKernel<In, Out><<<grid, 32 * kSegmentWarps, 0, stream>>>(
+                w.run_keys, w.run_lengths, w.run_offsets, w.num_runs, max_runs, w.pos_out,
+                static_cast<std::uint32_t>(rows), static_cast<const In *>(dout), static_cast<Out *>(dweight), hidden,
+                accumulate);
             return cudaGetLastError();
         });
     });

@@ -19,12 +19,14 @@ cudaError_t LaunchEmbeddingForward(const std::int64_t *ids, std::int64_t n, std:
                                    cudaStream_t stream);
 
 /// The device workspace LaunchEmbeddingBackward needs for n ids over a table of `rows` rows: the sort keys and
-/// positions (twice) and the radix sort's temporary storage. Fills `*bytes`; returns CUB's status.
+/// positions (twice), the runs (keys, lengths, offsets, count) and CUB's temporary storage. Fills `*bytes`; returns CUB's status.
 cudaError_t EmbeddingBackwardWorkspace(std::int64_t n, std::int64_t rows, std::size_t *bytes);
 
 /// dweight[v, :] (+)= Σ_{i : ids[i] - vocab_start == v} dout[i, :], deterministic: the local rows of the ids are radix
-/// sorted (stably, so each row's positions stay in increasing order), then one block per distinct row sums its dout
-/// rows in that order in fp32 and rounds once into dweight. Rows no id hits are zeroed unless `accumulate`.
+/// sorted (stably, so each row's positions stay in increasing order) and run-length encoded on the device; then for
+/// each distinct row and each 128-column tile one block sums the row's dout rows in fp32 (4 warps over every 4th
+/// position, then the warps in order) and rounds once into dweight. No host synchronisation; no atomics. Rows no id
+/// hits are zeroed unless `accumulate`.
 /// n and rows must be below 2^31 (the sort keys are 32-bit); `workspace` holds EmbeddingBackwardWorkspace's bytes.
 cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std::int64_t vocab_start, const void *dout,
                                     DType dout_dtype, void *dweight, DType dweight_dtype, std::int64_t rows,

@@ -74,10 +74,12 @@ constexpr int kSumWarpsY = 8;
 
 template <class T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 
+/// This thread's column of the block's tile (-1 when it holds none) and, in `sum`, that column's sum over the block's
+/// chunk of rows.
 template <class T, int VEC>
-__device__ __forceinline__ void ColumnTileSums(const T *__restrict__ x, std::int64_t rows, std::int64_t cols,
-                                               std::int64_t ld, std::int64_t rows_per_split,
-                                               float (&smem)[kSumWarpsY][32 * VEC]) {
+__device__ __forceinline__ std::int64_t ColumnChunkSum(const T *__restrict__ x, std::int64_t rows, std::int64_t cols,
+                                                       std::int64_t ld, std::int64_t rows_per_split,
+                                                       float (&smem)[kSumWarpsY][32 * VEC], float &sum) {
     const std::int64_t col0 = (static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x) * VEC;
     const std::int64_t r_begin = static_cast<std::int64_t>(blockIdx.y) * rows_per_split;
     const std::int64_t r_end = std::min(rows, r_begin + rows_per_split);
@@ -100,6 +102,18 @@ __device__ __forceinline__ void ColumnTileSums(const T *__restrict__ x, std::int
         smem[threadIdx.y][threadIdx.x * VEC + v] = acc[v];
     }
     __syncthreads();
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 * VEC + tid;
+    if (tid >= 32 * VEC || col >= cols) {
+        return -1;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kSumWarpsY; ++y) {
+        s += smem[y][tid];
+    }
+    sum = s;
+    return col;
 }
 
 /// One chunk (splits == 1): writes out directly.
@@ -108,21 +122,10 @@ __global__ void __launch_bounds__(32 * kSumWarpsY)
     ColumnSumDirectKernel(const T *__restrict__ x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                           std::int64_t rows_per_split, O *__restrict__ out, bool accumulate) {
     __shared__ float smem[kSumWarpsY][32 * VEC];
-    ColumnTileSums<T, VEC>(x, rows, cols, ld, rows_per_split, smem);
-    const int tid = threadIdx.y * 32 + threadIdx.x;
-    if (tid < 32 * VEC) {
-        const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 * VEC + tid;
-        if (col < cols) {
-            float s = 0.0f;
-#pragma unroll
-            for (int y = 0; y < kSumWarpsY; ++y) {
-                s += smem[y][tid];
-            }
-            if (accumulate) {
-                s += ToFloat(out[col]);
-            }
-            out[col] = FromFloat<O>(s);
-        }
+    float s = 0.0f;
+    const std::int64_t col = ColumnChunkSum<T, VEC>(x, rows, cols, ld, rows_per_split, smem, s);
+    if (col >= 0) {
+        out[col] = FromFloat<O>(accumulate ? s + ToFloat(out[col]) : s);
     }
 }
 
@@ -132,18 +135,10 @@ __global__ void __launch_bounds__(32 * kSumWarpsY)
     ColumnSumPartialKernel(const T *__restrict__ x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                            std::int64_t rows_per_split, float *__restrict__ partials) {
     __shared__ float smem[kSumWarpsY][32 * VEC];
-    ColumnTileSums<T, VEC>(x, rows, cols, ld, rows_per_split, smem);
-    const int tid = threadIdx.y * 32 + threadIdx.x;
-    if (tid < 32 * VEC) {
-        const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 * VEC + tid;
-        if (col < cols) {
-            float s = 0.0f;
-#pragma unroll
-            for (int y = 0; y < kSumWarpsY; ++y) {
-                s += smem[y][tid];
-            }
-            partials[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
-        }
+    float s = 0.0f;
+    const std::int64_t col = ColumnChunkSum<T, VEC>(x, rows, cols, ld, rows_per_split, smem, s);
+    if (col >= 0) {
+        partials[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
     }
 }
 

@@ -174,15 +174,13 @@ cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std
     }
     constexpr int kRunThreads = 128;
     const int blocks = static_cast<int>(n < (std::int64_t{1} << 20) ? n : (std::int64_t{1} << 20));
-    return WithFloatType(dout_dtype, [&](auto in_tag) {
+    return WithFloatTypes(dout_dtype, dweight_dtype, [&](auto in_tag, auto out_tag) {
         using In = decltype(in_tag);
-        return WithFloatType(dweight_dtype, [&](auto out_tag) {
-            using Out = decltype(out_tag);
-            EmbeddingRunSumKernel<In, Out><<<blocks, kRunThreads, 0, stream>>>(
-                keys_out, pos_out, n, static_cast<std::uint32_t>(rows), static_cast<const In *>(dout),
-                static_cast<Out *>(dweight), hidden, accumulate);
-            return cudaGetLastError();
-        });
+        using Out = decltype(out_tag);
+        EmbeddingRunSumKernel<In, Out><<<blocks, kRunThreads, 0, stream>>>(
+            keys_out, pos_out, n, static_cast<std::uint32_t>(rows), static_cast<const In *>(dout),
+            static_cast<Out *>(dweight), hidden, accumulate);
+        return cudaGetLastError();
     });
 }
 

@@ -229,14 +229,12 @@ cudaError_t LaunchBiasAdd(void *d, DType dtype, std::int64_t m, std::int64_t n, 
     if (m <= 0 || n <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, bias_dtype, [&](auto tag, auto bias_tag) {
         using T = decltype(tag);
-        return WithFloatType(bias_dtype, [&](auto bias_tag) {
-            using B = decltype(bias_tag);
-            BiasAddKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld,
-                                                                           static_cast<const B *>(bias));
-            return cudaGetLastError();
-        });
+        using B = decltype(bias_tag);
+        BiasAddKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld,
+                                                                       static_cast<const B *>(bias));
+        return cudaGetLastError();
     });
 }
 
@@ -245,14 +243,12 @@ cudaError_t LaunchBiasGeluAux(void *d, DType dtype, std::int64_t m, std::int64_t
     if (m <= 0 || n <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, bias_dtype, [&](auto tag, auto bias_tag) {
         using T = decltype(tag);
-        return WithFloatType(bias_dtype, [&](auto bias_tag) {
-            using B = decltype(bias_tag);
-            BiasGeluAuxKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(
-                static_cast<T *>(d), m, n, ld, static_cast<const B *>(bias), static_cast<T *>(aux), ldaux);
-            return cudaGetLastError();
-        });
+        using B = decltype(bias_tag);
+        BiasGeluAuxKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(
+            static_cast<T *>(d), m, n, ld, static_cast<const B *>(bias), static_cast<T *>(aux), ldaux);
+        return cudaGetLastError();
     });
 }
 
@@ -296,21 +292,19 @@ cudaError_t LaunchColumnSum(const ColumnSumPlan &plan, const void *x, DType dtyp
     if (cols <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        return WithFloatType(out_dtype, [&](auto out_tag) {
-            using O = decltype(out_tag);
-            const T *xt = static_cast<const T *>(x);
-            O *ot = static_cast<O *>(out);
-            constexpr int kVec = static_cast<int>(16 / sizeof(T));
-            if (plan.vec == kVec) {
-                return RunColumnSum<T, kVec, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
-            }
-            if (plan.vec != 1) {
-                return cudaErrorInvalidValue;
-            }
-            return RunColumnSum<T, 1, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
-        });
+        using O = decltype(out_tag);
+        const T *xt = static_cast<const T *>(x);
+        O *ot = static_cast<O *>(out);
+        constexpr int kVec = static_cast<int>(16 / sizeof(T));
+        if (plan.vec == kVec) {
+            return RunColumnSum<T, kVec, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
+        }
+        if (plan.vec != 1) {
+            return cudaErrorInvalidValue;
+        }
+        return RunColumnSum<T, 1, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
     });
 }
 
@@ -319,15 +313,13 @@ cudaError_t LaunchRowSum(const void *x, DType dtype, std::int64_t rows, std::int
     if (rows <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        return WithFloatType(out_dtype, [&](auto out_tag) {
-            using O = decltype(out_tag);
-            const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(rows, 65535));
-            RowSumKernel<T, O><<<blocks, kThreads, 0, stream>>>(static_cast<const T *>(x), rows, cols, ld,
-                                                                static_cast<O *>(out), accumulate);
-            return cudaGetLastError();
-        });
+        using O = decltype(out_tag);
+        const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(rows, 65535));
+        RowSumKernel<T, O><<<blocks, kThreads, 0, stream>>>(static_cast<const T *>(x), rows, cols, ld,
+                                                            static_cast<O *>(out), accumulate);
+        return cudaGetLastError();
     });
 }
 

@@ -58,6 +58,17 @@ inline void CheckShape(const Tensor& t, const Shape& expected, std::string_view 
                        ShapeToString(expected), t.ToString());
 }
 
+/// Two tensors an op takes together: both valid, `a` in a kernel dtype of its device, `b` on a's device and in its
+/// dtype.
+inline void CheckOperands(const Tensor& a, std::string_view a_name, const Tensor& b, std::string_view b_name,
+                          std::string_view op) {
+    CheckTensor(a, op, a_name);
+    CheckTensor(b, op, b_name);
+    CheckDeviceDType(a, op, a_name);
+    CheckSameDevice(a, a_name, b, b_name, op);
+    CheckSameDType(a, a_name, b, b_name, op);
+}
+
 /// A tensor that goes with `like` (an output, a gradient, a bias): CheckTensor, then like's device and dtype.
 inline void CheckLike(const Tensor& t, std::string_view name, const Tensor& like, std::string_view like_name,
                       std::string_view op) {

@@ -13,11 +13,7 @@ namespace {
 
 void CheckUnary(const Tensor& x, std::string_view x_name, const Tensor& out, std::string_view out_name,
                 std::string_view op) {
-    CheckTensor(x, op, x_name);
-    CheckTensor(out, op, out_name);
-    CheckDeviceDType(x, op, x_name);
-    CheckSameDevice(x, x_name, out, out_name, op);
-    CheckSameDType(x, x_name, out, out_name, op);
+    CheckOperands(x, x_name, out, out_name, op);
     CheckShape(out, x.shape(), op, out_name);
 }
 

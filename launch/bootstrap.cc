@@ -23,14 +23,6 @@ namespace {
 
 Environment *g_environment = nullptr;
 
-bool MpiRunning() {
-    int initialized = 0;
-    int finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    return initialized != 0 && finalized == 0;
-}
-
 // Open MPI's non-negative integer, or -1 when unset (a malformed value is an error naming the variable).
 int EnvInt(const char *name) { return static_cast<int>(env::GetInt(name, -1, 0, std::numeric_limits<int>::max())); }
 
@@ -68,7 +60,7 @@ BackendChoice ResolveChoice(BackendChoice choice) {
 
 Environment::Environment(int *argc, char ***argv, BootstrapOptions options) {
     SHARDLINE_CHECK(g_environment == nullptr, "launch::Environment", "one Environment per process, got a second one");
-    if (!MpiRunning()) {
+    if (!comm::Communicator::MpiRunning()) {
         int finalized = 0;
         MPI_Finalized(&finalized);
         SHARDLINE_CHECK(finalized == 0, "launch::Environment", "MPI was already finalized in this process");
@@ -169,7 +161,7 @@ Environment::~Environment() {
     // Communicators first: they free their MPI/NCCL resources while MPI is still up.
     world_.reset();
     host_world_.reset();
-    if (finalize_mpi_ && MpiRunning()) {
+    if (finalize_mpi_ && comm::Communicator::MpiRunning()) {
         MPI_Finalize();
     }
 }
@@ -200,7 +192,7 @@ int RunMain(int *argc, char ***argv, BootstrapOptions options, const std::functi
         std::fprintf(stderr, "%s%s\n", prefixed ? "" : prefix.c_str(), failure.c_str());
         std::fflush(stderr);
         std::fflush(stdout);
-        if (MpiRunning()) {
+        if (comm::Communicator::MpiRunning()) {
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         std::_Exit(1);

@@ -19,14 +19,6 @@
 namespace shardline::comm {
 namespace detail {
 
-bool MpiRunning() {
-    int initialized = 0;
-    int finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    return initialized != 0 && finalized == 0;
-}
-
 namespace {
 
 double Seconds(Clock::duration d) {
@@ -223,7 +215,7 @@ private:
 
 MpiGroupState::~MpiGroupState() {
     std::lock_guard lock(mutex);
-    if (!MpiRunning()) {
+    if (!Communicator::MpiRunning()) {
         return;
     }
     for (auto &op : orphans) {
@@ -272,7 +264,7 @@ std::string MpiCommunicator::AbortReason() const {
 
 void MpiCommunicator::CheckUsable(std::string_view op) const {
     Communicator::CheckUsable(op);
-    SHARDLINE_CHECK_AS(CommError, MpiRunning(), op,
+    SHARDLINE_CHECK_AS(CommError, Communicator::MpiRunning(), op,
                        "expected MPI to be initialized and not finalized, got it {} (group '{}')",
                        "not running", state_->name);
 }
@@ -438,7 +430,7 @@ void MpiCommunicator::Abort() noexcept {
 
 std::unique_ptr<Communicator> Communicator::FromMpiComm(MPI_Comm comm, MpiCommOptions options) {
     constexpr std::string_view kOp = "FromMpiComm";
-    SHARDLINE_CHECK_AS(CommError, detail::MpiRunning(), kOp,
+    SHARDLINE_CHECK_AS(CommError, Communicator::MpiRunning(), kOp,
                        "expected MPI to be initialized and not finalized, got it not running (group '{}')",
                        options.name);
     SHARDLINE_CHECK(comm != MPI_COMM_NULL, kOp, "expected an MPI communicator, got MPI_COMM_NULL (group '{}')",
@@ -446,8 +438,16 @@ std::unique_ptr<Communicator> Communicator::FromMpiComm(MPI_Comm comm, MpiCommOp
     return std::make_unique<detail::MpiCommunicator>(comm, std::move(options.name), options.take_ownership);
 }
 
+bool Communicator::MpiRunning() {
+    int initialized = 0;
+    int finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    return initialized != 0 && finalized == 0;
+}
+
 std::unique_ptr<Communicator> Communicator::CreateMpiWorld(std::string name) {
-    SHARDLINE_CHECK_AS(CommError, detail::MpiRunning(), "CreateMpiWorld",
+    SHARDLINE_CHECK_AS(CommError, Communicator::MpiRunning(), "CreateMpiWorld",
                        "MPI must be initialized (launch::Environment does it) and not finalized");
     MPI_Comm comm = MPI_COMM_NULL;
     SHARDLINE_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

@@ -93,7 +93,6 @@ enum CheckOp : int {
     kCheckSplit,
 };
 
-bool MpiRunning();
 /// Marks the communicator aborted and raises the timeout's CommError (`phase` prefixes what timed out).
 [[noreturn]] void ThrowTimeout(MpiGroupState &state, const MpiOpInfo &info, std::string_view phase);
 /// Blocks on an internal request (debug check, split rendezvous) with the op's deadline.

@@ -160,14 +160,8 @@ void NcclCommunicator::CheckAgreement(const Collective& call) {
         try {
             // The sequence number the collective is about to take (Issue assigns it).
             mismatch = AgreementVerdict(s, issue, s.seq + 1);
-        } catch (const CommError& e) {
-            s.NoteAbort(e.what());
-            throw;
-        } catch (const std::exception& e) {
-            s.NoteAbort(::shardline::detail::FormatError(
-                __FILE__, __LINE__, issue.api,
-                fmt::format("checking {} failed: {}", DescribeOp(issue.kind, issue.aux), e.what())));
-            throw;
+        } catch (...) {
+            s.NoteAbortAndRethrow(issue, "checking");
         }
     }
     // Nothing was issued: the communicator stays usable.

@@ -123,14 +123,8 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
                 std::lock_guard track(s.mutex);
                 s.outstanding.push_back(op);
             }
-        } catch (const CommError& e) {
-            s.NoteAbort(e.what());
-            throw;
-        } catch (const std::exception& e) {
-            s.NoteAbort(::shardline::detail::FormatError(
-                __FILE__, __LINE__, issue.api,
-                fmt::format("issuing {} failed: {}", DescribeOp(issue.kind, issue.aux), e.what())));
-            throw;
+        } catch (...) {
+            s.NoteAbortAndRethrow(issue, "issuing");
         }
     }
     s.wake.notify_one();

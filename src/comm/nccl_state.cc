@@ -11,6 +11,20 @@
 
 namespace shardline::comm::detail {
 
+void NcclState::NoteAbortAndRethrow(const NcclIssue& issue, std::string_view doing) {
+    try {
+        throw;
+    } catch (const CommError& e) {
+        NoteAbort(e.what());
+        throw;
+    } catch (const std::exception& e) {
+        NoteAbort(::shardline::detail::FormatError(
+            __FILE__, __LINE__, issue.api,
+            fmt::format("{} {} failed: {}", doing, DescribeOp(issue.kind, issue.aux), e.what())));
+        throw;
+    }
+}
+
 NcclOp::~NcclOp() {
     if (state != nullptr) {
         state->ReleaseEvent(done);

@@ -133,9 +133,6 @@ inline std::string DescribeOp(CollectiveKind kind, std::int64_t aux) {
 
 struct NcclState;
 
-// ---------------------------------------------------------------------------------------------------------------------
-// State shared by the communicator, its work handles and its watchdog.
-
 /// What one collective call is, for counting, messages and the debug-mode agreement.
 struct NcclIssue {
     std::string_view api;
@@ -305,6 +302,11 @@ struct NcclState {
         SHARDLINE_THROW(CommError, api, "NCCL communicator '{}' was aborted: {}", name,
                         reason.empty() ? std::string("Abort() was called") : reason);
     }
+
+    /// Called from a catch block around a collective's host-side step (`doing`: "issuing", "checking"): notes the
+    /// abort the failure leaves behind and rethrows. A CommError says what happened; another exception is described
+    /// with the collective.
+    [[noreturn]] void NoteAbortAndRethrow(const NcclIssue& issue, std::string_view doing);
 
     void WatchdogLoop() noexcept;
 };

@@ -189,44 +189,75 @@ std::int64_t CheckLayer(Checker &check, const RowParallelLinearOptions &o, const
     return tp;
 }
 
-/// The backward's local shapes of x (and dx), the weight (and dweight) and dbias, with their formulas for messages.
-struct BackwardShapes {
-    Shape x;
-    std::string_view x_formula;
+/// A layer's local weight and bias shapes, with their formulas for messages.
+struct ParamShapes {
     Shape weight;
     std::string_view weight_formula;
     Shape bias;
     std::string_view bias_formula;
 };
 
-/// The checks both backwards share: x, weight and the wanted gradients (present views) against `shapes`.
-void CheckBackwardOperands(const Checker &check, const TensorView &x, const TensorView &weight, const TensorView &dx,
-                           const TensorView &dweight, const TensorView &dbias, GradMode param_grads, DType dtype,
-                           bool adds_bias, bool skip_bias_add, const BackwardShapes &shapes) {
-    if (x.present()) {
-        check.Optional(x, "x", 2);
-        check.Shaped(x, "x", shapes.x, shapes.x_formula);
-        check.SameDType(x, "x", dtype, "dy");
+ParamShapes LocalParams(const ColumnParallelLinearOptions &o, std::int64_t tp) {
+    return {.weight = {o.out_features / tp, o.in_features},
+            .weight_formula = "[out_features/tp, in_features]",
+            .bias = {o.out_features / tp},
+            .bias_formula = "[out_features/tp]"};
+}
+
+ParamShapes LocalParams(const RowParallelLinearOptions &o, std::int64_t tp) {
+    return {.weight = {o.out_features, o.in_features / tp},
+            .weight_formula = "[out_features, in_features/tp]",
+            .bias = {o.out_features},
+            .bias_formula = "[out_features]"};
+}
+
+/// The checks both forwards share: the weight, then the bias (given exactly when the options add one).
+template <class Options>
+void CheckForwardParams(const Checker &check, const Options &o, std::int64_t tp, const TensorView &weight,
+                        const TensorView &bias, DType dtype) {
+    const ParamShapes shapes = LocalParams(o, tp);
+    check.Shaped(weight, "weight", shapes.weight, shapes.weight_formula);
+    check.SameDType(weight, "weight", dtype, "x");
+    if (o.adds_bias()) {
+        check.Required(bias, "bias", 1, " (options.bias is set)");
+        check.Shaped(bias, "bias", shapes.bias, shapes.bias_formula);
+        check.SameDType(bias, "bias", dtype, "x");
+    } else {
+        check.NoBias(bias, "bias", o.skip_bias_add);
     }
-    if (dx.present()) {
-        check.Required(weight, "weight", 2, " for dx");
-        check.Shaped(dx, "dx", shapes.x, shapes.x_formula);
-        check.SameDType(dx, "dx", dtype, "dy");
+}
+
+/// The checks both backwards share: x, weight and the wanted gradients (present views) against their local shapes
+/// (x and dx: `x_shape`, described by `x_formula`).
+template <class Options, class Args>
+void CheckBackwardOperands(const Checker &check, const Options &o, std::int64_t tp, const Args &args, DType dtype,
+                           const Shape &x_shape, std::string_view x_formula) {
+    const ParamShapes shapes = LocalParams(o, tp);
+    if (args.x.present()) {
+        check.Optional(args.x, "x", 2);
+        check.Shaped(args.x, "x", x_shape, x_formula);
+        check.SameDType(args.x, "x", dtype, "dy");
     }
-    if (weight.present()) {
-        check.Optional(weight, "weight", 2);
-        check.Shaped(weight, "weight", shapes.weight, shapes.weight_formula);
-        check.SameDType(weight, "weight", dtype, "dy");
+    if (args.dx.present()) {
+        check.Required(args.weight, "weight", 2, " for dx");
+        check.Shaped(args.dx, "dx", x_shape, x_formula);
+        check.SameDType(args.dx, "dx", dtype, "dy");
     }
-    if (dweight.present()) {
-        check.Shaped(dweight, "dweight", shapes.weight, shapes.weight_formula);
-        check.GradDType(dweight, "dweight", dtype, param_grads);
+    if (args.weight.present()) {
+        check.Optional(args.weight, "weight", 2);
+        check.Shaped(args.weight, "weight", shapes.weight, shapes.weight_formula);
+        check.SameDType(args.weight, "weight", dtype, "dy");
     }
-    if (dbias.present()) {
-        SHARDLINE_CHECK(adds_bias, check.op(), "dbias is requested but {}",
-                        skip_bias_add ? "options.skip_bias_add leaves the bias to the caller" : "options.bias is false");
-        check.Shaped(dbias, "dbias", shapes.bias, shapes.bias_formula);
-        check.GradDType(dbias, "dbias", dtype, param_grads);
+    if (args.dweight.present()) {
+        check.Shaped(args.dweight, "dweight", shapes.weight, shapes.weight_formula);
+        check.GradDType(args.dweight, "dweight", dtype, args.param_grads);
+    }
+    if (args.dbias.present()) {
+        SHARDLINE_CHECK(o.adds_bias(), check.op(), "dbias is requested but {}",
+                        o.skip_bias_add ? "options.skip_bias_add leaves the bias to the caller"
+                                        : "options.bias is false");
+        check.Shaped(args.dbias, "dbias", shapes.bias, shapes.bias_formula);
+        check.GradDType(args.dbias, "dbias", dtype, args.param_grads);
     }
 }
 
@@ -252,15 +283,7 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
     if (sp) {
         global[0] *= tp;
     }
-    check.Shaped(args.weight, "weight", {n / tp, k}, "[out_features/tp, in_features]");
-    check.SameDType(args.weight, "weight", dtype, "x");
-    if (options.adds_bias()) {
-        check.Required(args.bias, "bias", 1, " (options.bias is set)");
-        check.Shaped(args.bias, "bias", {n / tp}, "[out_features/tp]");
-        check.SameDType(args.bias, "bias", dtype, "x");
-    } else {
-        check.NoBias(args.bias, "bias", options.skip_bias_add);
-    }
+    CheckForwardParams(check, options, tp, args.weight, args.bias, dtype);
     check.Shaped(args.y, "y", WithLast(global, options.gather_output ? n : n / tp),
                  options.gather_output ? "[s, ..., out_features]" : "[s, ..., out_features/tp]");
     check.SameDType(args.y, "y", dtype, "x");
@@ -308,14 +331,7 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     if (want_dw && !have_total) {
         check.Required(args.x, "x", 2, sp ? " for dweight (or x_total)" : " for dweight");
     }
-    CheckBackwardOperands(check, args.x, args.weight, args.dx, args.dweight, args.dbias, args.param_grads, dtype,
-                          options.adds_bias(), options.skip_bias_add,
-                          {.x = WithLast(lead, k),
-                           .x_formula = x_formula,
-                           .weight = {n / tp, k},
-                           .weight_formula = "[out_features/tp, in_features]",
-                           .bias = {n / tp},
-                           .bias_formula = "[out_features/tp]"});
+    CheckBackwardOperands(check, options, tp, args, dtype, WithLast(lead, k), x_formula);
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 
@@ -336,15 +352,7 @@ CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowPa
     global.pop_back();
     check.Shaped(args.x, "x", WithLast(global, k_local),
                  options.input_is_parallel ? "[s, ..., in_features/tp]" : "[s, ..., in_features]");
-    check.Shaped(args.weight, "weight", {n, k / tp}, "[out_features, in_features/tp]");
-    check.SameDType(args.weight, "weight", dtype, "x");
-    if (options.adds_bias()) {
-        check.Required(args.bias, "bias", 1, " (options.bias is set)");
-        check.Shaped(args.bias, "bias", {n}, "[out_features]");
-        check.SameDType(args.bias, "bias", dtype, "x");
-    } else {
-        check.NoBias(args.bias, "bias", options.skip_bias_add);
-    }
+    CheckForwardParams(check, options, tp, args.weight, args.bias, dtype);
     Shape y_lead = global;
     if (options.sequence_parallel) {
         check.Divisible(global[0], "the sequence length x.shape[0]", tp);
@@ -380,14 +388,7 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
     if (check.Optional(args.dweight, "dweight", 2)) {
         check.Required(args.x, "x", 2, " for dweight");
     }
-    CheckBackwardOperands(check, args.x, args.weight, args.dx, args.dweight, args.dbias, args.param_grads, dtype,
-                          options.adds_bias(), options.skip_bias_add,
-                          {.x = WithLast(global, k_local),
-                           .x_formula = x_formula,
-                           .weight = {n, k / tp},
-                           .weight_formula = "[out_features, in_features/tp]",
-                           .bias = {n},
-                           .bias_formula = "[out_features]"});
+    CheckBackwardOperands(check, options, tp, args, dtype, WithLast(global, k_local), x_formula);
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 

@@ -1,14 +1,11 @@
 # functional: column- and row-parallel Linear forward/backward on caller-owned memory — the one parallel-Linear core,
 # which autograd's parallel Functions and the nn modules call, and trainers with their own tensors and autograd too
 # (docs/functional.md). It sits between dist and autograd/nn: it uses core, kernels, comm, dist and spmd, nothing above.
-add_library(shardline_functional
+shardline_add_library(functional
   ${CMAKE_CURRENT_LIST_DIR}/checks.cc
   ${CMAKE_CURRENT_LIST_DIR}/linear_plan.cc
   ${CMAKE_CURRENT_LIST_DIR}/parallel_linear.cc)
-add_library(shardline::functional ALIAS shardline_functional)
-set_target_properties(shardline_functional PROPERTIES EXPORT_NAME functional OUTPUT_NAME shardline_functional)
-target_link_libraries(shardline_functional PUBLIC shardline_dist shardline_kernels shardline_comm shardline_spmd
-                                           PRIVATE $<BUILD_INTERFACE:shardline_warnings>)
+target_link_libraries(shardline_functional PUBLIC shardline_dist shardline_kernels shardline_comm shardline_spmd)
 install(TARGETS shardline_functional EXPORT shardlineTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -85,9 +86,9 @@ using detail::LinearPlan;
 
 using detail::ShapeOf;
 
-/// The mesh, tp dim, shape and dtype part of a configuration; the layer's flags are set by the overloads below.
-LinearConfig MakeConfig(const TensorParallelGroup &group, const detail::CheckedCall &checked,
-                        std::int64_t out_features) {
+/// The plan key of a call: the mesh, tp dim, global input shape and dtype, and the layer's flags.
+template <class Options>
+LinearConfig MakeConfig(const TensorParallelGroup &group, const detail::CheckedCall &checked, const Options &o) {
     LinearConfig c;
     c.dtype = checked.dtype;
     c.tp_dim = group.tp_dim;
@@ -100,27 +101,16 @@ LinearConfig MakeConfig(const TensorParallelGroup &group, const detail::CheckedC
     for (int d = 0; d < c.x_ndim; ++d) {
         c.x_shape[static_cast<std::size_t>(d)] = checked.x_global[static_cast<std::size_t>(d)];
     }
-    c.out_features = out_features;
-    return c;
-}
-
-LinearConfig MakeConfig(const TensorParallelGroup &group, const detail::CheckedCall &checked,
-                        const ColumnParallelLinearOptions &o) {
-    LinearConfig c = MakeConfig(group, checked, o.out_features);
-    c.kind = LinearKind::kColumn;
+    c.out_features = o.out_features;
     c.bias = o.adds_bias();
-    c.gather_output = o.gather_output;
     c.sequence_parallel = o.sequence_parallel;
-    return c;
-}
-
-LinearConfig MakeConfig(const TensorParallelGroup &group, const detail::CheckedCall &checked,
-                        const RowParallelLinearOptions &o) {
-    LinearConfig c = MakeConfig(group, checked, o.out_features);
-    c.kind = LinearKind::kRow;
-    c.bias = o.adds_bias();
-    c.input_is_parallel = o.input_is_parallel;
-    c.sequence_parallel = o.sequence_parallel;
+    if constexpr (std::is_same_v<Options, ColumnParallelLinearOptions>) {
+        c.kind = LinearKind::kColumn;
+        c.gather_output = o.gather_output;
+    } else {
+        c.kind = LinearKind::kRow;
+        c.input_is_parallel = o.input_is_parallel;
+    }
     return c;
 }
 

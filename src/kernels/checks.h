@@ -2,7 +2,8 @@
 
 // Argument checks shared by the op wrappers. Each throws a shardline::Error subclass naming the op, the argument,
 // what was expected and what was found. They run before any kernel (and, in distributed code, before any
-// collective).
+// collective). They sit in kernels:: itself (this header is private to src/kernels) so the op files call them
+// unqualified.
 
 #include <initializer_list>
 #include <string_view>
@@ -10,7 +11,7 @@
 #include <shardline/core/error.h>
 #include <shardline/core/tensor.h>
 
-namespace shardline::kernels::detail {
+namespace shardline::kernels {
 
 /// Defined, contiguous, non-null when non-empty.
 inline void CheckTensor(const Tensor& t, std::string_view op, std::string_view name) {
@@ -57,4 +58,23 @@ inline void CheckShape(const Tensor& t, const Shape& expected, std::string_view 
                        ShapeToString(expected), t.ToString());
 }
 
-} // namespace shardline::kernels::detail
+/// Two tensors an op takes together: both valid, `a` in a kernel dtype of its device, `b` on a's device and in its
+/// dtype.
+inline void CheckOperands(const Tensor& a, std::string_view a_name, const Tensor& b, std::string_view b_name,
+                          std::string_view op) {
+    CheckTensor(a, op, a_name);
+    CheckTensor(b, op, b_name);
+    CheckDeviceDType(a, op, a_name);
+    CheckSameDevice(a, a_name, b, b_name, op);
+    CheckSameDType(a, a_name, b, b_name, op);
+}
+
+/// A tensor that goes with `like` (an output, a gradient, a bias): CheckTensor, then like's device and dtype.
+inline void CheckLike(const Tensor& t, std::string_view name, const Tensor& like, std::string_view like_name,
+                      std::string_view op) {
+    CheckTensor(t, op, name);
+    CheckSameDevice(t, name, like, like_name, op);
+    CheckSameDType(t, name, like, like_name, op);
+}
+
+} // namespace shardline::kernels

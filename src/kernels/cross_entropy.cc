@@ -11,12 +11,6 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckIndexDType;
-using detail::CheckSameDevice;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 /// logits [..., C_local] as N rows of C_local classes.
 struct Rows {
     std::int64_t n = 0;
@@ -48,6 +42,15 @@ void CheckStat(const Tensor& t, std::string_view name, std::int64_t n, DType dty
                        name, n, like_name, like.ToString(), t.ToString());
 }
 
+/// logits, then the statistics of its rows that every pass after the row max reads or writes: row_max and sum_exp.
+Rows CheckLogitsAndStats(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, std::string_view op) {
+    const Rows rows = CheckLogits(logits, op);
+    const DType stats = StatsDType(logits);
+    CheckStat(row_max, "row_max", rows.n, stats, logits, "logits", op);
+    CheckStat(sum_exp, "sum_exp", rows.n, stats, logits, "logits", op);
+    return rows;
+}
+
 void CheckLabels(const Tensor& labels, std::int64_t n, const Tensor& logits, std::string_view op) {
     CheckTensor(labels, op, "labels");
     CheckIndexDType(labels, op, "labels");
@@ -75,11 +78,8 @@ void CrossEntropyRowMax(const CrossEntropyRowMaxArgs& args) {
 
 void CrossEntropyStats(const CrossEntropyStatsArgs& args) {
     constexpr std::string_view kOp = CrossEntropyStatsOp::kName;
-    const Rows rows = CheckLogits(args.logits, kOp);
-    const DType stats = StatsDType(args.logits);
-    CheckStat(args.row_max, "row_max", rows.n, stats, args.logits, "logits", kOp);
-    CheckStat(args.sum_exp, "sum_exp", rows.n, stats, args.logits, "logits", kOp);
-    CheckStat(args.target_logit, "target_logit", rows.n, stats, args.logits, "logits", kOp);
+    const Rows rows = CheckLogitsAndStats(args.logits, args.row_max, args.sum_exp, kOp);
+    CheckStat(args.target_logit, "target_logit", rows.n, StatsDType(args.logits), args.logits, "logits", kOp);
     CheckLabels(args.labels, rows.n, args.logits, kOp);
     if (rows.n == 0) {
         return;
@@ -115,10 +115,7 @@ void CrossEntropyLoss(const CrossEntropyLossArgs& args) {
 
 void CrossEntropyBackward(const CrossEntropyBackwardArgs& args) {
     constexpr std::string_view kOp = CrossEntropyBackwardOp::kName;
-    const Rows rows = CheckLogits(args.logits, kOp);
-    const DType stats = StatsDType(args.logits);
-    CheckStat(args.row_max, "row_max", rows.n, stats, args.logits, "logits", kOp);
-    CheckStat(args.sum_exp, "sum_exp", rows.n, stats, args.logits, "logits", kOp);
+    const Rows rows = CheckLogitsAndStats(args.logits, args.row_max, args.sum_exp, kOp);
     CheckLabels(args.labels, rows.n, args.logits, kOp);
     CheckTensor(args.dloss, kOp, "dloss");
     CheckSameDevice(args.dloss, "dloss", args.logits, "logits", kOp);

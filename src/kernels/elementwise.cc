@@ -11,19 +11,9 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckSameDevice;
-using detail::CheckSameDType;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 void CheckUnary(const Tensor& x, std::string_view x_name, const Tensor& out, std::string_view out_name,
                 std::string_view op) {
-    CheckTensor(x, op, x_name);
-    CheckTensor(out, op, out_name);
-    CheckDeviceDType(x, op, x_name);
-    CheckSameDevice(x, x_name, out, out_name, op);
-    CheckSameDType(x, x_name, out, out_name, op);
+    CheckOperands(x, x_name, out, out_name, op);
     CheckShape(out, x.shape(), op, out_name);
 }
 
@@ -90,9 +80,7 @@ Tensor Scale(const Tensor& x, double alpha) {
 void BiasAdd(const BiasAddArgs& args) {
     constexpr std::string_view kOp = BiasAddOp::kName;
     CheckUnary(args.x, "x", args.out, "out", kOp);
-    CheckTensor(args.bias, kOp, "bias");
-    CheckSameDevice(args.bias, "bias", args.x, "x", kOp);
-    CheckSameDType(args.bias, "bias", args.x, "x", kOp);
+    CheckLike(args.bias, "bias", args.x, "x", kOp);
     SHARDLINE_CHECK_AS(ShapeError, args.x.rank() >= 1, kOp, "x must have rank >= 1 ([..., n]), got {}",
                        args.x.ToString());
     CheckShape(args.bias, Shape{args.x.shape().back()}, kOp, "bias");

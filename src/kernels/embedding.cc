@@ -8,13 +8,6 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckIndexDType;
-using detail::CheckSameDevice;
-using detail::CheckSameDType;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 Shape WithTrailingDim(Shape shape, std::int64_t last) {
     shape.push_back(last);
     return shape;
@@ -41,9 +34,7 @@ void EmbeddingForward(const EmbeddingForwardArgs& args) {
     constexpr std::string_view kOp = EmbeddingForwardOp::kName;
     CheckTable(args.weight, kOp, "weight");
     CheckIds(args.ids, args.weight, "weight", args.vocab_start, kOp);
-    CheckTensor(args.out, kOp, "out");
-    CheckSameDevice(args.out, "out", args.weight, "weight", kOp);
-    CheckSameDType(args.out, "out", args.weight, "weight", kOp);
+    CheckLike(args.out, "out", args.weight, "weight", kOp);
     CheckShape(args.out, WithTrailingDim(args.ids.shape(), args.weight.size(1)), kOp, "out");
     if (args.out.numel() > 0) {
         Dispatch<EmbeddingForwardOp>(args.out.device().type, args);

@@ -16,12 +16,6 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckSameDevice;
-using detail::CheckSameDType;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 /// [..., features] → (rows, features). A rank-0 tensor is rejected.
 std::int64_t Rows(const Tensor& t, std::string_view op, std::string_view name) {
     SHARDLINE_CHECK_AS(ShapeError, t.rank() >= 1, op, "{} must have rank >= 1, got {}", name, t.ToString());
@@ -67,9 +61,7 @@ void CheckWeight(const Tensor& weight, std::string_view op) {
 
 void CheckBias(const Tensor& bias, const Tensor& like, std::int64_t out_features, std::string_view op,
                std::string_view name) {
-    CheckTensor(bias, op, name);
-    CheckSameDevice(bias, name, like, "weight", op);
-    CheckSameDType(bias, name, like, "weight", op);
+    CheckLike(bias, name, like, "weight", op);
     SHARDLINE_CHECK_AS(ShapeError, bias.rank() == 1 && bias.size(0) == out_features, op,
                        "{} must be [out_features] = [{}], got {}", name, out_features, bias.ToString());
 }
@@ -118,9 +110,7 @@ void LinearForward(const LinearForwardArgs& args) {
     }
     if (args.activation == LinearActivation::kGeluTanh) {
         SHARDLINE_CHECK(args.pre_activation != nullptr, kOp, "activation gelu_tanh needs a pre_activation tensor");
-        CheckTensor(*args.pre_activation, kOp, "pre_activation");
-        CheckSameDevice(*args.pre_activation, "pre_activation", args.weight, "weight", kOp);
-        CheckSameDType(*args.pre_activation, "pre_activation", args.weight, "weight", kOp);
+        CheckLike(*args.pre_activation, "pre_activation", args.weight, "weight", kOp);
         CheckShape(*args.pre_activation, args.y.shape(), kOp, "pre_activation");
     }
     if (args.y.numel() == 0) {

@@ -14,12 +14,6 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckSameDevice;
-using detail::CheckSameDType;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 Shape BatchDims(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 
 /// torch broadcasting of two batch shapes (right-aligned; 1 stretches).
@@ -175,15 +169,6 @@ void DefaultMatmulBackwardOther(const MatmulBackwardOtherArgs& args) {
     }
 }
 
-void CheckOperands(const Tensor& a, const Tensor& b, std::string_view op, std::string_view a_name,
-                   std::string_view b_name) {
-    CheckTensor(a, op, a_name);
-    CheckTensor(b, op, b_name);
-    CheckDeviceDType(a, op, a_name);
-    CheckSameDevice(a, a_name, b, b_name, op);
-    CheckSameDType(a, a_name, b, b_name, op);
-}
-
 template <class Args> MatmulOptions TransposesOf(const Args& args) {
     return {.trans_a = args.trans_a, .trans_b = args.trans_b};
 }
@@ -210,10 +195,8 @@ Shape MatmulOutputShape(const Shape& a, const Shape& b, MatmulOptions options, s
 
 void MatmulForward(const MatmulForwardArgs& args) {
     constexpr std::string_view kOp = MatmulForwardOp::kName;
-    CheckOperands(args.a, args.b, kOp, "a", "b");
-    CheckTensor(args.out, kOp, "out");
-    CheckSameDevice(args.out, "out", args.a, "a", kOp);
-    CheckSameDType(args.out, "out", args.a, "a", kOp);
+    CheckOperands(args.a, "a", args.b, "b", kOp);
+    CheckLike(args.out, "out", args.a, "a", kOp);
     CheckShape(args.out, MatmulOutputShape(args.a.shape(), args.b.shape(), TransposesOf(args), kOp), kOp, "out");
     if (args.out.numel() == 0) {
         return;
@@ -222,7 +205,7 @@ void MatmulForward(const MatmulForwardArgs& args) {
 }
 
 Tensor MatmulForward(const Tensor& a, const Tensor& b, MatmulOptions options) {
-    CheckOperands(a, b, MatmulForwardOp::kName, "a", "b");
+    CheckOperands(a, "a", b, "b", MatmulForwardOp::kName);
     Tensor out = Tensor::Empty(MatmulOutputShape(a.shape(), b.shape(), options, MatmulForwardOp::kName), a.dtype(),
                                a.device());
     MatmulForward(
@@ -232,10 +215,8 @@ Tensor MatmulForward(const Tensor& a, const Tensor& b, MatmulOptions options) {
 
 void MatmulBackwardInput(const MatmulBackwardInputArgs& args) {
     constexpr std::string_view kOp = MatmulBackwardInputOp::kName;
-    CheckOperands(args.dout, args.b, kOp, "dout", "b");
-    CheckTensor(args.da, kOp, "da");
-    CheckSameDevice(args.da, "da", args.b, "b", kOp);
-    CheckSameDType(args.da, "da", args.b, "b", kOp);
+    CheckOperands(args.dout, "dout", args.b, "b", kOp);
+    CheckLike(args.da, "da", args.b, "b", kOp);
     CheckShape(args.dout, MatmulOutputShape(args.da.shape(), args.b.shape(), TransposesOf(args), kOp), kOp,
                "dout");
     if (args.da.numel() == 0) {
@@ -246,10 +227,8 @@ void MatmulBackwardInput(const MatmulBackwardInputArgs& args) {
 
 void MatmulBackwardOther(const MatmulBackwardOtherArgs& args) {
     constexpr std::string_view kOp = MatmulBackwardOtherOp::kName;
-    CheckOperands(args.a, args.dout, kOp, "a", "dout");
-    CheckTensor(args.db, kOp, "db");
-    CheckSameDevice(args.db, "db", args.a, "a", kOp);
-    CheckSameDType(args.db, "db", args.a, "a", kOp);
+    CheckOperands(args.a, "a", args.dout, "dout", kOp);
+    CheckLike(args.db, "db", args.a, "a", kOp);
     CheckShape(args.dout, MatmulOutputShape(args.a.shape(), args.db.shape(), TransposesOf(args), kOp), kOp,
                "dout");
     if (args.db.numel() == 0) {

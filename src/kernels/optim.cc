@@ -9,12 +9,6 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckSameDevice;
-using detail::CheckSameDType;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 /// The master parameter: float32 (float64 too on the CPU).
 void CheckMaster(const Tensor& param, std::string_view op) {
     CheckTensor(param, op, "param");
@@ -31,9 +25,7 @@ void CheckMaster(const Tensor& param, std::string_view op) {
 
 /// A tensor that goes with the master element for element: same shape, dtype and device.
 void CheckState(const Tensor& t, std::string_view name, const Tensor& param, std::string_view op) {
-    CheckTensor(t, op, name);
-    CheckSameDevice(t, name, param, "param", op);
-    CheckSameDType(t, name, param, "param", op);
+    CheckLike(t, name, param, "param", op);
     CheckShape(t, param.shape(), op, name);
 }
 

@@ -11,12 +11,6 @@
 namespace shardline::kernels {
 namespace {
 
-using detail::CheckDeviceDType;
-using detail::CheckSameDevice;
-using detail::CheckSameDType;
-using detail::CheckShape;
-using detail::CheckTensor;
-
 void DefaultOuterForward(const OuterForwardArgs& args) {
     const std::int64_t m = args.x.numel();
     const std::int64_t n = args.y.numel();
@@ -77,9 +71,7 @@ void DefaultOuterBackward(const OuterBackwardArgs& args) {
 }
 
 void CheckVector(const Tensor& v, const Tensor& like, std::string_view op, std::string_view name) {
-    CheckTensor(v, op, name);
-    CheckSameDevice(v, name, like, "x", op);
-    CheckSameDType(v, name, like, "x", op);
+    CheckLike(v, name, like, "x", op);
     SHARDLINE_CHECK_AS(ShapeError, v.rank() == 1 && v.numel() > 0, op, "{} must be a non-empty vector, got {}", name,
                        v.ToString());
 }
@@ -91,9 +83,7 @@ void OuterForward(const OuterForwardArgs& args) {
     CheckDeviceDType(args.x, kOp, "x");
     CheckVector(args.x, args.x, kOp, "x");
     CheckVector(args.y, args.x, kOp, "y");
-    CheckTensor(args.out, kOp, "out");
-    CheckSameDevice(args.out, "out", args.x, "x", kOp);
-    CheckSameDType(args.out, "out", args.x, "x", kOp);
+    CheckLike(args.out, "out", args.x, "x", kOp);
     CheckShape(args.out, Shape{args.x.numel(), args.y.numel()}, kOp, "out");
     Dispatch<OuterForwardOp>(args.out.device().type, args);
 }
@@ -111,9 +101,7 @@ void OuterBackward(const OuterBackwardArgs& args) {
     CheckDeviceDType(args.x, kOp, "x");
     CheckVector(args.x, args.x, kOp, "x");
     CheckVector(args.y, args.x, kOp, "y");
-    CheckTensor(args.dout, kOp, "dout");
-    CheckSameDevice(args.dout, "dout", args.x, "x", kOp);
-    CheckSameDType(args.dout, "dout", args.x, "x", kOp);
+    CheckLike(args.dout, "dout", args.x, "x", kOp);
     CheckShape(args.dout, Shape{args.x.numel(), args.y.numel()}, kOp, "dout");
     if (args.dx != nullptr) {
         CheckVector(*args.dx, args.x, kOp, "dx");

@@ -5,6 +5,7 @@
 #include <shardline/nn/linear.h>
 
 #include <cmath>
+#include <utility>
 
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
@@ -25,9 +26,11 @@ void CheckFeatures(const char *layer, const std::string &name, std::int64_t in, 
                        "'{}': in_features ({}) and out_features ({}) must be positive", name, in, out);
 }
 
-/// The tp group's size; `dim` (out_features or in_features) must divide by it.
-std::int64_t CheckTp(const char *layer, const std::string &name, const TensorParallelGroup &tp, const char *dim,
-                     std::int64_t size) {
+/// A parallel layer's sizes: positive features, and `dim` (the sharded one: out_features or in_features) divisible by
+/// the tp group's size, which it returns.
+std::int64_t CheckParallelSizes(const char *layer, const std::string &name, std::int64_t in, std::int64_t out,
+                                const TensorParallelGroup &tp, const char *dim, std::int64_t size) {
+    CheckFeatures(layer, name, in, out);
     SHARDLINE_CHECK(tp.mesh != nullptr, layer, "'{}' needs a mesh (TensorParallelGroup.mesh is null)", name);
     const std::int64_t tp_size = tp.size();
     SHARDLINE_CHECK_AS(ShapeError, size % tp_size == 0, layer, "'{}': {} ({}) must be divisible by tp ({})", name, dim,
@@ -39,6 +42,16 @@ void CheckInput(const char *layer, const std::string &name, const Variable &x, s
     SHARDLINE_CHECK_AS(ShapeError, x.defined() && !x.shape().empty() && x.shape().back() == in_features, layer,
                        "'{}': the input must be [..., {}], got {}", name, in_features,
                        x.defined() ? ShapeToString(x.shape()) : std::string("undefined"));
+}
+
+/// A parallel layer's result: the output, and the bias when skip_bias_add leaves adding it to the caller.
+template <class Options> LinearOutput WithSkippedBias(Variable output, const Options &o, const Variable &bias) {
+    LinearOutput out;
+    out.output = std::move(output);
+    if (o.bias && o.skip_bias_add) {
+        out.bias = bias;
+    }
+    return out;
 }
 
 /// torch.nn.Linear's default: U(-1/√in, 1/√in) for weight and bias.
@@ -78,8 +91,8 @@ ColumnParallelLinear::ColumnParallelLinear(const ColumnParallelLinearOptions &op
     constexpr const char *kLayer = "ColumnParallelLinear";
     const ParameterOptions p = Named(param, "column");
     name_ = p.name;
-    CheckFeatures(kLayer, name_, options.in_features, options.out_features);
-    CheckTp(kLayer, name_, tp, "out_features", options.out_features);
+    CheckParallelSizes(kLayer, name_, options.in_features, options.out_features, tp, "out_features",
+                       options.out_features);
     SHARDLINE_CHECK(!(options.gather_output && options.sequence_parallel), kLayer,
                     "'{}': gather_output and sequence_parallel exclude each other (Megatron), got both", name_);
     const int t = tp.tp_dim;
@@ -92,12 +105,7 @@ ColumnParallelLinear::ColumnParallelLinear(const ColumnParallelLinearOptions &op
 
 LinearOutput ColumnParallelLinear::Forward(const Variable &x) const {
     CheckInput("ColumnParallelLinear", name_, x, options_.in_features);
-    LinearOutput out;
-    out.output = autograd::ColumnParallelLinear(x, weight, bias, options_, tp_);
-    if (options_.bias && options_.skip_bias_add) {
-        out.bias = bias;
-    }
-    return out;
+    return WithSkippedBias(autograd::ColumnParallelLinear(x, weight, bias, options_, tp_), options_, bias);
 }
 
 RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions &options, const TensorParallelGroup &tp,
@@ -106,8 +114,8 @@ RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions &options, co
     constexpr const char *kLayer = "RowParallelLinear";
     const ParameterOptions p = Named(param, "row");
     name_ = p.name;
-    CheckFeatures(kLayer, name_, options.in_features, options.out_features);
-    CheckTp(kLayer, name_, tp, "in_features", options.in_features);
+    CheckParallelSizes(kLayer, name_, options.in_features, options.out_features, tp, "in_features",
+                       options.in_features);
     // As in Megatron (and the functional layer): a sequence-parallel row layer follows a column layer whose output is
     // already sharded on the features; a replicated input would be sharded here only to be reduce-scattered.
     SHARDLINE_CHECK(!options.sequence_parallel || options.input_is_parallel, kLayer,
@@ -131,12 +139,7 @@ LinearOutput RowParallelLinear::Forward(const Variable &x) const {
                         "got layout {}",
                         name_, tp_.tp_dim, layout.ToString());
     }
-    LinearOutput out;
-    out.output = autograd::RowParallelLinear(x, weight, bias, options_, tp_);
-    if (options_.bias && options_.skip_bias_add) {
-        out.bias = bias;
-    }
-    return out;
+    return WithSkippedBias(autograd::RowParallelLinear(x, weight, bias, options_, tp_), options_, bias);
 }
 
 } // namespace shardline::nn

@@ -158,6 +158,8 @@ public:
     static std::unique_ptr<Communicator> FromMpiComm(MPI_Comm comm, MpiCommOptions options = {});
     /// Collective over MPI_COMM_WORLD: a communicator over a duplicate of it (owned), named `name`.
     static std::unique_ptr<Communicator> CreateMpiWorld(std::string name = "world");
+    /// Whether MPI is initialized and not yet finalized: what FromMpiComm and CreateMpiWorld need.
+    static bool MpiRunning();
 #endif
 #if SHARDLINE_WITH_NCCL
     /// Wraps `comm`, an initialised NCCL communicator the caller created (blocking or not), for CUDA tensors of its

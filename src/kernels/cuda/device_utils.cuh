@@ -51,6 +51,11 @@ template <class F> cudaError_t WithFloatType(DType dtype, F &&f) {
     return cudaErrorInvalidValue;
 }
 
+/// WithFloatType over two dtypes (a kernel's input and output, or data and bias): calls f(A{}, B{}).
+template <class F> cudaError_t WithFloatTypes(DType a, DType b, F &&f) {
+    return WithFloatType(a, [&](auto a_tag) { return WithFloatType(b, [&](auto b_tag) { return f(a_tag, b_tag); }); });
+}
+
 /// kN elements loaded or stored with one instruction (16 bytes for 4 floats or 8 halves); the address must be
 /// aligned to the vector's size.
 template <class T, int kN> struct alignas(sizeof(T) * kN) AlignedVector {

@@ -181,14 +181,12 @@ cudaError_t LaunchMiddleSum(const void *x, DType dtype, std::int64_t outer, std:
     if (outer <= 0 || inner <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        return WithFloatType(out_dtype, [&](auto out_tag) {
-            using O = decltype(out_tag);
-            MiddleSumKernel<T, O><<<BlocksFor(outer * inner), kThreads, 0, stream>>>(
-                static_cast<const T *>(x), outer, reduce, inner, static_cast<O *>(out));
-            return cudaGetLastError();
-        });
+        using O = decltype(out_tag);
+        MiddleSumKernel<T, O><<<BlocksFor(outer * inner), kThreads, 0, stream>>>(
+            static_cast<const T *>(x), outer, reduce, inner, static_cast<O *>(out));
+        return cudaGetLastError();
     });
 }
 
@@ -201,14 +199,12 @@ cudaError_t LaunchGenericSum(const void *x, DType dtype, const SumDesc &desc, vo
         desc.reduced_rank > kMaxSumRank) {
         return cudaErrorInvalidValue;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        return WithFloatType(out_dtype, [&](auto out_tag) {
-            using O = decltype(out_tag);
-            GenericSumKernel<T, O><<<BlocksFor(desc.out_numel), kThreads, 0, stream>>>(static_cast<const T *>(x), desc,
-                                                                                       static_cast<O *>(out));
-            return cudaGetLastError();
-        });
+        using O = decltype(out_tag);
+        GenericSumKernel<T, O><<<BlocksFor(desc.out_numel), kThreads, 0, stream>>>(static_cast<const T *>(x), desc,
+                                                                                   static_cast<O *>(out));
+        return cudaGetLastError();
     });
 }
 

@@ -279,16 +279,13 @@ cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std
     }
     const dim3 grid(static_cast<unsigned>((hidden + kSegmentColumns - 1) / kSegmentColumns),
                     static_cast<unsigned>(max_runs < 65535 ? max_runs : 65535));
-    return WithFloatType(dout_dtype, [&](auto in_tag) {
+    return WithFloatTypes(dout_dtype, dweight_dtype, [&](auto in_tag, auto out_tag) {
         using In = decltype(in_tag);
-        return WithFloatType(dweight_dtype, [&](auto out_tag) {
-            using Out = decltype(out_tag);
-            EmbeddingSegmentSumKernel<In, Out><<<grid, 32 * kSegmentWarps, 0, stream>>>(
-                w.run_keys, w.run_lengths, w.run_offsets, w.num_runs, max_runs, w.pos_out,
-                static_cast<std::uint32_t>(rows), static_cast<const In *>(dout), static_cast<Out *>(dweight), hidden,
-                accumulate);
-            return cudaGetLastError();
-        });
+        using Out = decltype(out_tag);
+        EmbeddingSegmentSumKernel<In, Out><<<grid, 32 * kSegmentWarps, 0, stream>>>(
+            w.run_keys, w.run_lengths, w.run_offsets, w.num_runs, max_runs, w.pos_out, static_cast<std::uint32_t>(rows),
+            static_cast<const In *>(dout), static_cast<Out *>(dweight), hidden, accumulate);
+        return cudaGetLastError();
     });
 }
 

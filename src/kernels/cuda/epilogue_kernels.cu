@@ -74,10 +74,12 @@ constexpr int kSumWarpsY = 8;
 
 template <class T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
 
+/// This thread's column of the block's tile (-1 when it holds none) and, in `sum`, that column's sum over the block's
+/// chunk of rows.
 template <class T, int VEC>
-__device__ __forceinline__ void ColumnTileSums(const T *__restrict__ x, std::int64_t rows, std::int64_t cols,
-                                               std::int64_t ld, std::int64_t rows_per_split,
-                                               float (&smem)[kSumWarpsY][32 * VEC]) {
+__device__ __forceinline__ std::int64_t ColumnChunkSum(const T *__restrict__ x, std::int64_t rows, std::int64_t cols,
+                                                       std::int64_t ld, std::int64_t rows_per_split,
+                                                       float (&smem)[kSumWarpsY][32 * VEC], float &sum) {
     const std::int64_t col0 = (static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x) * VEC;
     const std::int64_t r_begin = static_cast<std::int64_t>(blockIdx.y) * rows_per_split;
     const std::int64_t r_end = std::min(rows, r_begin + rows_per_split);
@@ -100,6 +102,18 @@ __device__ __forceinline__ void ColumnTileSums(const T *__restrict__ x, std::int
         smem[threadIdx.y][threadIdx.x * VEC + v] = acc[v];
     }
     __syncthreads();
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 * VEC + tid;
+    if (tid >= 32 * VEC || col >= cols) {
+        return -1;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kSumWarpsY; ++y) {
+        s += smem[y][tid];
+    }
+    sum = s;
+    return col;
 }
 
 /// One chunk (splits == 1): writes out directly.
@@ -108,21 +122,10 @@ __global__ void __launch_bounds__(32 * kSumWarpsY)
     ColumnSumDirectKernel(const T *__restrict__ x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                           std::int64_t rows_per_split, O *__restrict__ out, bool accumulate) {
     __shared__ float smem[kSumWarpsY][32 * VEC];
-    ColumnTileSums<T, VEC>(x, rows, cols, ld, rows_per_split, smem);
-    const int tid = threadIdx.y * 32 + threadIdx.x;
-    if (tid < 32 * VEC) {
-        const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 * VEC + tid;
-        if (col < cols) {
-            float s = 0.0f;
-#pragma unroll
-            for (int y = 0; y < kSumWarpsY; ++y) {
-                s += smem[y][tid];
-            }
-            if (accumulate) {
-                s += ToFloat(out[col]);
-            }
-            out[col] = FromFloat<O>(s);
-        }
+    float s = 0.0f;
+    const std::int64_t col = ColumnChunkSum<T, VEC>(x, rows, cols, ld, rows_per_split, smem, s);
+    if (col >= 0) {
+        out[col] = FromFloat<O>(accumulate ? s + ToFloat(out[col]) : s);
     }
 }
 
@@ -132,18 +135,10 @@ __global__ void __launch_bounds__(32 * kSumWarpsY)
     ColumnSumPartialKernel(const T *__restrict__ x, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                            std::int64_t rows_per_split, float *__restrict__ partials) {
     __shared__ float smem[kSumWarpsY][32 * VEC];
-    ColumnTileSums<T, VEC>(x, rows, cols, ld, rows_per_split, smem);
-    const int tid = threadIdx.y * 32 + threadIdx.x;
-    if (tid < 32 * VEC) {
-        const std::int64_t col = static_cast<std::int64_t>(blockIdx.x) * 32 * VEC + tid;
-        if (col < cols) {
-            float s = 0.0f;
-#pragma unroll
-            for (int y = 0; y < kSumWarpsY; ++y) {
-                s += smem[y][tid];
-            }
-            partials[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
-        }
+    float s = 0.0f;
+    const std::int64_t col = ColumnChunkSum<T, VEC>(x, rows, cols, ld, rows_per_split, smem, s);
+    if (col >= 0) {
+        partials[static_cast<std::int64_t>(blockIdx.y) * cols + col] = s;
     }
 }
 
@@ -234,14 +229,12 @@ cudaError_t LaunchBiasAdd(void *d, DType dtype, std::int64_t m, std::int64_t n, 
     if (m <= 0 || n <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, bias_dtype, [&](auto tag, auto bias_tag) {
         using T = decltype(tag);
-        return WithFloatType(bias_dtype, [&](auto bias_tag) {
-            using B = decltype(bias_tag);
-            BiasAddKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld,
-                                                                           static_cast<const B *>(bias));
-            return cudaGetLastError();
-        });
+        using B = decltype(bias_tag);
+        BiasAddKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld,
+                                                                       static_cast<const B *>(bias));
+        return cudaGetLastError();
     });
 }
 
@@ -250,14 +243,12 @@ cudaError_t LaunchBiasGeluAux(void *d, DType dtype, std::int64_t m, std::int64_t
     if (m <= 0 || n <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, bias_dtype, [&](auto tag, auto bias_tag) {
         using T = decltype(tag);
-        return WithFloatType(bias_dtype, [&](auto bias_tag) {
-            using B = decltype(bias_tag);
-            BiasGeluAuxKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(
-                static_cast<T *>(d), m, n, ld, static_cast<const B *>(bias), static_cast<T *>(aux), ldaux);
-            return cudaGetLastError();
-        });
+        using B = decltype(bias_tag);
+        BiasGeluAuxKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(
+            static_cast<T *>(d), m, n, ld, static_cast<const B *>(bias), static_cast<T *>(aux), ldaux);
+        return cudaGetLastError();
     });
 }
 
@@ -301,21 +292,19 @@ cudaError_t LaunchColumnSum(const ColumnSumPlan &plan, const void *x, DType dtyp
     if (cols <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        return WithFloatType(out_dtype, [&](auto out_tag) {
-            using O = decltype(out_tag);
-            const T *xt = static_cast<const T *>(x);
-            O *ot = static_cast<O *>(out);
-            constexpr int kVec = static_cast<int>(16 / sizeof(T));
-            if (plan.vec == kVec) {
-                return RunColumnSum<T, kVec, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
-            }
-            if (plan.vec != 1) {
-                return cudaErrorInvalidValue;
-            }
-            return RunColumnSum<T, 1, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
-        });
+        using O = decltype(out_tag);
+        const T *xt = static_cast<const T *>(x);
+        O *ot = static_cast<O *>(out);
+        constexpr int kVec = static_cast<int>(16 / sizeof(T));
+        if (plan.vec == kVec) {
+            return RunColumnSum<T, kVec, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
+        }
+        if (plan.vec != 1) {
+            return cudaErrorInvalidValue;
+        }
+        return RunColumnSum<T, 1, O>(plan, xt, rows, cols, ld, ot, accumulate, partials, stream);
     });
 }
 
@@ -324,15 +313,13 @@ cudaError_t LaunchRowSum(const void *x, DType dtype, std::int64_t rows, std::int
     if (rows <= 0) {
         return cudaSuccess;
     }
-    return WithFloatType(dtype, [&](auto tag) {
+    return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
-        return WithFloatType(out_dtype, [&](auto out_tag) {
-            using O = decltype(out_tag);
-            const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(rows, 65535));
-            RowSumKernel<T, O><<<blocks, kThreads, 0, stream>>>(static_cast<const T *>(x), rows, cols, ld,
-                                                                static_cast<O *>(out), accumulate);
-            return cudaGetLastError();
-        });
+        using O = decltype(out_tag);
+        const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>(rows, 65535));
+        RowSumKernel<T, O><<<blocks, kThreads, 0, stream>>>(static_cast<const T *>(x), rows, cols, ld,
+                                                            static_cast<O *>(out), accumulate);
+        return cudaGetLastError();
     });
 }
 

@@ -72,6 +72,13 @@ void ColumnSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, 
     ColumnSumOn(ctx, ctx.stream(), x, dtype, rows, cols, ld, out, out_dtype, accumulate, impl);
 }
 
+void BiasGradColumnSum(const LinearBackwardBiasArgs &args, ReduceImpl impl) {
+    const std::int64_t cols = args.dbias.numel();
+    const std::int64_t rows = cols == 0 ? 0 : args.dy.numel() / cols;
+    ColumnSum(CudaContext::Get(args.dy.device().index), args.dy.data(), args.dy.dtype(), rows, cols, cols,
+              args.dbias.data(), args.dbias.dtype(), args.accumulate, impl);
+}
+
 void ColumnSumOn(CudaContext &ctx, cudaStream_t stream, const void *x, DType dtype, std::int64_t rows,
                  std::int64_t cols, std::int64_t ld, void *out, DType out_dtype, bool accumulate, ReduceImpl impl) {
     if (cols <= 0) {

@@ -12,6 +12,7 @@
 #include <shardline/core/context.h>
 #include <shardline/core/dtype.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/linear.h>
 
 #include "core/cuda/cublas_check.h"
 
@@ -41,6 +42,9 @@ void RunUnfusedEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl);
 /// out[c] (+)= Σ_r x[r·ld + c] over a row-major rows×cols view (fp32 accumulation, deterministic).
 void ColumnSum(CudaContext &ctx, const void *x, DType dtype, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                void *out, DType out_dtype, bool accumulate, ReduceImpl impl);
+/// dbias[j] (+)= Σ_rows dy[row, j], dy [..., out] read as a row-major rows×out matrix: LinearBackwardBias of both
+/// providers, which differ only in `impl`.
+void BiasGradColumnSum(const LinearBackwardBiasArgs &args, ReduceImpl impl);
 /// ColumnSum on a given stream (e.g. a side stream overlapping a GEMM that reads the same x).
 void ColumnSumOn(CudaContext &ctx, cudaStream_t stream, const void *x, DType dtype, std::int64_t rows,
                  std::int64_t cols, std::int64_t ld, void *out, DType out_dtype, bool accumulate, ReduceImpl impl);

@@ -24,12 +24,7 @@ void LegacyCudaGemm(const GemmParams &p) {
 }
 
 void LegacyLinearBackwardBias(const LinearBackwardBiasArgs &args) {
-    // dy [..., out] is a row-major rows×out matrix; db[j] (+)= Σ_rows dy[row, j].
-    const std::int64_t cols = args.dbias.numel();
-    const std::int64_t rows = cols == 0 ? 0 : args.dy.numel() / cols;
-    CudaContext &ctx = CudaContext::Get(args.dy.device().index);
-    ColumnSum(ctx, args.dy.data(), args.dy.dtype(), rows, cols, cols, args.dbias.data(), args.dbias.dtype(),
-              args.accumulate, ReduceImpl::kPlain);
+    BiasGradColumnSum(args, ReduceImpl::kPlain); // seed 002's scalar column sum
 }
 
 } // namespace shardline::kernels::cuda

@@ -1,6 +1,7 @@
 // The default provider's non-GEMM CUDA ops: bias grad, GELU, Add, Scale, BiasAdd, Sum. The op wrappers in src/kernels
 // have validated shapes, dtypes, devices and contiguity; these pick a kernel and launch it on the context stream.
 
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -18,12 +19,7 @@
 namespace shardline::kernels::cuda {
 
 void DefaultLinearBackwardBias(const LinearBackwardBiasArgs &args) {
-    // dy [..., out] is a row-major rows×out matrix; db[j] (+)= Σ_rows dy[row, j], vectorised two-pass column sum.
-    const std::int64_t cols = args.dbias.numel();
-    const std::int64_t rows = cols == 0 ? 0 : args.dy.numel() / cols;
-    CudaContext &ctx = CudaContext::Get(args.dy.device().index);
-    ColumnSum(ctx, args.dy.data(), args.dy.dtype(), rows, cols, cols, args.dbias.data(), args.dbias.dtype(),
-              args.accumulate, ReduceImpl::kVectorized);
+    BiasGradColumnSum(args, ReduceImpl::kVectorized); // vectorised two-pass column sum
 }
 
 void CudaGeluForward(const GeluForwardArgs &args) {
@@ -130,23 +126,22 @@ void CudaSum(const SumArgs &args) {
         }
         desc.out_numel = 1;
         desc.reduced_numel = 1;
+        // Appends group i to the kept or the reduced dims of desc.
+        auto append = [&](std::size_t i, int &rank, std::int64_t *shape, std::int64_t *stride_of,
+                          std::int64_t &numel, std::string_view which) {
+            SHARDLINE_CHECK_AS(ShapeError, rank < kMaxSumRank, kOp,
+                               "CUDA Sum supports at most {} separate {} dim groups, x is {}", kMaxSumRank, which,
+                               x.ToString());
+            shape[rank] = groups[i].first;
+            stride_of[rank] = strides[i];
+            numel *= groups[i].first;
+            ++rank;
+        };
         for (std::size_t i = 0; i < g; ++i) {
             if (groups[i].second) {
-                SHARDLINE_CHECK_AS(ShapeError, desc.reduced_rank < kMaxSumRank, kOp,
-                                   "CUDA Sum supports at most {} separate reduced dim groups, x is {}", kMaxSumRank,
-                                   x.ToString());
-                desc.reduced_shape[desc.reduced_rank] = groups[i].first;
-                desc.reduced_stride[desc.reduced_rank] = strides[i];
-                desc.reduced_numel *= groups[i].first;
-                ++desc.reduced_rank;
+                append(i, desc.reduced_rank, desc.reduced_shape, desc.reduced_stride, desc.reduced_numel, "reduced");
             } else {
-                SHARDLINE_CHECK_AS(ShapeError, desc.kept_rank < kMaxSumRank, kOp,
-                                   "CUDA Sum supports at most {} separate kept dim groups, x is {}", kMaxSumRank,
-                                   x.ToString());
-                desc.kept_shape[desc.kept_rank] = groups[i].first;
-                desc.kept_stride[desc.kept_rank] = strides[i];
-                desc.out_numel *= groups[i].first;
-                ++desc.kept_rank;
+                append(i, desc.kept_rank, desc.kept_shape, desc.kept_stride, desc.out_numel, "kept");
             }
         }
         SHARDLINE_CHECK_CUDA(LaunchGenericSum(x.data(), xt, desc, args.out.data(), ot, stream));

@@ -20,12 +20,6 @@ namespace shardline {
 namespace {
 
 using namespace functional_test;
-using functional::ColumnParallelLinearBackward;
-using functional::ColumnParallelLinearForward;
-using functional::ColumnParallelLinearOptions;
-using functional::RowParallelLinearBackward;
-using functional::RowParallelLinearForward;
-using functional::RowParallelLinearOptions;
 
 // ---- errors: every rank raises the same Error before any collective; the group stays usable
 // ----------------------------

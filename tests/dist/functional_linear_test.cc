@@ -20,12 +20,6 @@ namespace shardline {
 namespace {
 
 using namespace functional_test;
-using functional::ColumnParallelLinearBackward;
-using functional::ColumnParallelLinearForward;
-using functional::ColumnParallelLinearOptions;
-using functional::RowParallelLinearBackward;
-using functional::RowParallelLinearForward;
-using functional::RowParallelLinearOptions;
 
 // ---- meshes with a data-parallel dim
 // -----------------------------------------------------------------------------------

@@ -10,11 +10,14 @@ A case's time is the median over process rounds of each round's median. Targets:
   host <= 6 us per forward call, <= 25 us per fwd+bwd, <= 3 us per op under a CUDA graph.
 """
 import argparse
-import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from jsonl import records  # noqa: E402  (bench/common/jsonl.py)
 
 ES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
 
@@ -25,26 +28,19 @@ def load(folder):
     plans = {}
     calib = defaultdict(list)
     meta = {}
-    for name in ("linear_shardline.jsonl", "linear_torch.jsonl"):
-        path = Path(folder) / name
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            kind = r.get("kind")
-            if kind == "case":
-                key = (r["provider"], r["regime"], r["shape"], r["m"], r["k"], r["n"], r["dtype"], r["variant"])
-                times[key].append(r["median_us"])
-            elif kind == "host":
-                host[(r["impl"], r["what"])].append(r)
-            elif kind == "plan":
-                plans[r["key"]] = r
-            elif kind == "calibration":
-                calib[r["what"]].append(r)
-            elif kind == "meta":
-                meta = r
+    for r in records(folder, ("linear_shardline.jsonl", "linear_torch.jsonl")):
+        kind = r.get("kind")
+        if kind == "case":
+            key = (r["provider"], r["regime"], r["shape"], r["m"], r["k"], r["n"], r["dtype"], r["variant"])
+            times[key].append(r["median_us"])
+        elif kind == "host":
+            host[(r["impl"], r["what"])].append(r)
+        elif kind == "plan":
+            plans[r["key"]] = r
+        elif kind == "calibration":
+            calib[r["what"]].append(r)
+        elif kind == "meta":
+            meta = r
     med = {k: statistics.median(v) for k, v in times.items()}
     ceiling = statistics.median(r["tflops"] for r in calib["gemm_bf16_8192"]) if calib["gemm_bf16_8192"] else 0
     copy = statistics.median(r["tbps"] for r in calib["copy_1gib"]) if calib["copy_1gib"] else 0

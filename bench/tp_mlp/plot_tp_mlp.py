@@ -16,11 +16,13 @@ marked "beyond reach" where DTensor's T / LB_overlap is itself below 3 (the loca
 of DTensor's step, as at 2048 tokens on the larger shapes).
 """
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from jsonl import records  # noqa: E402  (bench/common/jsonl.py)
 
 FILES = ("tp_mlp_shardline.jsonl", "tp_mlp_torch.jsonl")
 STEP_FIELDS = ("median_us", "p90_us", "tflops", "frac_ceiling", "t_compute_us", "t_comm_us", "t_gemm_us",
@@ -34,25 +36,18 @@ def load(folder):
     rounds = defaultdict(lambda: defaultdict(list))
     dims = {}
     meta = {}
-    for name in FILES:
-        path = Path(folder) / name
-        if not path.exists():
+    for r in records(folder, FILES):
+        if r.get("kind") != "case":
             continue
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            if r.get("kind") != "case":
-                continue
-            key = (r["impl"], r["tp"], r["shape"], r["tokens"], r["variant"])
-            for field in STEP_FIELDS:
-                if isinstance(r.get(field), (int, float)):
-                    rounds[key][field].append(r[field])
-            dims[r["shape"]] = (r["hidden"], r["ffn"])
-            m = meta.setdefault(r["impl"], {})
-            for field in ("device", "commit", "date", "dtype", "torch", "nccl"):
-                if field in r:
-                    m.setdefault(field, set()).add(str(r[field]))
+        key = (r["impl"], r["tp"], r["shape"], r["tokens"], r["variant"])
+        for field in STEP_FIELDS:
+            if isinstance(r.get(field), (int, float)):
+                rounds[key][field].append(r[field])
+        dims[r["shape"]] = (r["hidden"], r["ffn"])
+        m = meta.setdefault(r["impl"], {})
+        for field in ("device", "commit", "date", "dtype", "torch", "nccl"):
+            if field in r:
+                m.setdefault(field, set()).add(str(r[field]))
     med = {k: {f: statistics.median(v) for f, v in fields.items()} for k, fields in rounds.items()}
     return med, dims, meta
 

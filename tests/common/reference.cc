@@ -13,43 +13,23 @@ namespace shardline::testing {
 
 Values RefLinearForward(const Values& x, const Values& w, const Values* b, std::int64_t m, std::int64_t n,
                         std::int64_t k) {
-    Values y(static_cast<std::size_t>(m * n));
-    for (std::int64_t i = 0; i < m; ++i) {
-        for (std::int64_t j = 0; j < n; ++j) {
-            double acc = b != nullptr ? (*b)[j] : 0.0;
-            for (std::int64_t p = 0; p < k; ++p) {
-                acc += x[i * k + p] * w[j * k + p];
+    Values y = RefMatmul(x, w, m, n, k, /*trans_a=*/false, /*trans_b=*/true);
+    if (b != nullptr) {
+        for (std::int64_t i = 0; i < m; ++i) {
+            for (std::int64_t j = 0; j < n; ++j) {
+                y[i * n + j] += (*b)[j];
             }
-            y[i * n + j] = acc;
         }
     }
     return y;
 }
 
 Values RefLinearBackwardInput(const Values& dy, const Values& w, std::int64_t m, std::int64_t n, std::int64_t k) {
-    Values dx(static_cast<std::size_t>(m * k), 0.0);
-    for (std::int64_t i = 0; i < m; ++i) {
-        for (std::int64_t j = 0; j < n; ++j) {
-            const double g = dy[i * n + j];
-            for (std::int64_t p = 0; p < k; ++p) {
-                dx[i * k + p] += g * w[j * k + p];
-            }
-        }
-    }
-    return dx;
+    return RefMatmul(dy, w, m, k, n, /*trans_a=*/false, /*trans_b=*/false);
 }
 
 Values RefLinearBackwardWeight(const Values& dy, const Values& x, std::int64_t m, std::int64_t n, std::int64_t k) {
-    Values dw(static_cast<std::size_t>(n * k), 0.0);
-    for (std::int64_t i = 0; i < m; ++i) {
-        for (std::int64_t j = 0; j < n; ++j) {
-            const double g = dy[i * n + j];
-            for (std::int64_t p = 0; p < k; ++p) {
-                dw[j * k + p] += g * x[i * k + p];
-            }
-        }
-    }
-    return dw;
+    return RefMatmul(dy, x, n, k, m, /*trans_a=*/true, /*trans_b=*/false);
 }
 
 Values RefColumnSum(const Values& dy, std::int64_t m, std::int64_t n) {
@@ -179,6 +159,25 @@ double RefGeluTanhGrad(double x) {
 double RefGeluErfGrad(double x) {
     constexpr double kInvSqrt2Pi = 0.3989422804014327;
     return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * kInvSqrt2Pi * std::exp(-0.5 * x * x);
+}
+
+RefMlpResult RefMlp(const Values& x, const Values& w1, const Values* b1, const Values& w2, const Values* b2,
+                    const Values& dy, std::int64_t m, std::int64_t hidden, std::int64_t ffn, bool gelu) {
+    const Values h = RefLinearForward(x, w1, b1, m, ffn, hidden);
+    Values a = h;
+    Values dh = RefLinearBackwardInput(dy, w2, m, hidden, ffn);
+    if (gelu) {
+        for (std::size_t i = 0; i < h.size(); ++i) {
+            a[i] = RefGeluTanh(h[i]);
+            dh[i] *= RefGeluTanhGrad(h[i]);
+        }
+    }
+    return {.y = RefLinearForward(a, w2, b2, m, hidden, ffn),
+            .dx = RefLinearBackwardInput(dh, w1, m, ffn, hidden),
+            .dw1 = RefLinearBackwardWeight(dh, x, m, ffn, hidden),
+            .db1 = RefColumnSum(dh, m, ffn),
+            .dw2 = RefLinearBackwardWeight(dy, a, m, hidden, ffn),
+            .db2 = RefColumnSum(dy, m, hidden)};
 }
 
 Tensor RandomTensor(const Shape& shape, DType dtype, Device device, std::uint64_t seed, std::string_view name,

@@ -41,6 +41,14 @@ double RefGeluErf(double x);
 double RefGeluTanhGrad(double x);
 double RefGeluErfGrad(double x);
 
+/// A dense two-layer MLP of [m, hidden] x: h = x·W1ᵀ + b1 ([m, ffn]), a = gelu_tanh(h) (a = h when !gelu),
+/// y = a·W2ᵀ + b2 ([m, hidden]), and from dY every gradient (a null bias adds nothing; db1, db2 are still given).
+struct RefMlpResult {
+    Values y, dx, dw1, db1, dw2, db2;
+};
+RefMlpResult RefMlp(const Values& x, const Values& w1, const Values* b1, const Values& w2, const Values* b2,
+                    const Values& dy, std::int64_t m, std::int64_t hidden, std::int64_t ffn, bool gelu);
+
 /// A tensor of `shape` filled by the counter-based RNG (normal(0, 1) by default), on `device`.
 Tensor RandomTensor(const Shape& shape, DType dtype, Device device, std::uint64_t seed, std::string_view name,
                     RandomDistribution distribution = RandomDistribution::kNormal, double a = 0.0, double b = 1.0);

@@ -20,15 +20,10 @@ namespace shardline::testing {
 namespace {
 
 using kernels::LinearBackward;
-using kernels::LinearBackwardArgs;
 using kernels::LinearBackwardBias;
-using kernels::LinearBackwardBiasArgs;
 using kernels::LinearBackwardInput;
-using kernels::LinearBackwardInputArgs;
 using kernels::LinearBackwardWeight;
-using kernels::LinearBackwardWeightArgs;
 using kernels::LinearForward;
-using kernels::LinearForwardArgs;
 
 /// The tensors of one layer step: inputs (overwritten between replays) and outputs.
 struct Step {
@@ -60,16 +55,25 @@ void ExpectSameBits(const Outputs& replay, const Outputs& eager) {
     EXPECT_EQ(replay.db, eager.db) << "db";
 }
 
+/// With new inputs from `seed`: a replay of `graph` writes the same bits as `body` run eagerly.
+template <class Body> void ExpectReplayEqualsEager(Step& s, CapturedGraph& graph, Body& body, std::uint64_t seed) {
+    s.Load(seed);
+    graph.Replay();
+    const Outputs replay = Read(s);
+    body();
+    ExpectSameBits(replay, Read(s));
+}
+
 using CudaLinearGraphTest = CudaParamTest<DType>;
 
 TEST_P(CudaLinearGraphTest, SplitOpsStepReplayEqualsEager) {
     const DType dtype = GetParam();
     Step s(512, 256, 384, dtype, dtype);
     auto body = [&] {
-        LinearForward(LinearForwardArgs{.x = s.x, .weight = s.w, .bias = &s.b, .y = s.y});
-        LinearBackwardInput(LinearBackwardInputArgs{.dy = s.dy, .weight = s.w, .dx = s.dx});
-        LinearBackwardWeight(LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw});
-        LinearBackwardBias(LinearBackwardBiasArgs{.dy = s.dy, .dbias = s.db});
+        LinearForward({.x = s.x, .weight = s.w, .bias = &s.b, .y = s.y});
+        LinearBackwardInput({.dy = s.dy, .weight = s.w, .dx = s.dx});
+        LinearBackwardWeight({.dy = s.dy, .x = s.x, .dweight = s.dw});
+        LinearBackwardBias({.dy = s.dy, .dbias = s.db});
     };
     // Eager first: plans are built (and tuned) outside the capture, as in a training loop's first step.
     s.Load(1);
@@ -77,12 +81,7 @@ TEST_P(CudaLinearGraphTest, SplitOpsStepReplayEqualsEager) {
     CapturedGraph graph(CudaContext::Get(0).stream(), body);
     for (const std::uint64_t seed : {2, 3}) {
         SCOPED_TRACE(::testing::Message() << "inputs " << seed);
-        s.Load(seed);
-        graph.Replay();
-        const Outputs replay = Read(s);
-        body();
-        const Outputs eager = Read(s);
-        ExpectSameBits(replay, eager);
+        ExpectReplayEqualsEager(s, graph, body, seed);
         // And the values are right (not the same garbage twice).
         const Values dyv = s.dy.ToDoubleVector();
         const Values bv = s.b.ToDoubleVector();
@@ -96,9 +95,8 @@ TEST_P(CudaLinearGraphTest, LinearBackwardWithSideStreamReplayEqualsEager) {
     const DType dtype = GetParam();
     Step s(1024, 256, 512, dtype, dtype);
     auto body = [&] {
-        LinearForward(LinearForwardArgs{.x = s.x, .weight = s.w, .bias = &s.b, .y = s.y});
-        LinearBackward(LinearBackwardArgs{
-            .dy = s.dy, .x = &s.x, .weight = &s.w, .dx = &s.dx, .dweight = &s.dw, .dbias = &s.db});
+        LinearForward({.x = s.x, .weight = s.w, .bias = &s.b, .y = s.y});
+        LinearBackward({.dy = s.dy, .x = &s.x, .weight = &s.w, .dx = &s.dx, .dweight = &s.dw, .dbias = &s.db});
     };
     s.Load(4);
     body();
@@ -106,12 +104,7 @@ TEST_P(CudaLinearGraphTest, LinearBackwardWithSideStreamReplayEqualsEager) {
     EXPECT_GE(graph.nodes(), 3u);
     for (const std::uint64_t seed : {5, 6}) {
         SCOPED_TRACE(::testing::Message() << "inputs " << seed);
-        s.Load(seed);
-        graph.Replay();
-        const Outputs replay = Read(s);
-        body();
-        const Outputs eager = Read(s);
-        ExpectSameBits(replay, eager);
+        ExpectReplayEqualsEager(s, graph, body, seed);
         const Values dyv = s.dy.ToDoubleVector();
         EXPECT_TRUE(ValuesMatch(s.db, RefColumnSum(dyv, 1024, 512), dtype, kEpilogueRoundings));
         EXPECT_TRUE(ValuesMatch(s.dw, RefLinearBackwardWeight(dyv, s.x.ToDoubleVector(), 1024, 512, 256), dtype,
@@ -123,13 +116,13 @@ TEST_P(CudaLinearGraphTest, MainGradAccumulationReplaysAccumulate) {
     const DType dtype = GetParam();
     Step s(512, 128, 256, dtype, DType::kFloat32);
     auto backward = [&] {
-        LinearBackward(LinearBackwardArgs{.dy = s.dy,
-                                          .x = &s.x,
-                                          .weight = &s.w,
-                                          .dx = &s.dx,
-                                          .dweight = &s.dw,
-                                          .dbias = &s.db,
-                                          .accumulate = true});
+        LinearBackward({.dy = s.dy,
+                        .x = &s.x,
+                        .weight = &s.w,
+                        .dx = &s.dx,
+                        .dweight = &s.dw,
+                        .dbias = &s.db,
+                        .accumulate = true});
     };
     s.Load(7);
     backward(); // plans built and tuned eagerly

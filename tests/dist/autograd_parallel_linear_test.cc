@@ -24,13 +24,8 @@
 namespace shardline {
 namespace {
 
-using autograd::Variable;
-using comm::CollectiveKind;
-using comm::DeviceMesh;
-using dist::DistTensor;
+using namespace dist_test;
 using dist::ShardOn;
-using dist_test::RandomFull;
-using dist_test::World;
 using functional::ColumnParallelLinearOptions;
 using functional::RowParallelLinearOptions;
 using functional::TensorParallelGroup;

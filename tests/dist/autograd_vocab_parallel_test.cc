@@ -19,14 +19,8 @@
 namespace shardline {
 namespace {
 
-using autograd::Variable;
-using comm::CollectiveKind;
-using comm::DeviceMesh;
-using dist::DistTensor;
+using namespace dist_test;
 using dist::LossReduction;
-using dist_test::CloseValues;
-using dist_test::TestDevice;
-using dist_test::World;
 
 constexpr double kRtol = 1e-5;
 

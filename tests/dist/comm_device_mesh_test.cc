@@ -15,10 +15,7 @@
 namespace shardline {
 namespace {
 
-using comm::CollectiveKind;
-using comm::DeviceMesh;
-using dist_test::TestDevice;
-using dist_test::World;
+using namespace dist_test;
 
 /// The meshes a world of `world_size` ranks allows among 1xW, Wx1, 2x(W/2) (and W for 1-D).
 std::vector<std::vector<std::int64_t>> MeshShapes(int world_size) {

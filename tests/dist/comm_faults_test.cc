@@ -78,13 +78,29 @@ void ExpectTimeoutReport(const FaultRun &run, int np) {
     EXPECT_THAT(out, Not(HasSubstr("all_reduce completed")));
 }
 
+/// The job ended by itself (no harness timeout) with a non-zero exit code.
+void ExpectJobFailed(const FaultRun &run) {
+    EXPECT_FALSE(run.result.timed_out) << run.result.output;
+    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+}
+
+/// A rank that never joins the collective (skips it or is stopped): the job fails, the healthy ranks raise CommError
+/// after the 5 s timeout (ExpectTimeoutReport) and the faulty rank does not outlive the job.
+void ExpectTimeoutFault(const FaultRun &run, int np) {
+    ExpectJobFailed(run);
+    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
+    EXPECT_GE(run.seconds_after_fault, 4.5) << run.result.output;
+    EXPECT_LT(run.seconds_after_fault, 10.0) << run.result.output;
+    ExpectTimeoutReport(run, np);
+    ExpectFaultyRankGone(run);
+}
+
 class FaultTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(FaultTest, RankExitingMidStepEndsTheJobNonZeroWithinFiveSeconds) {
     const int np = GetParam();
     const auto run = RunFault(np, "exit", {"SHARDLINE_COMM_TIMEOUT_S=60"});
-    EXPECT_FALSE(run.result.timed_out) << run.result.output;
-    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+    ExpectJobFailed(run);
     ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
     EXPECT_LT(run.seconds_after_fault, 5.0) << run.result.output;
     EXPECT_THAT(run.result.output, Not(HasSubstr("all_reduce completed")));
@@ -93,32 +109,19 @@ TEST_P(FaultTest, RankExitingMidStepEndsTheJobNonZeroWithinFiveSeconds) {
 TEST_P(FaultTest, RankSkippingACollectiveMakesTheOthersRaiseCommErrorAfterTheTimeout) {
     const int np = GetParam();
     const auto run = RunFault(np, "skip", {"SHARDLINE_COMM_TIMEOUT_S=5"});
-    EXPECT_FALSE(run.result.timed_out) << run.result.output;
-    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
-    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
-    EXPECT_GE(run.seconds_after_fault, 4.5) << run.result.output;
-    EXPECT_LT(run.seconds_after_fault, 10.0) << run.result.output;
-    ExpectTimeoutReport(run, np);
-    ExpectFaultyRankGone(run);
+    ExpectTimeoutFault(run, np);
 }
 
 TEST_P(FaultTest, StoppedRankMakesTheOthersRaiseCommErrorAfterTheTimeout) {
     const int np = GetParam();
     const auto run = RunFault(np, "stop", {"SHARDLINE_COMM_TIMEOUT_S=5"});
-    EXPECT_FALSE(run.result.timed_out) << run.result.output;
-    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
-    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
-    EXPECT_GE(run.seconds_after_fault, 4.5) << run.result.output;
-    EXPECT_LT(run.seconds_after_fault, 10.0) << run.result.output;
-    ExpectTimeoutReport(run, np);
-    ExpectFaultyRankGone(run);
+    ExpectTimeoutFault(run, np);
 }
 
 TEST_P(FaultTest, CountMismatchUnderTheDebugCheckIsReportedByEveryRank) {
     const int np = GetParam();
     const auto run = RunFault(np, "mismatch", {"SHARDLINE_COMM_CHECK=1", "SHARDLINE_COMM_TIMEOUT_S=30"});
-    EXPECT_FALSE(run.result.timed_out) << run.result.output;
-    EXPECT_NE(run.result.exit_code, 0) << run.result.output;
+    ExpectJobFailed(run);
     const std::string &out = run.result.output;
     for (int r = 0; r < np; ++r) {
         EXPECT_THAT(out, HasSubstr(fmt::format("CAUGHT [rank {}/{}]", r, np))) << out;

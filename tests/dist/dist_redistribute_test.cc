@@ -21,15 +21,7 @@
 namespace shardline {
 namespace {
 
-using comm::CollectiveKind;
-using comm::DeviceMesh;
-using dist::DistTensor;
-using dist_test::CloseValues;
-using dist_test::ParsePlacements;
-using dist_test::RandomFull;
-using dist_test::SameValues;
-using dist_test::TestDevice;
-using dist_test::World;
+using namespace dist_test;
 
 constexpr std::int64_t kWorld = -1; ///< a mesh dim as large as the world
 

@@ -15,13 +15,7 @@
 namespace shardline {
 namespace {
 
-using comm::DeviceMesh;
-using dist::DistTensor;
-using dist_test::ParsePlacements;
-using dist_test::RandomFull;
-using dist_test::SameValues;
-using dist_test::TestDevice;
-using dist_test::World;
+using namespace dist_test;
 
 /// Total collective calls on the world and on every group of `mesh` (creating the groups).
 std::int64_t AllCalls(DeviceMesh &mesh) {

@@ -12,9 +12,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <shardline/autograd/variable.h>
 #include <shardline/comm/communicator.h>
+#include <shardline/comm/device_mesh.h>
 #include <shardline/core/random.h>
 #include <shardline/core/tensor.h>
+#include <shardline/dist/dist_tensor.h>
 #include <shardline/launch/bootstrap.h>
 #include <shardline/spmd/layout.h>
 
@@ -30,6 +33,12 @@
 #endif
 
 namespace shardline::dist_test {
+
+// The names every dist test file spells: `using namespace dist_test;` brings them in with the helpers below.
+using autograd::Variable;
+using comm::CollectiveKind;
+using comm::DeviceMesh;
+using dist::DistTensor;
 
 inline launch::Environment &Env() {
     return testing::DistEnv();
@@ -68,8 +77,9 @@ inline spmd::Layout ParsePlacements(std::string_view text, int tensor_rank) {
     return spmd::Layout::FromPlacements(placements, tensor_rank);
 }
 
-/// Bitwise equality of two tensors' values (shape first).
-inline ::testing::AssertionResult SameValues(const Tensor &got, const Tensor &want) {
+/// `got` against `want`, shape first, then element by element: `differ(g, w)` true fails at that element.
+template <class Differ>
+::testing::AssertionResult CompareValues(const Tensor &got, const Tensor &want, Differ differ) {
     if (got.shape() != want.shape()) {
         return ::testing::AssertionFailure()
                << "shape " << ShapeToString(got.shape()) << " != expected " << ShapeToString(want.shape());
@@ -77,7 +87,7 @@ inline ::testing::AssertionResult SameValues(const Tensor &got, const Tensor &wa
     const std::vector<double> g = got.ToDoubleVector();
     const std::vector<double> w = want.ToDoubleVector();
     for (std::size_t i = 0; i < g.size(); ++i) {
-        if (g[i] != w[i]) {
+        if (differ(g[i], w[i])) {
             return ::testing::AssertionFailure() << "element " << i << " of " << ShapeToString(got.shape()) << ": "
                                                  << g[i] << " != expected " << w[i];
         }
@@ -85,21 +95,15 @@ inline ::testing::AssertionResult SameValues(const Tensor &got, const Tensor &wa
     return ::testing::AssertionSuccess();
 }
 
+/// Bitwise equality of two tensors' values (shape first).
+inline ::testing::AssertionResult SameValues(const Tensor &got, const Tensor &want) {
+    return CompareValues(got, want, [](double g, double w) { return g != w; });
+}
+
 /// Equality within fp32 rounding (relative 1e-6) for values that went through a reduction.
 inline ::testing::AssertionResult CloseValues(const Tensor &got, const Tensor &want, double rtol = 1e-6) {
-    if (got.shape() != want.shape()) {
-        return ::testing::AssertionFailure()
-               << "shape " << ShapeToString(got.shape()) << " != expected " << ShapeToString(want.shape());
-    }
-    const std::vector<double> g = got.ToDoubleVector();
-    const std::vector<double> w = want.ToDoubleVector();
-    for (std::size_t i = 0; i < g.size(); ++i) {
-        if (std::abs(g[i] - w[i]) > rtol * std::max(1.0, std::abs(w[i]))) {
-            return ::testing::AssertionFailure() << "element " << i << " of " << ShapeToString(got.shape()) << ": "
-                                                 << g[i] << " != expected " << w[i];
-        }
-    }
-    return ::testing::AssertionSuccess();
+    return CompareValues(got, want,
+                         [rtol](double g, double w) { return std::abs(g - w) > rtol * std::max(1.0, std::abs(w)); });
 }
 
 } // namespace shardline::dist_test

@@ -20,12 +20,6 @@ namespace shardline {
 namespace {
 
 using namespace functional_test;
-using functional::ColumnParallelLinearBackward;
-using functional::ColumnParallelLinearForward;
-using functional::ColumnParallelLinearOptions;
-using functional::RowParallelLinearBackward;
-using functional::RowParallelLinearForward;
-using functional::RowParallelLinearOptions;
 
 // ---- errors: every rank raises the same Error before any collective; the group stays usable
 // ----------------------------
@@ -49,7 +43,18 @@ template <class F> void ExpectErrorBeforeAnyCollective(const MeshAndDim &m, F &&
 
 struct Buffers {
     Tensor x, w, b, y;
+    /// Column forward arguments viewing every buffer (a case swaps in the one it gets wrong).
+    functional::ColumnParallelLinearForwardArgs ColumnArgs() const {
+        return {.x = ViewOf(x), .weight = ViewOf(w), .bias = ViewOf(b), .y = ViewOf(y)};
+    }
 };
+
+/// ColumnParallelLinearForward(options, args) on the tp group raises before any collective, naming the op and `parts`.
+void ExpectColumnForwardError(const MeshAndDim &m, const ColumnParallelLinearOptions &options,
+                              const functional::ColumnParallelLinearForwardArgs &args, std::vector<std::string> parts) {
+    parts.insert(parts.begin(), "ColumnParallelLinearForward");
+    ExpectErrorBeforeAnyCollective(m, [&] { ColumnParallelLinearForward(options, args, m.group()); }, std::move(parts));
+}
 
 Buffers ColumnBuffers(std::int64_t tp, DType dtype = DType::kFloat32) {
     return {Tensor::Zeros({8, kIn}, dtype, TestDevice()), Tensor::Zeros({kOut / tp, kIn}, dtype, TestDevice()),
@@ -108,26 +113,17 @@ TEST(FunctionalLinearErrorTest, ShapeAndDTypeMismatchesRaiseNamingTheTensorAndTh
     const ColumnParallelLinearOptions options{.in_features = kIn, .out_features = kOut};
     // The full weight where this rank's rows are expected.
     const Tensor w_full = Tensor::Zeros({kOut + tp, kIn}, DType::kFloat32, TestDevice());
-    ExpectErrorBeforeAnyCollective(
-        m,
-        [&] {
-            ColumnParallelLinearForward(
-                options, {.x = ViewOf(t.x), .weight = ViewOf(w_full), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
-                m.group());
-        },
-        {"ColumnParallelLinearForward", "weight must be [out_features/tp, in_features]",
-         fmt::format("= [{}, {}]", kOut / tp, kIn), fmt::format("got [{}, {}]", kOut + tp, kIn)});
+    functional::ColumnParallelLinearForwardArgs args = t.ColumnArgs();
+    args.weight = ViewOf(w_full);
+    ExpectColumnForwardError(m, options, args,
+                             {"weight must be [out_features/tp, in_features]", fmt::format("= [{}, {}]", kOut / tp, kIn),
+                              fmt::format("got [{}, {}]", kOut + tp, kIn)});
     // A weight of another dtype than x. On the CPU the other dtype is float64, on CUDA bfloat16.
     const DType other = TestDevice().is_cpu() ? DType::kFloat64 : DType::kBFloat16;
     const Tensor w_other = Tensor::Zeros({kOut / tp, kIn}, other, TestDevice());
-    ExpectErrorBeforeAnyCollective(
-        m,
-        [&] {
-            ColumnParallelLinearForward(
-                options, {.x = ViewOf(t.x), .weight = ViewOf(w_other), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
-                m.group());
-        },
-        {"ColumnParallelLinearForward", fmt::format("weight must have x's dtype float32, got {}", DTypeName(other))});
+    args.weight = ViewOf(w_other);
+    ExpectColumnForwardError(m, options, args,
+                             {fmt::format("weight must have x's dtype float32, got {}", DTypeName(other))});
     // A float32 main grad for float64 parameters needs GradMode::kAccumulate (CPU only: float64 is not a CUDA dtype).
     if (TestDevice().is_cpu()) {
         const Tensor dy = Tensor::Zeros({8, kOut / tp}, DType::kFloat64, TestDevice());
@@ -144,15 +140,9 @@ TEST(FunctionalLinearErrorTest, ShapeAndDTypeMismatchesRaiseNamingTheTensorAndTh
     }
     // A half type on a CPU mesh (MPI and the CPU kernels take float32 and float64).
     if (TestDevice().is_cpu()) {
-        TensorView x = ViewOf(t.x);
-        x.dtype = DType::kBFloat16;
-        ExpectErrorBeforeAnyCollective(
-            m,
-            [&] {
-                ColumnParallelLinearForward(
-                    options, {.x = x, .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
-            },
-            {"ColumnParallelLinearForward", "a CPU (MPI) mesh takes float32 or float64, got x bfloat16"});
+        functional::ColumnParallelLinearForwardArgs half_x = t.ColumnArgs();
+        half_x.x.dtype = DType::kBFloat16;
+        ExpectColumnForwardError(m, options, half_x, {"a CPU (MPI) mesh takes float32 or float64, got x bfloat16"});
     }
 }
 
@@ -162,22 +152,13 @@ TEST(FunctionalLinearErrorTest, NullRequiredPointersRaiseNamingTheTensor) {
     const std::int64_t tp = m.tp();
     Buffers t = ColumnBuffers(tp);
     const ColumnParallelLinearOptions options{.in_features = kIn, .out_features = kOut};
-    TensorView null_x = ViewOf(t.x);
-    null_x.data = nullptr;
-    ExpectErrorBeforeAnyCollective(
-        m,
-        [&] {
-            ColumnParallelLinearForward(
-                options, {.x = null_x, .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
-        },
-        {"ColumnParallelLinearForward", "x is required, got a null data pointer", fmt::format("[8, {}]", kIn)});
-    ExpectErrorBeforeAnyCollective(m,
-                                   [&] {
-                                       ColumnParallelLinearForward(
-                                           options, {.x = ViewOf(t.x), .weight = ViewOf(t.w), .y = ViewOf(t.y)},
-                                           m.group());
-                                   },
-                                   {"ColumnParallelLinearForward", "bias is required (options.bias is set)"});
+    functional::ColumnParallelLinearForwardArgs null_x = t.ColumnArgs();
+    null_x.x.data = nullptr;
+    ExpectColumnForwardError(m, options, null_x,
+                             {"x is required, got a null data pointer", fmt::format("[8, {}]", kIn)});
+    functional::ColumnParallelLinearForwardArgs no_bias = t.ColumnArgs();
+    no_bias.bias = {};
+    ExpectColumnForwardError(m, options, no_bias, {"bias is required (options.bias is set)"});
     // dx requested without the weight it needs.
     ExpectErrorBeforeAnyCollective(
         m, [&] { ColumnParallelLinearBackward(options, {.dy = ViewOf(t.y), .dx = ViewOf(t.x)}, m.group()); },
@@ -203,10 +184,8 @@ TEST(FunctionalLinearErrorTest, AMeshDimOutsideTheMeshRaisesNamingIt) {
         ExpectErrorBeforeAnyCollective(
             m,
             [&] {
-                ColumnParallelLinearForward(
-                    {.in_features = kIn, .out_features = kOut},
-                    {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)},
-                    {.mesh = &m.mesh, .tp_dim = bad});
+                ColumnParallelLinearForward({.in_features = kIn, .out_features = kOut}, t.ColumnArgs(),
+                                            {.mesh = &m.mesh, .tp_dim = bad});
             },
             {"ColumnParallelLinearForward",
              fmt::format("tp_dim ({}) must name a dim of the mesh [{}]", bad, World().size())});
@@ -217,14 +196,9 @@ TEST(FunctionalLinearErrorTest, FlagCombinationsMegatronRejectsRaise) {
     SHARDLINE_FUNCTIONAL_TEST_BACKEND();
     const MeshAndDim m = GetMesh(MeshKind::kTp);
     Buffers t = ColumnBuffers(m.tp());
-    ExpectErrorBeforeAnyCollective(
-        m,
-        [&] {
-            ColumnParallelLinearForward(
-                {.in_features = kIn, .out_features = kOut, .gather_output = true, .sequence_parallel = true},
-                {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
-        },
-        {"ColumnParallelLinearForward", "gather_output and sequence_parallel exclude each other"});
+    ExpectColumnForwardError(
+        m, {.in_features = kIn, .out_features = kOut, .gather_output = true, .sequence_parallel = true},
+        t.ColumnArgs(), {"gather_output and sequence_parallel exclude each other"});
     ExpectErrorBeforeAnyCollective(m,
                                    [&] {
                                        RowParallelLinearForward(
@@ -232,14 +206,8 @@ TEST(FunctionalLinearErrorTest, FlagCombinationsMegatronRejectsRaise) {
                                            {.x = ViewOf(t.x), .weight = ViewOf(t.w), .y = ViewOf(t.y)}, m.group());
                                    },
                                    {"RowParallelLinearForward", "sequence_parallel needs input_is_parallel"});
-    ExpectErrorBeforeAnyCollective(
-        m,
-        [&] {
-            ColumnParallelLinearForward(
-                {.in_features = kIn, .out_features = kOut, .bias = false},
-                {.x = ViewOf(t.x), .weight = ViewOf(t.w), .bias = ViewOf(t.b), .y = ViewOf(t.y)}, m.group());
-        },
-        {"ColumnParallelLinearForward", "bias is given but options.bias is false"});
+    ExpectColumnForwardError(m, {.in_features = kIn, .out_features = kOut, .bias = false}, t.ColumnArgs(),
+                             {"bias is given but options.bias is false"});
 }
 
 } // namespace

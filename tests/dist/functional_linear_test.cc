@@ -20,12 +20,6 @@ namespace shardline {
 namespace {
 
 using namespace functional_test;
-using functional::ColumnParallelLinearBackward;
-using functional::ColumnParallelLinearForward;
-using functional::ColumnParallelLinearOptions;
-using functional::RowParallelLinearBackward;
-using functional::RowParallelLinearForward;
-using functional::RowParallelLinearOptions;
 
 // ---- meshes with a data-parallel dim
 // -----------------------------------------------------------------------------------
@@ -130,36 +124,18 @@ TEST(FunctionalLinearTest, ColumnThenRowMlpMatchesTheDenseMlp) {
                                  m.group());
 
     // The dense MLP in float64.
-    const Values xv = x_full.ToDoubleVector();
-    const Values w1v = w1_full.ToDoubleVector();
     const Values b1v = b1_full.ToDoubleVector();
-    const Values w2v = w2_full.ToDoubleVector();
     const Values b2v = b2_full.ToDoubleVector();
-    const Values dzv = dz_full.ToDoubleVector();
-    const Values hv = testing::RefLinearForward(xv, w1v, &b1v, kS, kF, kH);
-    Values av(hv.size());
-    for (std::size_t i = 0; i < hv.size(); ++i) {
-        av[i] = testing::RefGeluTanh(hv[i]);
-    }
-    const Values zv = testing::RefLinearForward(av, w2v, &b2v, kS, kH, kF);
-    const Values dav = testing::RefLinearBackwardInput(dzv, w2v, kS, kH, kF);
-    Values dhv(dav.size());
-    for (std::size_t i = 0; i < dav.size(); ++i) {
-        dhv[i] = dav[i] * testing::RefGeluTanhGrad(hv[i]);
-    }
+    const testing::RefMlpResult ref =
+        testing::RefMlp(x_full.ToDoubleVector(), w1_full.ToDoubleVector(), &b1v, w2_full.ToDoubleVector(), &b2v,
+                        dz_full.ToDoubleVector(), kS, kH, kF, /*gelu=*/true);
     const DType t = f32;
-    EXPECT_TRUE(Matches(Gather(z, {kS, kH}, 0, m), zv, Data::kRandom, t)) << "z";
-    EXPECT_TRUE(
-        Matches(Gather(dw2, {kH, kF}, 1, m), testing::RefLinearBackwardWeight(dzv, av, kS, kH, kF), Data::kRandom, t))
-        << "dw2";
-    EXPECT_TRUE(Matches(db2, testing::RefColumnSum(dzv, kS, kH), Data::kRandom, t)) << "db2";
-    EXPECT_TRUE(
-        Matches(Gather(dx, {kS, kH}, 0, m), testing::RefLinearBackwardInput(dhv, w1v, kS, kF, kH), Data::kRandom, t))
-        << "dx";
-    EXPECT_TRUE(
-        Matches(Gather(dw1, {kF, kH}, 0, m), testing::RefLinearBackwardWeight(dhv, xv, kS, kF, kH), Data::kRandom, t))
-        << "dw1";
-    EXPECT_TRUE(Matches(Gather(db1, {kF}, 0, m), testing::RefColumnSum(dhv, kS, kF), Data::kRandom, t)) << "db1";
+    EXPECT_TRUE(Matches(Gather(z, {kS, kH}, 0, m), ref.y, Data::kRandom, t)) << "z";
+    EXPECT_TRUE(Matches(Gather(dw2, {kH, kF}, 1, m), ref.dw2, Data::kRandom, t)) << "dw2";
+    EXPECT_TRUE(Matches(db2, ref.db2, Data::kRandom, t)) << "db2";
+    EXPECT_TRUE(Matches(Gather(dx, {kS, kH}, 0, m), ref.dx, Data::kRandom, t)) << "dx";
+    EXPECT_TRUE(Matches(Gather(dw1, {kF, kH}, 0, m), ref.dw1, Data::kRandom, t)) << "dw1";
+    EXPECT_TRUE(Matches(Gather(db1, {kF}, 0, m), ref.db1, Data::kRandom, t)) << "db1";
 }
 
 // ---- CUDA: half precision, the caller's stream and workspace

@@ -23,12 +23,6 @@
 namespace shardline::functional_test {
 
 using comm::CollectiveKind;
-using functional::ColumnParallelLinearBackward;
-using functional::ColumnParallelLinearForward;
-using functional::ColumnParallelLinearOptions;
-using functional::RowParallelLinearBackward;
-using functional::RowParallelLinearForward;
-using functional::RowParallelLinearOptions;
 
 comm::Communicator &World() {
     return testing::DistEnv().world();

@@ -31,7 +31,13 @@
 namespace shardline::functional_test {
 
 using comm::DeviceMesh;
+using functional::ColumnParallelLinearBackward;
+using functional::ColumnParallelLinearForward;
+using functional::ColumnParallelLinearOptions;
 using functional::GradMode;
+using functional::RowParallelLinearBackward;
+using functional::RowParallelLinearForward;
+using functional::RowParallelLinearOptions;
 using functional::TensorParallelGroup;
 using functional::TensorView;
 using testing::Values;

@@ -27,11 +27,7 @@
 namespace shardline {
 namespace {
 
-using autograd::Variable;
-using comm::DeviceMesh;
-using dist::DistTensor;
-using dist_test::TestDevice;
-using dist_test::World;
+using namespace dist_test;
 
 /// A random normal tensor (not integers: the GELU makes the sums inexact anyway), the same on every rank.
 Tensor RandomNormal(const Shape &shape, std::string_view name, std::uint64_t seed) {

@@ -75,14 +75,8 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
                                .input_is_parallel = true,
                                .sequence_parallel = sp},
                               Tp(mesh), WithName(Param(dtype), "dp.row"));
-    const Tensor w1 = MakeFull({kFfn, kHidden}, "w1", data, dtype, 15);
-    const Tensor b1 = MakeFull({kFfn}, "b1", data, dtype, 15);
-    const Tensor w2 = MakeFull({kHidden, kFfn}, "w2", data, dtype, 15);
-    const Tensor b2 = MakeFull({kHidden}, "b2", data, dtype, 15);
-    SetFull(column.weight, w1);
-    SetFull(column.bias, b1);
-    SetFull(row.weight, w2);
-    SetFull(row.bias, b2);
+    const PairFull params_full = MakePairFull(data, dtype, 15); // its x and dY are unused: each step draws its own
+    SetPairFull(column, row, params_full, /*bias=*/true);
 
     std::vector<Variable> params = column.Parameters();
     for (const Variable &p : row.Parameters()) {
@@ -111,19 +105,14 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
 
         ResetCounts(mesh);
         Variable y = row.Forward(column.Forward(x).output).output;
-        ExpectCalls(mesh,
-                    {{"tp", Planned(tp, sp ? Calls{.all_gather = 1, .reduce_scatter = 1} : Calls{.all_reduce = 1})}},
-                    "forward");
-        EXPECT_TRUE(SameLayout(mesh, y.value().layout(), x.value().layout()))
-            << "y comes back in x's layout: " << y.value().ToString() << " vs " << x.value().ToString();
+        ExpectPairForward(mesh, sp, x, y);
 
         ResetCounts(mesh);
         const DistTensor dy = DistTensor::FromFull(dy_full, y.value().layout(), mesh);
         y.Backward(&dy);
         // tp: the column → row table. dp: the buckets' all-reduces, already issued during backward (none over a
         // dp group of one rank).
-        const Calls tp_backward =
-            sp ? Calls{.all_gather = 1, .reduce_scatter = 1} : Calls{.all_reduce = 1};
+        const Calls tp_backward = PairCalls(sp);
         const int dp_calls = SizeOf(mesh, "dp") > 1 ? buckets : 0;
         ExpectCalls(mesh, {{"tp", Planned(tp, tp_backward)}, {"dp", {.all_reduce = dp_calls}}}, "backward");
         EXPECT_EQ(mesh.group("dp").Counts().Bytes(CollectiveKind::kAllReduce), dp_calls > 0 ? local_bytes : 0)
@@ -135,21 +124,17 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
             EXPECT_EQ(p.grad().dtype(), DType::kFloat32) << p.name() << ": the main grad is fp32";
         }
 
-        const Tensor y_got = y.value().FullTensor();
-        const Tensor dx_got = FullGrad(x);
-        const Tensor dw1_got = FullGrad(column.weight);
-        const Tensor db1_got = FullGrad(column.bias);
-        const Tensor dw2_got = FullGrad(row.weight);
-        const Tensor db2_got = FullGrad(row.bias);
-        const DensePair ref = ReferencePair(x_full, w1, &b1, w2, &b2, dy_full);
+        const PairGot got = GatherPair(x, y, column, row, /*bias=*/true);
+        const DensePair ref = ReferencePair(x_full, params_full.w1, &params_full.b1, params_full.w2, &params_full.b2,
+                                            dy_full);
         // Half: h rounds before the row GEMM, y and dX sum tp rounded partials, and the parameter grads (summed in
         // fp32) see the rounding of h or dh; under SP the row db sums tp rounded partials.
-        EXPECT_TRUE(Matches(y_got, {kSeq, kBatch, kHidden}, ref.y, data, dtype, HalfFactor(tp, 2))) << "y";
-        EXPECT_TRUE(Matches(dx_got, {kSeq, kBatch, kHidden}, ref.dx, data, dtype, HalfFactor(tp, 1))) << "dX";
-        EXPECT_TRUE(Matches(dw1_got, {kFfn, kHidden}, ref.dw1, data, dtype, HalfFactor(1, 2))) << "column dW";
-        EXPECT_TRUE(Matches(db1_got, {kFfn}, ref.db1, data, dtype, HalfFactor(1, 2))) << "column db";
-        EXPECT_TRUE(Matches(dw2_got, {kHidden, kFfn}, ref.dw2, data, dtype, HalfFactor(1, 2))) << "row dW";
-        EXPECT_TRUE(Matches(db2_got, {kHidden}, ref.db2, data, dtype, HalfFactor(sp ? tp : 1))) << "row db";
+        EXPECT_TRUE(Matches(got.y, {kSeq, kBatch, kHidden}, ref.y, data, dtype, HalfFactor(tp, 2))) << "y";
+        EXPECT_TRUE(Matches(got.dx, {kSeq, kBatch, kHidden}, ref.dx, data, dtype, HalfFactor(tp, 1))) << "dX";
+        EXPECT_TRUE(Matches(got.dw1, {kFfn, kHidden}, ref.dw1, data, dtype, HalfFactor(1, 2))) << "column dW";
+        EXPECT_TRUE(Matches(got.db1, {kFfn}, ref.db1, data, dtype, HalfFactor(1, 2))) << "column db";
+        EXPECT_TRUE(Matches(got.dw2, {kHidden, kFfn}, ref.dw2, data, dtype, HalfFactor(1, 2))) << "row dW";
+        EXPECT_TRUE(Matches(got.db2, {kHidden}, ref.db2, data, dtype, HalfFactor(sp ? tp : 1))) << "row db";
     }
 }
 

@@ -24,12 +24,7 @@
 namespace shardline {
 namespace {
 
-using autograd::Variable;
-using comm::DeviceMesh;
-using dist::DistTensor;
-using dist_test::SameValues;
-using dist_test::TestDevice;
-using dist_test::World;
+using namespace dist_test;
 
 constexpr int kSteps = 20;
 constexpr std::int64_t kHidden = 16;
@@ -88,10 +83,9 @@ struct DenseMlp {
     Variable Forward(const Variable &x) const { return fc2.Forward(autograd::Gelu(fc1.Forward(x))); }
 };
 
-std::vector<double> TrainDense(const Batch &batch, DenseMlp &model) {
+/// kSteps of SGD on cross-entropy(model(x), labels): the loss of each step.
+template <class Model> std::vector<double> Train(Model &model, const Variable &x, const Variable &labels) {
     nn::SGD sgd(model.Parameters(), kSgd);
-    const Variable x(batch.x);
-    const Variable labels(batch.labels);
     std::vector<double> curve;
     for (int step = 0; step < kSteps; ++step) {
         sgd.ZeroGrad();
@@ -103,19 +97,13 @@ std::vector<double> TrainDense(const Batch &batch, DenseMlp &model) {
     return curve;
 }
 
+std::vector<double> TrainDense(const Batch &batch, DenseMlp &model) {
+    return Train(model, Variable(batch.x), Variable(batch.labels));
+}
+
 std::vector<double> TrainParallel(const Batch &batch, nn::ParallelMLP &model, DeviceMesh &mesh) {
-    nn::SGD sgd(model.Parameters(), kSgd);
-    const Variable x(DistTensor::FromFull(batch.x, spmd::Layout::Replicated(3), mesh));
-    const Variable labels(DistTensor::FromFull(batch.labels, spmd::Layout::Replicated(2), mesh));
-    std::vector<double> curve;
-    for (int step = 0; step < kSteps; ++step) {
-        sgd.ZeroGrad();
-        Variable loss = autograd::CrossEntropy(model.Forward(x), labels);
-        loss.Backward();
-        sgd.Step();
-        curve.push_back(Scalar(loss));
-    }
-    return curve;
+    return Train(model, Variable(DistTensor::FromFull(batch.x, spmd::Layout::Replicated(3), mesh)),
+                 Variable(DistTensor::FromFull(batch.labels, spmd::Layout::Replicated(2), mesh)));
 }
 
 /// |got - want| <= rtol·|want| step by step.

@@ -75,58 +75,34 @@ TEST_P(ColumnRowPairTest, MatchesDenseBitwiseWithTheTableCollectives) {
                               Tp(mesh), WithName(Param(DType::kFloat32), "pair.row"));
     const Data data = Data::kInteger;
     const DType f32 = DType::kFloat32;
-    const std::uint64_t seed = 13;
-    const Tensor x_full = MakeFull({kSeq, kBatch, kHidden}, "x", data, f32, seed);
-    const Tensor w1 = MakeFull({kFfn, kHidden}, "w1", data, f32, seed);
-    const Tensor b1 = MakeFull({kFfn}, "b1", data, f32, seed);
-    const Tensor w2 = MakeFull({kHidden, kFfn}, "w2", data, f32, seed);
-    const Tensor b2 = MakeFull({kHidden}, "b2", data, f32, seed);
-    const Tensor dy_full = MakeFull({kSeq, kBatch, kHidden}, "dy", data, f32, seed);
-    SetFull(column.weight, w1);
-    SetFull(row.weight, w2);
-    if (c.bias) {
-        SetFull(column.bias, b1);
-        SetFull(row.bias, b2);
-    }
-    Variable x(DistTensor::FromFull(x_full, sp ? LayoutOf(3, {{0, {0}}}) : spmd::Layout::Replicated(3), mesh),
+    const PairFull full = MakePairFull(data, f32, 13);
+    SetPairFull(column, row, full, c.bias);
+    Variable x(DistTensor::FromFull(full.x, sp ? LayoutOf(3, {{0, {0}}}) : spmd::Layout::Replicated(3), mesh),
                c.input_grad);
 
     ResetCounts(mesh);
     Variable y = row.Forward(column.Forward(x).output).output;
-    ExpectCalls(mesh, {{"tp", Planned(tp, sp ? Calls{.all_gather = 1, .reduce_scatter = 1} : Calls{.all_reduce = 1})}},
-                "forward");
-    EXPECT_TRUE(SameLayout(mesh, y.value().layout(), x.value().layout()))
-        << "y comes back in x's layout: " << y.value().ToString() << " vs " << x.value().ToString();
+    ExpectPairForward(mesh, sp, x, y);
 
     ResetCounts(mesh);
-    const DistTensor dy = DistTensor::FromFull(dy_full, y.value().layout(), mesh);
+    const DistTensor dy = DistTensor::FromFull(full.dy, y.value().layout(), mesh);
     y.Backward(&dy);
-    Calls backward;
-    if (sp) {
-        backward = {.all_reduce = 0, .all_gather = 1, .reduce_scatter = c.input_grad ? 1 : 0};
-    } else {
-        backward = {.all_reduce = c.input_grad ? 1 : 0};
-    }
-    ExpectCalls(mesh, {{"tp", Planned(tp, backward)}}, "backward");
+    ExpectCalls(mesh, {{"tp", Planned(tp, PairCalls(sp, c.input_grad))}}, "backward");
 
-    const Tensor y_got = y.value().FullTensor();
-    const Tensor dx_got = FullGrad(x);
-    const Tensor dw1_got = FullGrad(column.weight);
-    const Tensor dw2_got = FullGrad(row.weight);
-    const Tensor db1_got = c.bias ? FullGrad(column.bias) : Tensor();
-    const Tensor db2_got = c.bias ? FullGrad(row.bias) : Tensor();
-    const DensePair ref = ReferencePair(x_full, w1, c.bias ? &b1 : nullptr, w2, c.bias ? &b2 : nullptr, dy_full);
-    EXPECT_TRUE(Matches(y_got, {kSeq, kBatch, kHidden}, ref.y, data, f32)) << "y";
+    const PairGot got = GatherPair(x, y, column, row, c.bias);
+    const DensePair ref =
+        ReferencePair(full.x, full.w1, c.bias ? &full.b1 : nullptr, full.w2, c.bias ? &full.b2 : nullptr, full.dy);
+    EXPECT_TRUE(Matches(got.y, {kSeq, kBatch, kHidden}, ref.y, data, f32)) << "y";
     if (c.input_grad) {
-        EXPECT_TRUE(Matches(dx_got, {kSeq, kBatch, kHidden}, ref.dx, data, f32)) << "dX";
+        EXPECT_TRUE(Matches(got.dx, {kSeq, kBatch, kHidden}, ref.dx, data, f32)) << "dX";
     } else {
-        EXPECT_FALSE(dx_got.defined()) << "x needs no grad";
+        EXPECT_FALSE(got.dx.defined()) << "x needs no grad";
     }
-    EXPECT_TRUE(Matches(dw1_got, {kFfn, kHidden}, ref.dw1, data, f32)) << "column dW";
-    EXPECT_TRUE(Matches(dw2_got, {kHidden, kFfn}, ref.dw2, data, f32)) << "row dW";
+    EXPECT_TRUE(Matches(got.dw1, {kFfn, kHidden}, ref.dw1, data, f32)) << "column dW";
+    EXPECT_TRUE(Matches(got.dw2, {kHidden, kFfn}, ref.dw2, data, f32)) << "row dW";
     if (c.bias) {
-        EXPECT_TRUE(Matches(db1_got, {kFfn}, ref.db1, data, f32)) << "column db";
-        EXPECT_TRUE(Matches(db2_got, {kHidden}, ref.db2, data, f32)) << "row db";
+        EXPECT_TRUE(Matches(got.db1, {kFfn}, ref.db1, data, f32)) << "column db";
+        EXPECT_TRUE(Matches(got.db2, {kHidden}, ref.db2, data, f32)) << "row db";
     }
 }
 
@@ -179,88 +155,38 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
                          .sequence_parallel = sp},
                         Tp(mesh), WithName(Param(c.dtype), "mlp"));
     const Data data = Data::kRandom;
-    const std::uint64_t seed = 14;
-    const Tensor x_full = MakeFull({kSeq, kBatch, kHidden}, "x", data, c.dtype, seed);
-    const Tensor w1 = MakeFull({kFfn, kHidden}, "w1", data, c.dtype, seed);
-    const Tensor b1 = MakeFull({kFfn}, "b1", data, c.dtype, seed);
-    const Tensor w2 = MakeFull({kHidden, kFfn}, "w2", data, c.dtype, seed);
-    const Tensor b2 = MakeFull({kHidden}, "b2", data, c.dtype, seed);
-    const Tensor dy_full = MakeFull({kSeq, kBatch, kHidden}, "dy", data, c.dtype, seed);
-    SetFull(mlp.fc1->weight, w1);
-    SetFull(mlp.fc2->weight, w2);
-    if (c.bias) {
-        SetFull(mlp.fc1->bias, b1);
-        SetFull(mlp.fc2->bias, b2);
-    }
+    const PairFull full = MakePairFull(data, c.dtype, 14);
+    SetPairFull(*mlp.fc1, *mlp.fc2, full, c.bias);
     EXPECT_EQ(mlp.Parameters().size(), c.bias ? 4U : 2U);
-    Variable x(DistTensor::FromFull(x_full, sp ? LayoutOf(3, {{0, {0}}}) : spmd::Layout::Replicated(3), mesh),
+    Variable x(DistTensor::FromFull(full.x, sp ? LayoutOf(3, {{0, {0}}}) : spmd::Layout::Replicated(3), mesh),
                c.input_grad);
 
     ResetCounts(mesh);
     Variable y = mlp.Forward(x);
-    ExpectCalls(mesh, {{"tp", Planned(tp, sp ? Calls{.all_gather = 1, .reduce_scatter = 1} : Calls{.all_reduce = 1})}},
-                "forward");
-    EXPECT_TRUE(SameLayout(mesh, y.value().layout(), x.value().layout()))
-        << "y comes back in x's layout: " << y.value().ToString() << " vs " << x.value().ToString();
+    ExpectPairForward(mesh, sp, x, y);
 
     ResetCounts(mesh);
-    const DistTensor dy = DistTensor::FromFull(dy_full, y.value().layout(), mesh);
+    const DistTensor dy = DistTensor::FromFull(full.dy, y.value().layout(), mesh);
     y.Backward(&dy);
-    Calls backward;
-    if (sp) {
-        // all-gather dY (fc2's bias grad comes from it too: no all-reduce), reduce-scatter dX if x needs a grad.
-        backward = {.all_reduce = 0, .all_gather = 1, .reduce_scatter = c.input_grad ? 1 : 0};
-    } else {
-        backward = {.all_reduce = c.input_grad ? 1 : 0};
-    }
-    ExpectCalls(mesh, {{"tp", Planned(tp, backward)}}, "backward");
+    // As column → row: with sp, fc2's bias grad comes from the all-gathered dY too (no all-reduce).
+    ExpectCalls(mesh, {{"tp", Planned(tp, PairCalls(sp, c.input_grad))}}, "backward");
 
-    const Tensor y_got = y.value().FullTensor();
-    const Tensor dx_got = FullGrad(x);
-    const Tensor dw1_got = FullGrad(mlp.fc1->weight);
-    const Tensor dw2_got = FullGrad(mlp.fc2->weight);
-    const Tensor db1_got = c.bias ? FullGrad(mlp.fc1->bias) : Tensor();
-    const Tensor db2_got = c.bias ? FullGrad(mlp.fc2->bias) : Tensor();
-
+    const PairGot got = GatherPair(x, y, *mlp.fc1, *mlp.fc2, c.bias);
     // Dense float64: h = x·W1ᵀ + b1, a = gelu(h), y = a·W2ᵀ + b2.
-    const Values xv = x_full.ToDoubleVector();
-    const Values w1v = w1.ToDoubleVector();
-    const Values w2v = w2.ToDoubleVector();
-    const Values b1v = b1.ToDoubleVector();
-    const Values b2v = b2.ToDoubleVector();
-    const Values dyv = dy_full.ToDoubleVector();
-    const Values h = testing::RefLinearForward(xv, w1v, c.bias ? &b1v : nullptr, kRows, kFfn, kHidden);
-    Values a(h.size());
-    for (std::size_t i = 0; i < h.size(); ++i) {
-        a[i] = testing::RefGeluTanh(h[i]);
-    }
-    const Values y_ref = testing::RefLinearForward(a, w2v, c.bias ? &b2v : nullptr, kRows, kHidden, kFfn);
-    Values dh = testing::RefLinearBackwardInput(dyv, w2v, kRows, kHidden, kFfn);
-    for (std::size_t i = 0; i < dh.size(); ++i) {
-        dh[i] *= testing::RefGeluTanhGrad(h[i]);
-    }
+    const DensePair ref = ReferencePair(full.x, full.w1, c.bias ? &full.b1 : nullptr, full.w2,
+                                        c.bias ? &full.b2 : nullptr, full.dy, /*gelu=*/true);
     // Half: h, gelu(h) and dGELU each round once before the next GEMM; y and dX also sum tp rounded partials.
-    EXPECT_TRUE(Matches(y_got, {kSeq, kBatch, kHidden}, y_ref, data, c.dtype, HalfFactor(tp, 3))) << "y";
+    EXPECT_TRUE(Matches(got.y, {kSeq, kBatch, kHidden}, ref.y, data, c.dtype, HalfFactor(tp, 3))) << "y";
     if (c.input_grad) {
-        EXPECT_TRUE(Matches(dx_got, {kSeq, kBatch, kHidden},
-                            testing::RefLinearBackwardInput(dh, w1v, kRows, kFfn, kHidden), data, c.dtype,
-                            HalfFactor(tp, 3)))
-            << "dX";
+        EXPECT_TRUE(Matches(got.dx, {kSeq, kBatch, kHidden}, ref.dx, data, c.dtype, HalfFactor(tp, 3))) << "dX";
     } else {
-        EXPECT_FALSE(dx_got.defined()) << "x needs no grad";
+        EXPECT_FALSE(got.dx.defined()) << "x needs no grad";
     }
-    EXPECT_TRUE(Matches(dw1_got, {kFfn, kHidden}, testing::RefLinearBackwardWeight(dh, xv, kRows, kFfn, kHidden), data,
-                        c.dtype, HalfFactor(1, 2)))
-        << "fc1 dW";
-    EXPECT_TRUE(Matches(dw2_got, {kHidden, kFfn}, testing::RefLinearBackwardWeight(dyv, a, kRows, kHidden, kFfn), data,
-                        c.dtype, HalfFactor(1, 2)))
-        << "fc2 dW";
+    EXPECT_TRUE(Matches(got.dw1, {kFfn, kHidden}, ref.dw1, data, c.dtype, HalfFactor(1, 2))) << "fc1 dW";
+    EXPECT_TRUE(Matches(got.dw2, {kHidden, kFfn}, ref.dw2, data, c.dtype, HalfFactor(1, 2))) << "fc2 dW";
     if (c.bias) {
-        EXPECT_TRUE(Matches(db1_got, {kFfn}, testing::RefColumnSum(dh, kRows, kFfn), data, c.dtype, HalfFactor(1, 2)))
-            << "fc1 db";
-        EXPECT_TRUE(Matches(db2_got, {kHidden}, testing::RefColumnSum(dyv, kRows, kHidden), data, c.dtype,
-                            HalfFactor(sp ? tp : 1)))
-            << "fc2 db";
+        EXPECT_TRUE(Matches(got.db1, {kFfn}, ref.db1, data, c.dtype, HalfFactor(1, 2))) << "fc1 db";
+        EXPECT_TRUE(Matches(got.db2, {kHidden}, ref.db2, data, c.dtype, HalfFactor(sp ? tp : 1))) << "fc2 db";
     }
 }
 

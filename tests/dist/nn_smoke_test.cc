@@ -13,13 +13,7 @@
 namespace shardline {
 namespace {
 
-using autograd::Variable;
-using comm::CollectiveKind;
-using comm::DeviceMesh;
-using dist::DistTensor;
-using dist_test::RandomFull;
-using dist_test::SameValues;
-using dist_test::World;
+using namespace dist_test;
 
 void SetFull(Variable &p, const Tensor &full) {
     DistTensor shard = DistTensor::FromFull(full, p.value().layout(), p.value().mesh());

@@ -28,12 +28,7 @@
 
 namespace shardline::nn_test {
 
-using autograd::Variable;
-using comm::CollectiveKind;
-using comm::DeviceMesh;
-using dist::DistTensor;
-using dist_test::TestDevice;
-using dist_test::World;
+using namespace dist_test;
 using testing::Values;
 
 // Megatron's [s, b, h] activations. Every feature size divides by 1, 2 and 4, and so does the sequence (sequence
@@ -258,26 +253,66 @@ inline std::string BiasName(Bias bias) {
     return "?";
 }
 
-/// Dense float64 column → row: h = x·W1ᵀ + b1, y = h·W2ᵀ + b2, and every gradient.
-struct DensePair {
-    Values y, dx, dw1, db1, dw2, db2;
-};
+/// Dense float64 column → row: h = x·W1ᵀ + b1, y = h·W2ᵀ + b2 (gelu: y = gelu(h)·W2ᵀ + b2, ParallelMLP), and every
+/// gradient.
+using DensePair = testing::RefMlpResult;
 inline DensePair ReferencePair(const Tensor &x, const Tensor &w1, const Tensor *b1, const Tensor &w2,
-                               const Tensor *b2, const Tensor &dy) {
-    const Values xv = x.ToDoubleVector();
-    const Values w1v = w1.ToDoubleVector();
-    const Values w2v = w2.ToDoubleVector();
-    const Values dyv = dy.ToDoubleVector();
+                               const Tensor *b2, const Tensor &dy, bool gelu = false) {
     const Values b1v = b1 != nullptr ? b1->ToDoubleVector() : Values();
     const Values b2v = b2 != nullptr ? b2->ToDoubleVector() : Values();
-    const Values h = testing::RefLinearForward(xv, w1v, b1 != nullptr ? &b1v : nullptr, kRows, kFfn, kHidden);
-    const Values dh = testing::RefLinearBackwardInput(dyv, w2v, kRows, kHidden, kFfn);
-    return {.y = testing::RefLinearForward(h, w2v, b2 != nullptr ? &b2v : nullptr, kRows, kHidden, kFfn),
-            .dx = testing::RefLinearBackwardInput(dh, w1v, kRows, kFfn, kHidden),
-            .dw1 = testing::RefLinearBackwardWeight(dh, xv, kRows, kFfn, kHidden),
-            .db1 = testing::RefColumnSum(dh, kRows, kFfn),
-            .dw2 = testing::RefLinearBackwardWeight(dyv, h, kRows, kHidden, kFfn),
-            .db2 = testing::RefColumnSum(dyv, kRows, kHidden)};
+    return testing::RefMlp(x.ToDoubleVector(), w1.ToDoubleVector(), b1 != nullptr ? &b1v : nullptr,
+                           w2.ToDoubleVector(), b2 != nullptr ? &b2v : nullptr, dy.ToDoubleVector(), kRows, kHidden,
+                           kFfn, gelu);
+}
+
+/// The full tensors of a column → row pair ([s, b, h] x and dY, W1 [ffn, h], b1, W2 [h, ffn], b2), one seed.
+struct PairFull {
+    Tensor x, w1, b1, w2, b2, dy;
+};
+inline PairFull MakePairFull(Data data, DType dtype, std::uint64_t seed) {
+    return {.x = MakeFull({kSeq, kBatch, kHidden}, "x", data, dtype, seed),
+            .w1 = MakeFull({kFfn, kHidden}, "w1", data, dtype, seed),
+            .b1 = MakeFull({kFfn}, "b1", data, dtype, seed),
+            .w2 = MakeFull({kHidden, kFfn}, "w2", data, dtype, seed),
+            .b2 = MakeFull({kHidden}, "b2", data, dtype, seed),
+            .dy = MakeFull({kSeq, kBatch, kHidden}, "dy", data, dtype, seed)};
+}
+/// What a column → row run computed, gathered to full tensors (a bias's gradient only when `bias`).
+struct PairGot {
+    Tensor y, dx, dw1, db1, dw2, db2;
+};
+inline PairGot GatherPair(const Variable &x, const Variable &y, const nn::ColumnParallelLinear &column,
+                          const nn::RowParallelLinear &row, bool bias) {
+    return {.y = y.value().FullTensor(),
+            .dx = FullGrad(x),
+            .dw1 = FullGrad(column.weight),
+            .db1 = bias ? FullGrad(column.bias) : Tensor(),
+            .dw2 = FullGrad(row.weight),
+            .db2 = bias ? FullGrad(row.bias) : Tensor()};
+}
+/// Sets the pair's parameters from `full` (the biases only when `bias`).
+inline void SetPairFull(nn::ColumnParallelLinear &column, nn::RowParallelLinear &row, const PairFull &full,
+                        bool bias) {
+    SetFull(column.weight, full.w1);
+    SetFull(row.weight, full.w2);
+    if (bias) {
+        SetFull(column.bias, full.b1);
+        SetFull(row.bias, full.b2);
+    }
+}
+
+/// The tp collectives of column → row: forward one all-reduce, backward one all-reduce of dX if x requires grad; with
+/// sequence parallelism an all-gather (x, then dY) and a reduce-scatter (y, then dX if x requires grad).
+inline Calls PairCalls(bool sequence_parallel, bool input_grad = true) {
+    const int dx = input_grad ? 1 : 0;
+    return sequence_parallel ? Calls{.all_gather = 1, .reduce_scatter = dx} : Calls{.all_reduce = dx};
+}
+
+/// After a column → row forward: the tp group issued PairCalls and y came back in x's layout.
+inline void ExpectPairForward(DeviceMesh &mesh, bool sequence_parallel, const Variable &x, const Variable &y) {
+    ExpectCalls(mesh, {{"tp", Planned(SizeOf(mesh, "tp"), PairCalls(sequence_parallel))}}, "forward");
+    EXPECT_TRUE(SameLayout(mesh, y.value().layout(), x.value().layout()))
+        << "y comes back in x's layout: " << y.value().ToString() << " vs " << x.value().ToString();
 }
 
 } // namespace shardline::nn_test

@@ -17,29 +17,27 @@ TEST(LayoutTest, DimsMappingRoundTrip) {
     EXPECT_EQ(layout.TensorDimOf(2), -1);
 }
 
-TEST(LayoutTest, PlacementsRoundTripOnTwoDimMesh) {
-    const Layout layout = L("[-1,0] partial{1}");
+/// `layout` on a 2-D mesh gives the placements `want` (as text), and they give `layout` back.
+void ExpectPlacementsRoundTrip(const Layout &layout, const std::vector<std::string> &want) {
     const auto placements = layout.ToPlacements(2);
-    ASSERT_EQ(placements.size(), 2u);
-    EXPECT_EQ(placements[0].ToString(), "S(1)");
-    EXPECT_EQ(placements[1].ToString(), "P(sum)");
+    ASSERT_EQ(placements.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(placements[i].ToString(), want[i]) << "mesh dim " << i;
+    }
     EXPECT_EQ(Layout::FromPlacements(placements, 2), layout);
 }
 
+TEST(LayoutTest, PlacementsRoundTripOnTwoDimMesh) {
+    ExpectPlacementsRoundTrip(L("[-1,0] partial{1}"), {"S(1)", "P(sum)"});
+}
+
 TEST(LayoutTest, CoShardInAscendingOrderUsesPlainShardPlacements) {
-    const Layout layout = L("[[0,1],-1]");
-    const auto placements = layout.ToPlacements(2);
-    EXPECT_EQ(placements[0].ToString(), "S(0)");
-    EXPECT_EQ(placements[1].ToString(), "S(0)");
-    EXPECT_EQ(Layout::FromPlacements(placements, 2), layout);
+    ExpectPlacementsRoundTrip(L("[[0,1],-1]"), {"S(0)", "S(0)"});
 }
 
 TEST(LayoutTest, CoShardInDescendingOrderKeepsTheOrderInPlacements) {
     const Layout layout = L("[[1,0],-1]");
-    const auto placements = layout.ToPlacements(2);
-    EXPECT_EQ(placements[0].ToString(), "S(0)[1]");
-    EXPECT_EQ(placements[1].ToString(), "S(0)[0]");
-    EXPECT_EQ(Layout::FromPlacements(placements, 2), layout);
+    ExpectPlacementsRoundTrip(layout, {"S(0)[1]", "S(0)[0]"});
     EXPECT_THROW(layout.DimsMapping(), SpmdError);
 }
 

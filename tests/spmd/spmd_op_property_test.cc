@@ -18,20 +18,12 @@ namespace {
 
 using testing::Dense;
 using testing::Distribute;
+using testing::RandomShape;
 using testing::ForEachIndex;
 using testing::Shards;
 using testing::ShardsMatch;
 
 constexpr int kCases = 300;
-
-std::vector<int64_t> RandomShape(std::mt19937 &rng, int rank, int64_t max_size = 6) {
-    std::uniform_int_distribution<int64_t> size(1, max_size);
-    std::vector<int64_t> shape(rank);
-    for (auto &s : shape) {
-        s = size(rng);
-    }
-    return shape;
-}
 
 RuleOptions Mode(int c) {
     RuleOptions options;
@@ -120,34 +112,46 @@ Dense DenseSoftmax(const Dense &x, int axis, bool log) {
     return ShardedSoftmax(one, {x}, axis, log, {}, {})[0];
 }
 
+/// A random softmax case: mesh, rank 1..3, shape, axis (in [-rank, rank) when `negative_axis`, else [0, rank)),
+/// log or not, vocab parallel or not.
+struct RandomSoftmax {
+    ProcessMesh mesh;
+    int rank = 1;
+    std::vector<int64_t> shape;
+    SoftmaxAttrs attrs;
+};
+RandomSoftmax DrawSoftmax(std::mt19937 &rng, bool negative_axis) {
+    RandomSoftmax r{.mesh = testing::RandomMesh(rng)};
+    r.rank = std::uniform_int_distribution<int>(1, 3)(rng);
+    r.shape = RandomShape(rng, r.rank, 6);
+    r.attrs.axis = std::uniform_int_distribution<int>(negative_axis ? -r.rank : 0, r.rank - 1)(rng);
+    r.attrs.log = rng() % 2 == 0;
+    r.attrs.vocab_parallel = rng() % 2 == 0;
+    return r;
+}
+
 TEST(SoftmaxPropertyTest, ShardedForwardEqualsDense) {
     std::mt19937 rng(29);
     for (int c = 0; c < kCases; ++c) {
         SCOPED_TRACE(::testing::Message() << "case " << c);
-        const ProcessMesh mesh = testing::RandomMesh(rng);
-        const int rank = std::uniform_int_distribution<int>(1, 3)(rng);
-        const std::vector<int64_t> shape = RandomShape(rng, rank);
-        SoftmaxAttrs attrs;
-        attrs.axis = std::uniform_int_distribution<int>(-rank, rank - 1)(rng);
-        attrs.log = rng() % 2 == 0;
-        attrs.vocab_parallel = rng() % 2 == 0;
-        const int axis = attrs.axis < 0 ? attrs.axis + rank : attrs.axis;
-        const TensorSpec x{shape, testing::RandomLayout(mesh, rank, rng, true)};
-        const SpmdInfo info = InferSoftmaxForward(mesh, x, attrs, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "axis " << axis << " vp " << attrs.vocab_parallel << " "
+        const RandomSoftmax sm = DrawSoftmax(rng, /*negative_axis=*/true);
+        const int axis = sm.attrs.axis < 0 ? sm.attrs.axis + sm.rank : sm.attrs.axis;
+        const TensorSpec x{sm.shape, testing::RandomLayout(sm.mesh, sm.rank, rng, true)};
+        const SpmdInfo info = InferSoftmaxForward(sm.mesh, x, sm.attrs, Mode(c));
+        SCOPED_TRACE(::testing::Message() << "axis " << axis << " vp " << sm.attrs.vocab_parallel << " "
                                           << x.layout.ToString() << " -> " << info.inputs[0].layout.ToString() << " -> "
                                           << info.outputs[0].layout.ToString());
         const Layout &in = info.inputs[0].layout;
         ASSERT_FALSE(in.IsPartial());
-        if (!attrs.vocab_parallel) {
+        if (!sm.attrs.vocab_parallel) {
             ASSERT_TRUE(in.MeshDims(axis).empty());
         }
         ASSERT_EQ(InternalDims(info, ReduceOp::kMax, "row max"), in.MeshDims(axis));
-        const Dense gx = testing::RandomDense(shape, rng);
-        const Shards y = ShardedSoftmax(mesh, Distribute(mesh, gx, in, rng), axis, attrs.log,
+        const Dense gx = testing::RandomDense(sm.shape, rng);
+        const Shards y = ShardedSoftmax(sm.mesh, Distribute(sm.mesh, gx, in, rng), axis, sm.attrs.log,
                                         InternalDims(info, ReduceOp::kMax, "row max"),
                                         InternalDims(info, ReduceOp::kSum, "row sum"));
-        ASSERT_TRUE(ShardsMatch(mesh, y, DenseSoftmax(gx, axis, attrs.log), info.outputs[0].layout, 1e-9));
+        ASSERT_TRUE(ShardsMatch(sm.mesh, y, DenseSoftmax(gx, axis, sm.attrs.log), info.outputs[0].layout, 1e-9));
     }
 }
 
@@ -156,31 +160,25 @@ TEST(SoftmaxPropertyTest, ShardedGradEqualsDense) {
     std::mt19937 rng(31);
     for (int c = 0; c < kCases; ++c) {
         SCOPED_TRACE(::testing::Message() << "case " << c);
-        const ProcessMesh mesh = testing::RandomMesh(rng);
-        const int rank = std::uniform_int_distribution<int>(1, 3)(rng);
-        const std::vector<int64_t> shape = RandomShape(rng, rank);
-        SoftmaxAttrs attrs;
-        attrs.axis = std::uniform_int_distribution<int>(0, rank - 1)(rng);
-        attrs.log = rng() % 2 == 0;
-        attrs.vocab_parallel = rng() % 2 == 0;
-        const TensorSpec x{shape, testing::RandomLayout(mesh, rank, rng, true)};
-        const TensorSpec dy{shape, testing::RandomLayout(mesh, rank, rng, true)};
-        const SpmdInfo info = InferSoftmaxGrad(mesh, x, dy, attrs, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "axis " << attrs.axis << " vp " << attrs.vocab_parallel << " x "
+        const RandomSoftmax sm = DrawSoftmax(rng, /*negative_axis=*/false);
+        const TensorSpec x{sm.shape, testing::RandomLayout(sm.mesh, sm.rank, rng, true)};
+        const TensorSpec dy{sm.shape, testing::RandomLayout(sm.mesh, sm.rank, rng, true)};
+        const SpmdInfo info = InferSoftmaxGrad(sm.mesh, x, dy, sm.attrs, Mode(c));
+        SCOPED_TRACE(::testing::Message() << "axis " << sm.attrs.axis << " vp " << sm.attrs.vocab_parallel << " x "
                                           << x.layout.ToString() << " dy " << dy.layout.ToString() << " -> y "
                                           << info.Input("out").layout.ToString() << " dy "
                                           << info.Input("out_grad").layout.ToString() << " dx "
                                           << info.Output("x_grad").layout.ToString());
         ASSERT_FALSE(info.Input("out").layout.IsPartial());
-        const Dense gx = testing::RandomDense(shape, rng);
-        const Dense gy = DenseSoftmax(gx, attrs.axis, attrs.log);
-        const Dense gdy = testing::RandomDense(shape, rng);
-        const int axis = attrs.axis;
+        const Dense gx = testing::RandomDense(sm.shape, rng);
+        const Dense gy = DenseSoftmax(gx, sm.attrs.axis, sm.attrs.log);
+        const Dense gdy = testing::RandomDense(sm.shape, rng);
+        const int axis = sm.attrs.axis;
         auto backward = [&](const ProcessMesh &m, const Shards &y, const Shards &d, const std::vector<int> &dims) {
             Shards t(m.Size());
             for (int64_t r = 0; r < m.Size(); ++r) {
                 Dense prod = d[r];
-                if (!attrs.log) {
+                if (!sm.attrs.log) {
                     for (size_t e = 0; e < prod.data.size(); ++e) {
                         prod.data[e] *= y[r].data[e];
                     }
@@ -193,17 +191,18 @@ TEST(SoftmaxPropertyTest, ShardedGradEqualsDense) {
                 dx[r] = d[r];
                 ForEachIndex(dx[r].shape, [&](const std::vector<int64_t> &i) {
                     const double row = RowAt(t[r], i, axis);
-                    dx[r].At(i) = attrs.log ? d[r].At(i) - std::exp(y[r].At(i)) * row : y[r].At(i) * (d[r].At(i) - row);
+                    dx[r].At(i) =
+                        sm.attrs.log ? d[r].At(i) - std::exp(y[r].At(i)) * row : y[r].At(i) * (d[r].At(i) - row);
                 });
             }
             return dx;
         };
         const Dense want = backward(ProcessMesh({1}), {gy}, {gdy}, {})[0];
         ASSERT_EQ(InternalDims(info, ReduceOp::kSum, "row sum"), info.Input("out").layout.MeshDims(axis));
-        const Shards dx = backward(mesh, Distribute(mesh, gy, info.Input("out").layout, rng),
-                                   Distribute(mesh, gdy, info.Input("out_grad").layout, rng),
+        const Shards dx = backward(sm.mesh, Distribute(sm.mesh, gy, info.Input("out").layout, rng),
+                                   Distribute(sm.mesh, gdy, info.Input("out_grad").layout, rng),
                                    InternalDims(info, ReduceOp::kSum, "row sum"));
-        ASSERT_TRUE(ShardsMatch(mesh, dx, want, info.Output("x_grad").layout, 1e-9));
+        ASSERT_TRUE(ShardsMatch(sm.mesh, dx, want, info.Output("x_grad").layout, 1e-9));
     }
 }
 
@@ -213,6 +212,8 @@ struct CrossEntropyCase {
     CrossEntropyAttrs attrs;
     Dense logits, labels;
     int64_t rows = 1;
+    int axis = 0;                        ///< the class dim (the last of the logits)
+    TensorSpec logits_spec, labels_spec; ///< random layouts: logits may be partial, labels not
 };
 
 CrossEntropyCase RandomCrossEntropy(std::mt19937 &rng) {
@@ -228,6 +229,9 @@ CrossEntropyCase RandomCrossEntropy(std::mt19937 &rng) {
     c.logits = testing::RandomDense(c.logits_shape, rng);
     c.labels = testing::RandomDense(c.labels_shape, rng, 0, static_cast<int>(c.logits_shape.back()) - 1);
     c.rows = testing::Numel(c.labels_shape);
+    c.axis = static_cast<int>(c.logits_shape.size()) - 1;
+    c.logits_spec = {c.logits_shape, testing::RandomLayout(c.mesh, c.axis + 1, rng, true)};
+    c.labels_spec = {c.labels_shape, testing::RandomLayout(c.mesh, c.axis, rng, false)};
     return c;
 }
 
@@ -276,27 +280,25 @@ TEST(CrossEntropyPropertyTest, ShardedForwardEqualsDense) {
     for (int n = 0; n < kCases; ++n) {
         SCOPED_TRACE(::testing::Message() << "case " << n);
         const CrossEntropyCase c = RandomCrossEntropy(rng);
-        const int axis = static_cast<int>(c.logits_shape.size()) - 1;
-        const TensorSpec logits{c.logits_shape, testing::RandomLayout(c.mesh, axis + 1, rng, true)};
-        const TensorSpec labels{c.labels_shape, testing::RandomLayout(c.mesh, axis, rng, false)};
-        const SpmdInfo info = InferCrossEntropyForward(c.mesh, logits, labels, c.attrs, Mode(n));
+        const SpmdInfo info = InferCrossEntropyForward(c.mesh, c.logits_spec, c.labels_spec, c.attrs, Mode(n));
         const Layout &ll = info.inputs[0].layout;
         SCOPED_TRACE(::testing::Message() << "vp " << c.attrs.vocab_parallel << " red "
-                                          << static_cast<int>(c.attrs.reduction) << " " << logits.layout.ToString()
-                                          << " " << labels.layout.ToString() << " -> " << ll.ToString() << " "
+                                          << static_cast<int>(c.attrs.reduction) << " "
+                                          << c.logits_spec.layout.ToString()
+                                          << " " << c.labels_spec.layout.ToString() << " -> " << ll.ToString() << " "
                                           << info.inputs[1].layout.ToString() << " -> "
                                           << info.outputs[0].layout.ToString());
         ASSERT_FALSE(ll.IsPartial());
         if (!c.attrs.vocab_parallel) {
-            ASSERT_TRUE(ll.MeshDims(axis).empty());
+            ASSERT_TRUE(ll.MeshDims(c.axis).empty());
         }
-        ASSERT_EQ(InternalDims(info, ReduceOp::kMax, "row max"), ll.MeshDims(axis));
-        ASSERT_EQ(InternalDims(info, ReduceOp::kSum, "target"), ll.MeshDims(axis));
+        ASSERT_EQ(InternalDims(info, ReduceOp::kMax, "row max"), ll.MeshDims(c.axis));
+        ASSERT_EQ(InternalDims(info, ReduceOp::kSum, "target"), ll.MeshDims(c.axis));
         const auto [p, loss] = ShardedCrossEntropy(c.mesh, c.logits_shape, ll, Distribute(c.mesh, c.logits, ll, rng),
                                                    Distribute(c.mesh, c.labels, info.inputs[1].layout, rng),
-                                                   ll.MeshDims(axis));
+                                                   ll.MeshDims(c.axis));
         const ProcessMesh one({1});
-        const Dense want_rows = ShardedCrossEntropy(one, c.logits_shape, Layout::Replicated(axis + 1), {c.logits},
+        const Dense want_rows = ShardedCrossEntropy(one, c.logits_shape, Layout::Replicated(c.axis + 1), {c.logits},
                                                     {c.labels}, {})
                                     .second[0];
         if (c.attrs.reduction == LossReduction::kNone) {
@@ -319,16 +321,14 @@ TEST(CrossEntropyPropertyTest, ShardedGradEqualsDense) {
     for (int n = 0; n < kCases; ++n) {
         SCOPED_TRACE(::testing::Message() << "case " << n);
         const CrossEntropyCase c = RandomCrossEntropy(rng);
-        const int axis = static_cast<int>(c.logits_shape.size()) - 1;
-        const TensorSpec logits{c.logits_shape, testing::RandomLayout(c.mesh, axis + 1, rng, true)};
-        const TensorSpec labels{c.labels_shape, testing::RandomLayout(c.mesh, axis, rng, false)};
         const bool scalar = c.attrs.reduction != LossReduction::kNone;
         const TensorSpec dloss = scalar ? TensorSpec{{}, Layout::Replicated(0)}
-                                        : TensorSpec{c.labels_shape, testing::RandomLayout(c.mesh, axis, rng, true)};
-        const SpmdInfo info = InferCrossEntropyGrad(c.mesh, logits, labels, dloss, c.attrs, Mode(n));
+                                        : TensorSpec{c.labels_shape, testing::RandomLayout(c.mesh, c.axis, rng, true)};
+        const SpmdInfo info = InferCrossEntropyGrad(c.mesh, c.logits_spec, c.labels_spec, dloss, c.attrs, Mode(n));
         const Layout &ll = info.Input("logits").layout;
         SCOPED_TRACE(::testing::Message() << "vp " << c.attrs.vocab_parallel << " red "
-                                          << static_cast<int>(c.attrs.reduction) << " " << logits.layout.ToString()
+                                          << static_cast<int>(c.attrs.reduction) << " "
+                                          << c.logits_spec.layout.ToString()
                                           << " dloss " << dloss.layout.ToString() << " -> " << ll.ToString() << " "
                                           << info.Input("labels").layout.ToString() << " dloss "
                                           << info.Input("loss_grad").layout.ToString() << " -> "
@@ -340,7 +340,7 @@ TEST(CrossEntropyPropertyTest, ShardedGradEqualsDense) {
             const Shards p = ShardedCrossEntropy(m, c.logits_shape, layout, lg, lb, dims).first;
             Shards out(m.Size());
             for (int64_t r = 0; r < m.Size(); ++r) {
-                const int64_t offset = ComputeLocalShard(m, c.logits_shape, layout, Coord(m, r)).offset[axis];
+                const int64_t offset = ComputeLocalShard(m, c.logits_shape, layout, Coord(m, r)).offset[c.axis];
                 out[r] = p[r];
                 ForEachIndex(out[r].shape, [&](const std::vector<int64_t> &i) {
                     const std::vector<int64_t> row(i.begin(), i.end() - 1);
@@ -348,7 +348,7 @@ TEST(CrossEntropyPropertyTest, ShardedGradEqualsDense) {
                                                                    ? 1.0 / static_cast<double>(c.rows)
                                                                    : 1.0)
                                             : dl[r].At(row);
-                    const double onehot = static_cast<int64_t>(lb[r].At(row)) == i[axis] + offset ? 1.0 : 0.0;
+                    const double onehot = static_cast<int64_t>(lb[r].At(row)) == i[c.axis] + offset ? 1.0 : 0.0;
                     out[r].At(i) = (std::exp(p[r].At(i)) - onehot) * g;
                 });
             }
@@ -356,10 +356,11 @@ TEST(CrossEntropyPropertyTest, ShardedGradEqualsDense) {
         };
         const ProcessMesh one({1});
         const Dense want =
-            backward(one, Layout::Replicated(axis + 1), {c.logits}, {c.labels}, {gdloss}, {})[0];
+            backward(one, Layout::Replicated(c.axis + 1), {c.logits}, {c.labels}, {gdloss}, {})[0];
         const Shards got = backward(c.mesh, ll, Distribute(c.mesh, c.logits, ll, rng),
                                     Distribute(c.mesh, c.labels, info.Input("labels").layout, rng),
-                                    Distribute(c.mesh, gdloss, info.Input("loss_grad").layout, rng), ll.MeshDims(axis));
+                                    Distribute(c.mesh, gdloss, info.Input("loss_grad").layout, rng),
+                                    ll.MeshDims(c.axis));
         ASSERT_TRUE(ShardsMatch(c.mesh, got, want, info.Output("logits_grad").layout, 1e-9));
     }
 }

@@ -15,19 +15,11 @@ namespace {
 using testing::Dense;
 using testing::DenseEinsum;
 using testing::Distribute;
+using testing::RandomShape;
 using testing::Shards;
 using testing::ShardsMatch;
 
 constexpr int kCases = 300;
-
-std::vector<int64_t> RandomShape(std::mt19937 &rng, int rank, int64_t max_size = 7) {
-    std::uniform_int_distribution<int64_t> size(1, max_size);
-    std::vector<int64_t> shape(rank);
-    for (auto &s : shape) {
-        s = size(rng);
-    }
-    return shape;
-}
 
 ReduceOp RandomOp(std::mt19937 &rng) {
     const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
@@ -100,7 +92,7 @@ TEST(RedistributePropertyTest, ExecutingThePlanYieldsExactlyTheDestinationShards
         SCOPED_TRACE(::testing::Message() << "case " << c);
         const ProcessMesh mesh = testing::RandomMesh(rng);
         const int rank = std::uniform_int_distribution<int>(1, 3)(rng);
-        const std::vector<int64_t> shape = RandomShape(rng, rank);
+        const std::vector<int64_t> shape = RandomShape(rng, rank, 7);
         const ReduceOp src_op = RandomOp(rng);
         const Layout src = testing::RandomLayout(mesh, rank, rng, true, src_op);
         const Layout dst = testing::RandomLayout(mesh, rank, rng, true, c % 3 == 0 ? RandomOp(rng) : src_op);
@@ -261,7 +253,7 @@ TEST(LinearPropertyTest, ShardedForwardAndGradsEqualDense) {
         SCOPED_TRACE(::testing::Message() << "case " << i);
         const ProcessMesh mesh = testing::RandomMesh(rng);
         const int batch_rank = std::uniform_int_distribution<int>(1, 2)(rng);
-        std::vector<int64_t> x_shape = RandomShape(rng, batch_rank + 1);
+        std::vector<int64_t> x_shape = RandomShape(rng, batch_rank + 1, 7);
         const std::vector<int64_t> w_shape = {std::uniform_int_distribution<int64_t>(1, 7)(rng), x_shape.back()};
         const std::vector<int64_t> b_shape = {w_shape[0]};
         const std::string batch = std::string("ab").substr(0, batch_rank);
@@ -387,7 +379,7 @@ TEST(ReductionPropertyTest, ShardedSumMeanMaxEqualDense) {
         SCOPED_TRACE(::testing::Message() << "case " << i);
         const ProcessMesh mesh = testing::RandomMesh(rng);
         const int rank = std::uniform_int_distribution<int>(1, 3)(rng);
-        const std::vector<int64_t> shape = RandomShape(rng, rank);
+        const std::vector<int64_t> shape = RandomShape(rng, rank, 7);
         ReductionAttrs attrs;
         attrs.kind = kinds[i % 4];
         for (int a = 0; a < rank; ++a) {
@@ -453,7 +445,7 @@ TEST(EmbeddingPropertyTest, ShardedLookupEqualsDense) {
         const ProcessMesh mesh = testing::RandomMesh(rng);
         const int rank = std::uniform_int_distribution<int>(1, 2)(rng);
         const std::vector<int64_t> ids_shape = RandomShape(rng, rank, 5);
-        const std::vector<int64_t> w_shape = RandomShape(rng, 2);
+        const std::vector<int64_t> w_shape = RandomShape(rng, 2, 7);
         const TensorSpec ids{ids_shape, testing::RandomLayout(mesh, rank, rng, false)};
         const TensorSpec w{w_shape, testing::RandomLayout(mesh, 2, rng, true)};
         const SpmdInfo info = InferEmbeddingForward(mesh, ids, w);

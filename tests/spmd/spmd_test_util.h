@@ -393,6 +393,16 @@ inline Layout RandomLayout(const ProcessMesh &mesh, int rank, std::mt19937 &rng,
     return Layout(std::move(dims), std::move(partial));
 }
 
+/// A shape of `rank` dims, each of size 1 to `max_size`.
+inline std::vector<int64_t> RandomShape(std::mt19937 &rng, int rank, int64_t max_size) {
+    std::uniform_int_distribution<int64_t> size(1, max_size);
+    std::vector<int64_t> shape(rank);
+    for (auto &s : shape) {
+        s = size(rng);
+    }
+    return shape;
+}
+
 inline ProcessMesh RandomMesh(std::mt19937 &rng) {
     std::uniform_int_distribution<int> ndim(1, 3);
     std::uniform_int_distribution<int64_t> size(1, 3);

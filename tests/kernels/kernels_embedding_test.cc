@@ -224,14 +224,16 @@ TEST_P(EmbeddingTest, BackwardOfFewFrequentIdsSumsLongRunsExactlyAndDeterministi
     EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = first});
     EmbeddingBackward(EmbeddingBackwardArgs{.ids = ids, .dout = dout, .dweight = second});
     EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ: the backward must be deterministic";
-    // And close to the float64 sum: a sum of up to 10000 terms in fp32 (CUDA) or float64 (CPU), one rounding.
+    // And close to the float64 sum. On CUDA each warp adds ~2500 normal terms in fp32: rounding errors of partial sums
+    // of magnitude ~50 random-walk to ~1e-4 absolute, which is also the error where the sum itself is near zero, so
+    // the bound is on |error| / (1 + |sum|): 1e-3 for fp32 (10x that estimate), 1e-2 for one rounding to a half type.
     const Values want_real = RefBackward(id_values, dout.ToDoubleVector(), vocab, hidden, 0);
     const Values got = first.ToDoubleVector();
     double worst = 0.0;
     for (std::size_t i = 0; i < got.size(); ++i) {
         worst = std::max(worst, std::abs(got[i] - want_real[i]) / (1.0 + std::abs(want_real[i])));
     }
-    EXPECT_LT(worst, dtype() == DType::kFloat32 || dtype() == DType::kFloat64 ? 1e-4 : 1e-2) << "worst error " << worst;
+    EXPECT_LT(worst, dtype() == DType::kFloat32 || dtype() == DType::kFloat64 ? 1e-3 : 1e-2) << "worst error " << worst;
 }
 
 struct SplitCase {

@@ -48,27 +48,47 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
             SHARDLINE_CHECK(v.is_string(), program, "config key '{}' must be a string, got {}", k, v.dump());
             field = v.get<std::string>();
         };
-        if (k == "steps") integer(c.steps);
-        else if (k == "tp") integer(c.tp);
-        else if (k == "dp") integer(c.dp);
-        else if (k == "context") integer(c.context);
-        else if (k == "hidden") integer(c.hidden);
-        else if (k == "ffn") integer(c.ffn);
-        else if (k == "layers") integer(c.layers);
-        else if (k == "batch") integer(c.batch);
-        else if (k == "lr") number(c.lr);
-        else if (k == "warmup_steps") integer(c.warmup_steps);
-        else if (k == "weight_decay") number(c.weight_decay);
-        else if (k == "dtype") text(c.dtype);
-        else if (k == "seed") integer(c.seed);
-        else if (k == "log_interval") integer(c.log_interval);
-        else if (k == "eval_interval") integer(c.eval_interval);
-        else if (k == "eval_batches") integer(c.eval_batches);
-        else if (k == "data") text(c.data);
-        else if (k == "metrics") text(c.metrics);
-        else if (k == "sample_chars") integer(c.sample_chars);
-        else if (k == "peak_tflops") number(c.peak_tflops);
-        else {
+        if (k == "steps") {
+            integer(c.steps);
+        } else if (k == "tp") {
+            integer(c.tp);
+        } else if (k == "dp") {
+            integer(c.dp);
+        } else if (k == "context") {
+            integer(c.context);
+        } else if (k == "hidden") {
+            integer(c.hidden);
+        } else if (k == "ffn") {
+            integer(c.ffn);
+        } else if (k == "layers") {
+            integer(c.layers);
+        } else if (k == "batch") {
+            integer(c.batch);
+        } else if (k == "lr") {
+            number(c.lr);
+        } else if (k == "warmup_steps") {
+            integer(c.warmup_steps);
+        } else if (k == "weight_decay") {
+            number(c.weight_decay);
+        } else if (k == "dtype") {
+            text(c.dtype);
+        } else if (k == "seed") {
+            integer(c.seed);
+        } else if (k == "log_interval") {
+            integer(c.log_interval);
+        } else if (k == "eval_interval") {
+            integer(c.eval_interval);
+        } else if (k == "eval_batches") {
+            integer(c.eval_batches);
+        } else if (k == "data") {
+            text(c.data);
+        } else if (k == "metrics") {
+            text(c.metrics);
+        } else if (k == "sample_chars") {
+            integer(c.sample_chars);
+        } else if (k == "peak_tflops") {
+            number(c.peak_tflops);
+        } else {
             SHARDLINE_THROW(Error, program,
                             "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
                             "batch, lr, warmup_steps, weight_decay, dtype, seed, log_interval, eval_interval, "
@@ -104,23 +124,57 @@ Config ConfigFlags::Resolve(Config c, const char *program) const {
         LoadConfig(config_path_, c, program);
     }
     // Command-line values override the file.
-    if (*steps_) c.steps = cli_.steps;
-    if (*tp_) c.tp = cli_.tp;
-    if (*dp_) c.dp = cli_.dp;
-    if (*hidden_) c.hidden = cli_.hidden;
-    if (*ffn_) c.ffn = cli_.ffn;
-    if (*layers_) c.layers = cli_.layers;
-    if (*context_) c.context = cli_.context;
-    if (*batch_) c.batch = cli_.batch;
-    if (*lr_) c.lr = cli_.lr;
-    if (*warmup_) c.warmup_steps = cli_.warmup_steps;
-    if (*dtype_) c.dtype = cli_.dtype;
-    if (*seed_) c.seed = cli_.seed;
-    if (*data_) c.data = cli_.data;
-    if (*metrics_) c.metrics = cli_.metrics;
-    if (*log_interval_) c.log_interval = cli_.log_interval;
-    if (*eval_interval_) c.eval_interval = cli_.eval_interval;
-    if (*sample_) c.sample_chars = cli_.sample_chars;
+    if (*steps_) {
+        c.steps = cli_.steps;
+    }
+    if (*tp_) {
+        c.tp = cli_.tp;
+    }
+    if (*dp_) {
+        c.dp = cli_.dp;
+    }
+    if (*hidden_) {
+        c.hidden = cli_.hidden;
+    }
+    if (*ffn_) {
+        c.ffn = cli_.ffn;
+    }
+    if (*layers_) {
+        c.layers = cli_.layers;
+    }
+    if (*context_) {
+        c.context = cli_.context;
+    }
+    if (*batch_) {
+        c.batch = cli_.batch;
+    }
+    if (*lr_) {
+        c.lr = cli_.lr;
+    }
+    if (*warmup_) {
+        c.warmup_steps = cli_.warmup_steps;
+    }
+    if (*dtype_) {
+        c.dtype = cli_.dtype;
+    }
+    if (*seed_) {
+        c.seed = cli_.seed;
+    }
+    if (*data_) {
+        c.data = cli_.data;
+    }
+    if (*metrics_) {
+        c.metrics = cli_.metrics;
+    }
+    if (*log_interval_) {
+        c.log_interval = cli_.log_interval;
+    }
+    if (*eval_interval_) {
+        c.eval_interval = cli_.eval_interval;
+    }
+    if (*sample_) {
+        c.sample_chars = cli_.sample_chars;
+    }
     return c;
 }
 
@@ -128,9 +182,9 @@ void Validate(Config &c, int world, const char *program) {
     if (c.tp == 0) {
         c.tp = world / std::max(1, c.dp);
     }
-    SHARDLINE_CHECK(c.steps >= 0 && c.context > 0 && c.hidden > 0 && c.ffn > 0 && c.layers >= 0 && c.batch > 0,
-                    program, "steps >= 0 and context, hidden, ffn, batch > 0, layers >= 0 are required, got steps {} "
-                             "context {} hidden {} ffn {} batch {} layers {}",
+    SHARDLINE_CHECK(c.steps >= 0 && c.context > 0 && c.hidden > 0 && c.ffn > 0 && c.layers >= 0 && c.batch > 0, program,
+                    "steps >= 0 and context, hidden, ffn, batch > 0, layers >= 0 are required, got steps {} "
+                    "context {} hidden {} ffn {} batch {} layers {}",
                     c.steps, c.context, c.hidden, c.ffn, c.batch, c.layers);
     SHARDLINE_CHECK(c.dp >= 1 && c.tp >= 1 && c.dp * c.tp == world, program,
                     "dp ({}) x tp ({}) must equal the number of ranks ({})", c.dp, c.tp, world);
@@ -192,9 +246,7 @@ Corpus Encode(const std::string &text, std::int64_t context, const char *program
     return c;
 }
 
-std::int64_t PaddedVocab(std::int64_t vocab) {
-    return (vocab + 63) / 64 * 64;
-}
+std::int64_t PaddedVocab(std::int64_t vocab) { return (vocab + 63) / 64 * 64; }
 
 Batch MakeBatch(const Corpus &corpus, std::int64_t context, std::int64_t batch, std::int64_t vocab_padded,
                 std::uint64_t seed, bool validation) {
@@ -231,11 +283,12 @@ CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mes
     for (int l = 0; l < c.layers; ++l) {
         nn::ParameterOptions block_param = param;
         block_param.name = fmt::format("block{}", l);
-        blocks_.push_back(RegisterModule(
-            block_param.name,
-            std::make_shared<nn::ParallelMLP>(
-                nn::ParallelMLPOptions{.hidden = c.hidden, .ffn_hidden = c.ffn, .bias = true, .sequence_parallel = false},
-                tp, block_param)));
+        blocks_.push_back(
+            RegisterModule(block_param.name,
+                           std::make_shared<nn::ParallelMLP>(
+                               nn::ParallelMLPOptions{
+                                   .hidden = c.hidden, .ffn_hidden = c.ffn, .bias = true, .sequence_parallel = false},
+                               tp, block_param)));
     }
     nn::ParameterOptions head_param = param;
     head_param.name = "head";
@@ -267,9 +320,7 @@ double CharLM::FlopsPerPrediction() const {
                   static_cast<double>(c_.hidden * vocab_));
 }
 
-double LossValue(const Variable &loss) {
-    return loss.value().FullTensor().ToDoubleVector().at(0);
-}
+double LossValue(const Variable &loss) { return loss.value().FullTensor().ToDoubleVector().at(0); }
 
 Trainer::Trainer(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)
     : model_(c, vocab_padded, mesh, param), params_(model_.Parameters()),

@@ -89,15 +89,9 @@ public:
     Buffer(const Buffer &) = delete;
     Buffer &operator=(const Buffer &) = delete;
 
-    float *data() {
-        return device_.is_cuda() ? device_data_ : host_.data();
-    }
-    const Shape &shape() const {
-        return shape_;
-    }
-    std::int64_t numel() const {
-        return n_;
-    }
+    float *data() { return device_.is_cuda() ? device_data_ : host_.data(); }
+    const Shape &shape() const { return shape_; }
+    std::int64_t numel() const { return n_; }
 
     /// The buffer as a functional-layer view (up to four dims).
     fn::TensorView view() {
@@ -108,9 +102,7 @@ public:
         return v;
     }
     /// The buffer as a shardline Tensor for a kernel call (wraps the memory; frees nothing).
-    Tensor tensor() {
-        return Tensor::FromBlob(data(), shape_, DType::kFloat32, device_);
-    }
+    Tensor tensor() { return Tensor::FromBlob(data(), shape_, DType::kFloat32, device_); }
 
     /// Copies `values` in; returns when the copy is done.
     void Upload(const std::vector<float> &values, fn::CudaStream stream) {
@@ -148,9 +140,7 @@ public:
     }
 
 private:
-    std::size_t bytes() const {
-        return static_cast<std::size_t>(n_) * sizeof(float);
-    }
+    std::size_t bytes() const { return static_cast<std::size_t>(n_) * sizeof(float); }
     Shape shape_;
     Device device_;
     std::int64_t n_ = 0;
@@ -178,9 +168,7 @@ public:
     }
     Stream(const Stream &) = delete;
     Stream &operator=(const Stream &) = delete;
-    fn::CudaStream get() const {
-        return stream_;
-    }
+    fn::CudaStream get() const { return stream_; }
     /// Waits for the work queued on the stream.
     void Synchronize() const {
 #if SHARDLINE_HAVE_CUDA

@@ -99,19 +99,24 @@ int Run(launch::Environment &env, Config c) {
                               static_cast<double>(world);
         if (lead) {
             const std::string val = std::isnan(last_val) ? std::string("  -   ") : fmt::format("{:.4f}", last_val);
-            std::string line = fmt::format("step {:>5}/{} | loss {:.6f} | val {} | {:.2f} ms/step | {:.0f} tok/s | "
-                                           "{:.3f} TFLOP/s/{}",
-                                           step, c.steps, train_loss, val, ms, tokens_per_s, tflops,
-                                           gpu ? "GPU" : "rank");
+            std::string line =
+                fmt::format("step {:>5}/{} | loss {:.6f} | val {} | {:.2f} ms/step | {:.0f} tok/s | "
+                            "{:.3f} TFLOP/s/{}",
+                            step, c.steps, train_loss, val, ms, tokens_per_s, tflops, gpu ? "GPU" : "rank");
             if (gpu) {
                 line += fmt::format(" | MFU {:.2f}%", 100.0 * tflops / c.peak_tflops);
             }
             fmt::print("{}\n", line);
             std::fflush(stdout);
             if (metrics.is_open()) {
-                json rec = {{"step", step},       {"loss", train_loss},     {"ms_per_step", ms},
-                            {"tokens_per_s", tokens_per_s}, {"tflops_per_device", tflops}, {"dp", c.dp},
-                            {"tp", c.tp},         {"dtype", DTypeName(dtype)}};
+                json rec = {{"step", step},
+                            {"loss", train_loss},
+                            {"ms_per_step", ms},
+                            {"tokens_per_s", tokens_per_s},
+                            {"tflops_per_device", tflops},
+                            {"dp", c.dp},
+                            {"tp", c.tp},
+                            {"dtype", DTypeName(dtype)}};
                 if (!std::isnan(last_val)) {
                     rec["val_loss"] = last_val;
                 }
@@ -133,15 +138,15 @@ int Run(launch::Environment &env, Config c) {
         std::vector<std::string> text(static_cast<std::size_t>(rows));
         for (std::int64_t r = 0; r < rows; ++r) {
             const std::int64_t start = corpus.split + (r * 7919) % (static_cast<std::int64_t>(corpus.ids.size()) -
-                                                                     corpus.split - c.context - 1);
+                                                                    corpus.split - c.context - 1);
             ctx[static_cast<std::size_t>(r)].assign(corpus.ids.begin() + start, corpus.ids.begin() + start + c.context);
         }
         for (int i = 0; i < c.sample_chars; ++i) {
             std::vector<double> ids(static_cast<std::size_t>(c.context * rows));
             for (std::int64_t t = 0; t < c.context; ++t) {
                 for (std::int64_t r = 0; r < rows; ++r) {
-                    ids[static_cast<std::size_t>(t * rows + r)] =
-                        static_cast<double>(t * vocab_padded + ctx[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]);
+                    ids[static_cast<std::size_t>(t * rows + r)] = static_cast<double>(
+                        t * vocab_padded + ctx[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]);
                 }
             }
             const Variable logits =
@@ -182,7 +187,6 @@ int main(int argc, char **argv) {
     flags.Add(app);
     CLI11_PARSE(app, argc, argv);
 
-    return launch::RunMain(&argc, &argv, {}, [&](launch::Environment &env) {
-        return Run(env, flags.Resolve(Config{}, kProgram));
-    });
+    return launch::RunMain(&argc, &argv, {},
+                           [&](launch::Environment &env) { return Run(env, flags.Resolve(Config{}, kProgram)); });
 }

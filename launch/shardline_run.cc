@@ -30,9 +30,7 @@ namespace {
 #define SHARDLINE_MPIEXEC ""
 #endif
 
-bool IsExecutable(const std::string &path) {
-    return !path.empty() && access(path.c_str(), X_OK) == 0;
-}
+bool IsExecutable(const std::string &path) { return !path.empty() && access(path.c_str(), X_OK) == 0; }
 
 // SHARDLINE_MPIRUN when set (used as given), else `mpirun` on PATH, else the mpiexec found at configure time.
 std::string FindMpirun() {

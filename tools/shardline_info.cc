@@ -12,8 +12,8 @@
 
 #include <shardline/config.h>
 #include <shardline/core/device.h>
-#include <shardline/core/env.h>
 #include <shardline/core/dtype.h>
+#include <shardline/core/env.h>
 #include <shardline/kernels/ops.h>
 
 #if SHARDLINE_HAVE_CUDA
@@ -43,8 +43,8 @@ json Versions() {
     int runtime = 0;
     int driver = 0;
     v["cuda_runtime"] = cudaRuntimeGetVersion(&runtime) == cudaSuccess ? VersionString(runtime, 1000, 10) : "unknown";
-    v["cuda_driver"] = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 ? VersionString(driver, 1000, 10)
-                                                                                  : "none";
+    v["cuda_driver"] =
+        cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 ? VersionString(driver, 1000, 10) : "none";
     v["cublaslt"] = VersionString(static_cast<int>(cublasLtGetVersion()), 10000, 100);
 #endif
 #if SHARDLINE_WITH_NCCL

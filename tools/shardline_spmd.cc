@@ -24,7 +24,7 @@ constexpr int kExitUsage = 1;
 
 // The usage line the tests and docs/spmd.md quote (CLI11's own would read "Usage: shardline-spmd [OPTIONS] [request]").
 class UsageFormatter : public CLI::Formatter {
-  public:
+public:
     std::string make_usage(const CLI::App *, std::string) const override {
         return "usage: shardline-spmd [--compact] [REQUEST.json | -]\n";
     }

@@ -44,7 +44,7 @@ struct Options {
     int warmup = 10;
     int iters = 50;
     std::string ops_text = "all_reduce,all_gather,reduce_scatter"; ///< --ops, comma-separated
-    std::string dtype_text = "bf16";                                ///< --dtype
+    std::string dtype_text = "bf16";                               ///< --dtype
     std::string json;
     // Resolved from the text above once the command line is parsed.
     std::vector<std::string> ops;
@@ -81,8 +81,8 @@ int ParseCommandLine(int argc, char** argv, Options& o) {
     try {
         app.parse(argc, argv);
         if (o.max_bytes < o.min_bytes) {
-            throw CLI::ValidationError("--max-bytes", fmt::format("must be at least --min-bytes ({}), got {}",
-                                                                  o.min_bytes, o.max_bytes));
+            throw CLI::ValidationError(
+                "--max-bytes", fmt::format("must be at least --min-bytes ({}), got {}", o.min_bytes, o.max_bytes));
         }
     } catch (const CLI::ParseError& e) {
         return app.exit(e);

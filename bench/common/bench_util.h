@@ -1,7 +1,8 @@
 #pragma once
 
 // What every benchmark records with its numbers (shared/BENCHMARKS.md "Output", the project's benchmark rules outside
-// this repository): the commit, the date, and the median / p90 of its samples. Header-only, no CUDA, no MPI: shared by bench/comm, bench/linear and bench/tp_mlp.
+// this repository): the commit, the date, and the median / p90 of its samples. Header-only, no CUDA, no MPI: shared by
+// bench/comm, bench/linear and bench/tp_mlp.
 
 #include <algorithm>
 #include <cstdio>

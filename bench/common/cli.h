@@ -86,8 +86,7 @@ inline std::vector<std::int64_t> ParseIntList(const std::string& text) {
 }
 
 /// A value that `parse` accepts (it throws on anything else; its message becomes CLI11's).
-template <typename Parse>
-CLI::Validator AcceptedBy(Parse parse, std::string description) {
+template <typename Parse> CLI::Validator AcceptedBy(Parse parse, std::string description) {
     return CLI::Validator(
         [parse](std::string& text) -> std::string {
             try {

@@ -60,8 +60,8 @@ public:
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
         std::vector<cublasLtMatmulHeuristicResult_t> results(8);
         int returned = 0;
-        SHARDLINE_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 8, results.data(),
-                                                      &returned));
+        SHARDLINE_CHECK_CUBLAS(
+            cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, c_, pref, 8, results.data(), &returned));
         cublasLtMatmulPreferenceDestroy(pref);
         results.resize(static_cast<std::size_t>(returned));
         for (const auto& r : results) {

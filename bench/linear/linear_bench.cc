@@ -33,13 +33,12 @@
 #include <string>
 #include <vector>
 
-#include <dlfcn.h>
-
 #include <CLI/CLI.hpp>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -121,10 +120,9 @@ struct Shape2 {
     std::int64_t n;
 };
 const std::vector<Shape2> kLlamaShapes = {
-    {"8b-tp1-qkv", 4096, 6144},   {"8b-tp1-o", 4096, 4096},     {"8b-tp1-up", 4096, 14336},
-    {"8b-tp1-down", 14336, 4096}, {"8b-tp4-qkv", 4096, 1536},   {"8b-tp4-o", 1024, 4096},
-    {"8b-tp4-up", 4096, 3584},    {"8b-tp4-down", 3584, 4096},  {"70b-tp4-qkv", 8192, 2560},
-    {"70b-tp4-o", 2048, 8192},    {"70b-tp4-up", 8192, 7168},   {"70b-tp4-down", 7168, 8192},
+    {"8b-tp1-qkv", 4096, 6144},  {"8b-tp1-o", 4096, 4096},  {"8b-tp1-up", 4096, 14336}, {"8b-tp1-down", 14336, 4096},
+    {"8b-tp4-qkv", 4096, 1536},  {"8b-tp4-o", 1024, 4096},  {"8b-tp4-up", 4096, 3584},  {"8b-tp4-down", 3584, 4096},
+    {"70b-tp4-qkv", 8192, 2560}, {"70b-tp4-o", 2048, 8192}, {"70b-tp4-up", 8192, 7168}, {"70b-tp4-down", 7168, 8192},
 };
 
 struct Case {
@@ -143,8 +141,8 @@ struct Case {
 };
 
 json CaseJson(const Case& c) {
-    return json{{"regime", c.regime}, {"shape", c.shape}, {"m", c.m},           {"k", c.k},
-                {"n", c.n},           {"dtype", c.dtype}, {"backward", c.backward}};
+    return json{{"regime", c.regime}, {"shape", c.shape},      {"m", c.m}, {"k", c.k}, {"n", c.n},
+                {"dtype", c.dtype},   {"backward", c.backward}};
 }
 
 std::vector<Case> Cases(const Options& o) {
@@ -159,8 +157,8 @@ std::vector<Case> Cases(const Options& o) {
                 if (quick && s.name != "8b-tp1-o") {
                     continue;
                 }
-                cases.push_back(Case{.regime = "decode", .shape = s.name, .m = m, .k = s.k, .n = s.n,
-                                     .backward = false});
+                cases.push_back(
+                    Case{.regime = "decode", .shape = s.name, .m = m, .k = s.k, .n = s.n, .backward = false});
             }
         }
     }
@@ -178,8 +176,15 @@ std::vector<Case> Cases(const Options& o) {
             // (they answer per-shape questions, and the device time of a run is limited).
             const bool full = m == 8192;
             for (const Shape2& s : shapes) {
-                cases.push_back(Case{.regime = "training", .shape = s.name, .m = m, .k = s.k, .n = s.n,
-                                     .legacy = full, .floors = full, .main_grad = full, .extras = full});
+                cases.push_back(Case{.regime = "training",
+                                     .shape = s.name,
+                                     .m = m,
+                                     .k = s.k,
+                                     .n = s.n,
+                                     .legacy = full,
+                                     .floors = full,
+                                     .main_grad = full,
+                                     .extras = full});
             }
         }
     }
@@ -188,8 +193,15 @@ std::vector<Case> Cases(const Options& o) {
             for (std::size_t i = 0; i < 4; ++i) {
                 const Shape2& s = kLlamaShapes[i];
                 const bool fp32 = std::string_view(dtype) == "fp32";
-                cases.push_back(Case{.regime = "dtypes", .shape = s.name, .m = 8192, .k = s.k, .n = s.n,
-                                     .dtype = dtype, .legacy = false, .floors = false, .extras = false,
+                cases.push_back(Case{.regime = "dtypes",
+                                     .shape = s.name,
+                                     .m = 8192,
+                                     .k = s.k,
+                                     .n = s.n,
+                                     .dtype = dtype,
+                                     .legacy = false,
+                                     .floors = false,
+                                     .extras = false,
                                      .iters_scale_down = fp32 ? 5 : 1});
             }
         }
@@ -283,8 +295,8 @@ std::vector<double> Row(const Tensor& t, std::int64_t r) {
     const std::int64_t cols = t.shape().back();
     const std::size_t es = ElementSize(t.dtype());
     std::vector<unsigned char> buf(static_cast<std::size_t>(cols) * es);
-    SHARDLINE_CHECK_CUDA(cudaMemcpy(buf.data(), static_cast<const char*>(t.data()) + r * cols * es, buf.size(),
-                                    cudaMemcpyDeviceToHost));
+    SHARDLINE_CHECK_CUDA(
+        cudaMemcpy(buf.data(), static_cast<const char*>(t.data()) + r * cols * es, buf.size(), cudaMemcpyDeviceToHost));
     std::vector<double> out(static_cast<std::size_t>(cols));
     for (std::int64_t c = 0; c < cols; ++c) {
         out[static_cast<std::size_t>(c)] = HostValue(buf.data() + c * es, t.dtype());
@@ -311,8 +323,8 @@ double Element(const Tensor& t, std::int64_t r, std::int64_t c) {
     const std::int64_t cols = t.shape().back();
     const std::size_t es = ElementSize(t.dtype());
     unsigned char buf[8];
-    SHARDLINE_CHECK_CUDA(cudaMemcpy(buf, static_cast<const char*>(t.data()) + (r * cols + c) * es, es,
-                                    cudaMemcpyDeviceToHost));
+    SHARDLINE_CHECK_CUDA(
+        cudaMemcpy(buf, static_cast<const char*>(t.data()) + (r * cols + c) * es, es, cudaMemcpyDeviceToHost));
     return HostValue(buf, t.dtype());
 }
 
@@ -341,8 +353,8 @@ struct Samples {
         for (std::size_t i = 0; i < actual.size(); ++i) {
             const double allowed = tol * std::max(std::abs(expected[i]), rms);
             if (!(std::abs(actual[i] - expected[i]) <= allowed)) {
-                return fmt::format("{}: sample {} is {} against {} (allowed error {})", what, i, actual[i],
-                                   expected[i], allowed);
+                return fmt::format("{}: sample {} is {} against {} (allowed error {})", what, i, actual[i], expected[i],
+                                   allowed);
             }
         }
         return rms > 0.0 ? std::string() : fmt::format("{}: every sampled reference is 0", what);
@@ -379,8 +391,9 @@ public:
         const std::int64_t m = c.m;
         const std::int64_t k = c.k;
         const std::int64_t n = c.n;
-        const double set_bytes = static_cast<double>(es) *
-                                 static_cast<double>(m * k + n * k + n + (c.backward ? 2 * m * n + m * k + n * k : m * n));
+        const double set_bytes =
+            static_cast<double>(es) *
+            static_cast<double>(m * k + n * k + n + (c.backward ? 2 * m * n + m * k + n * k : m * n));
         const double l2 = static_cast<double>(run.l2_bytes);
         sets_ = set_bytes < 3.0 * l2 ? static_cast<int>(std::min(16.0, std::ceil(3.0 * l2 / set_bytes))) : 1;
         const Device gpu = Device::CUDA(0);
@@ -584,7 +597,7 @@ private:
                                     .flops = flops,
                                     .before = std::move(before),
                                     .run = std::move(fn),
-                                                    .gate = std::move(gate),
+                                    .gate = std::move(gate),
                                     .samples_us = {}});
     }
 
@@ -596,60 +609,88 @@ private:
             providers.push_back("legacy");
         }
         for (const std::string& p : providers) {
-            AddVariant("fwd", p, f, [this](int i) { Forward(i, true); },
-                       [this] { Forward(0, true); return GateForward(true); });
+            AddVariant(
+                "fwd", p, f, [this](int i) { Forward(i, true); },
+                [this] {
+                    Forward(0, true);
+                    return GateForward(true);
+                });
             if (!c_.backward) {
                 continue;
             }
-            AddVariant("bwd", p, 2 * f, [this](int i) { Backward(i); },
-                       [this] { Backward(0); return GateBackward(true, true, true); });
-            AddVariant("fwdbwd", p, 3 * f, [this](int i) { Forward(i, true); Backward(i); },
-                       [this] { Forward(0, true); Backward(0); return GateForward(true) + GateBackward(true, true, true); });
+            AddVariant(
+                "bwd", p, 2 * f, [this](int i) { Backward(i); },
+                [this] {
+                    Backward(0);
+                    return GateBackward(true, true, true);
+                });
+            AddVariant(
+                "fwdbwd", p, 3 * f,
+                [this](int i) {
+                    Forward(i, true);
+                    Backward(i);
+                },
+                [this] {
+                    Forward(0, true);
+                    Backward(0);
+                    return GateForward(true) + GateBackward(true, true, true);
+                });
         }
         if (c_.extras) {
-            AddVariant("fwd_nobias", "default", f, [this](int i) { Forward(i, false); },
-                       [this] { Forward(0, false); return GateForward(false); });
+            AddVariant(
+                "fwd_nobias", "default", f, [this](int i) { Forward(i, false); },
+                [this] {
+                    Forward(0, false);
+                    return GateForward(false);
+                });
         }
         if (c_.backward && c_.extras) {
-            AddVariant("bwd_split", "default", 2 * f, [this](int i) { BackwardSplit(i); },
-                       [this] { BackwardSplit(0); return GateBackward(true, true, true); });
+            AddVariant(
+                "bwd_split", "default", 2 * f, [this](int i) { BackwardSplit(i); },
+                [this] {
+                    BackwardSplit(0);
+                    return GateBackward(true, true, true);
+                });
         }
         if (c_.main_grad) {
-            AddVariant("wgrad_bf16", "default", f,
-                       [this](int i) {
-                           OperandSet& s = S(i);
-                           LinearBackwardWeight(LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw});
-                       },
-                       [this] {
-                           OperandSet& s = S(0);
-                           LinearBackwardWeight(LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw});
-                           return GateBackward(false, true, false);
-                       });
-            AddVariant("wgrad_fp32_main_grad", "default", f,
-                       [this](int i) {
-                           OperandSet& s = S(i);
-                           LinearBackwardWeight(LinearBackwardWeightArgs{
-                               .dy = s.dy, .x = s.x, .dweight = main_dw_, .accumulate = true});
-                       },
-                       [this] {
-                           OperandSet& s = S(0);
-                           main_dw_.Fill(0.0);
-                           LinearBackwardWeight(LinearBackwardWeightArgs{
-                               .dy = s.dy, .x = s.x, .dweight = main_dw_, .accumulate = true});
-                           return GateBackward(false, true, false, &main_dw_);
-                       });
-            AddVariant("wgrad_bias", "default", f,
-                       [this](int i) {
-                           OperandSet& s = S(i);
-                           LinearBackwardWeight(
-                               LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw, .dbias = &s.db});
-                       },
-                       [this] {
-                           OperandSet& s = S(0);
-                           LinearBackwardWeight(
-                               LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw, .dbias = &s.db});
-                           return GateBackward(false, true, true);
-                       });
+            AddVariant(
+                "wgrad_bf16", "default", f,
+                [this](int i) {
+                    OperandSet& s = S(i);
+                    LinearBackwardWeight(LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw});
+                },
+                [this] {
+                    OperandSet& s = S(0);
+                    LinearBackwardWeight(LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw});
+                    return GateBackward(false, true, false);
+                });
+            AddVariant(
+                "wgrad_fp32_main_grad", "default", f,
+                [this](int i) {
+                    OperandSet& s = S(i);
+                    LinearBackwardWeight(
+                        LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = main_dw_, .accumulate = true});
+                },
+                [this] {
+                    OperandSet& s = S(0);
+                    main_dw_.Fill(0.0);
+                    LinearBackwardWeight(
+                        LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = main_dw_, .accumulate = true});
+                    return GateBackward(false, true, false, &main_dw_);
+                });
+            AddVariant(
+                "wgrad_bias", "default", f,
+                [this](int i) {
+                    OperandSet& s = S(i);
+                    LinearBackwardWeight(
+                        LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw, .dbias = &s.db});
+                },
+                [this] {
+                    OperandSet& s = S(0);
+                    LinearBackwardWeight(
+                        LinearBackwardWeightArgs{.dy = s.dy, .x = s.x, .dweight = s.dw, .dbias = &s.db});
+                    return GateBackward(false, true, true);
+                });
         }
         if (!c_.floors) {
             return;
@@ -670,7 +711,8 @@ private:
             std::function<void*(int)> c;
         };
         std::vector<Product> products = {{"fwd", [this](int i) { return S(i).w.data(); },
-                                          [this](int i) { return S(i).x.data(); }, [this](int i) { return S(i).y.data(); }}};
+                                          [this](int i) { return S(i).x.data(); },
+                                          [this](int i) { return S(i).y.data(); }}};
         if (c_.backward) {
             products.push_back({"dgrad", [this](int i) { return S(i).w.data(); },
                                 [this](int i) { return S(i).dy.data(); }, [this](int i) { return S(i).dx.data(); }});
@@ -698,16 +740,17 @@ private:
                 } else {
                     gate = [this] { return GateBackward(false, true, false); };
                 }
-                AddVariant(name, "cublaslt", f,
-                           [floor, prod, algo, stream](int i) {
-                               SHARDLINE_CHECK(floor->Run(algo, prod.a(i), prod.b(i), prod.c(i), stream), kTool,
-                                               "cublasLtMatmul failed");
-                           },
-                           [floor, prod, algo, stream, gate] {
-                               SHARDLINE_CHECK(floor->Run(algo, prod.a(0), prod.b(0), prod.c(0), stream), kTool,
-                                               "cublasLtMatmul failed");
-                               return gate();
-                           });
+                AddVariant(
+                    name, "cublaslt", f,
+                    [floor, prod, algo, stream](int i) {
+                        SHARDLINE_CHECK(floor->Run(algo, prod.a(i), prod.b(i), prod.c(i), stream), kTool,
+                                        "cublasLtMatmul failed");
+                    },
+                    [floor, prod, algo, stream, gate] {
+                        SHARDLINE_CHECK(floor->Run(algo, prod.a(0), prod.b(0), prod.c(0), stream), kTool,
+                                        "cublasLtMatmul failed");
+                        return gate();
+                    });
             }
         }
     }
@@ -842,16 +885,28 @@ void HostBench(Run& run, const Options& o) {
         SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
         const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
         const GemmPlanStats stats = GetGemmPlanStats();
-        run.Emit(json{{"kind", "host"}, {"what", "first LinearForward (plan build)"}, {"m", m}, {"k", k}, {"n", n},
-                      {"dtype", "bf16"}, {"calls", 1}, {"ops", 1}, {"host_us", us}, {"host_us_per_op", us},
-                      {"device_us", 0.0}, {"heuristic_queries", stats.heuristic_queries},
+        run.Emit(json{{"kind", "host"},
+                      {"what", "first LinearForward (plan build)"},
+                      {"m", m},
+                      {"k", k},
+                      {"n", n},
+                      {"dtype", "bf16"},
+                      {"calls", 1},
+                      {"ops", 1},
+                      {"host_us", us},
+                      {"host_us_per_op", us},
+                      {"device_us", 0.0},
+                      {"heuristic_queries", stats.heuristic_queries},
                       {"file_hits", stats.file_hits}});
         std::printf("host %-34s %8.1f us (heuristic queries so far %llu, tuning-file hits %llu)\n",
                     "first LinearForward (plan build)", us, static_cast<unsigned long long>(stats.heuristic_queries),
                     static_cast<unsigned long long>(stats.file_hits));
     }
     emit("LinearForward", 1, TimeHost(stream, o.host_calls, forward));
-    emit("fwd+bwd kernels (LinearBackward)", 2, TimeHost(stream, o.host_calls, [&] { forward(); backward(); }));
+    emit("fwd+bwd kernels (LinearBackward)", 2, TimeHost(stream, o.host_calls, [&] {
+             forward();
+             backward();
+         }));
     emit("fwd+bwd kernels (split ops)", 4, TimeHost(stream, o.host_calls, split_step));
 
     // The floor: one cached cublasLtMatmul with the bias epilogue (the bench's own descriptor).
@@ -867,8 +922,8 @@ void HostBench(Run& run, const Options& o) {
         SHARDLINE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
         SHARDLINE_CHECK_CUBLAS(
             cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        SHARDLINE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                              sizeof(bias_type)));
+        SHARDLINE_CHECK_CUBLAS(
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
@@ -911,7 +966,10 @@ void HostBench(Run& run, const Options& o) {
         return exec;
     };
     for (const bool split : {true, false}) {
-        cudaGraphExec_t exec = split ? graph_of(split_step) : graph_of([&] { forward(); backward(); });
+        cudaGraphExec_t exec = split ? graph_of(split_step) : graph_of([&] {
+            forward();
+            backward();
+        });
         emit(split ? "CUDA graph: fwd+bwd split ops" : "CUDA graph: fwd+bwd (LinearBackward)", split ? 4 : 2,
              TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); }));
         SHARDLINE_CHECK_CUDA(cudaGraphExecDestroy(exec));
@@ -975,14 +1033,15 @@ int Main(const Options& o) {
     }
     const GemmTuningOptions tuning = CurrentGemmTuningOptions();
     Dl_info lt_info{};
-    const std::string lt_path = dladdr(reinterpret_cast<void*>(&cublasLtGetVersion), &lt_info) != 0 &&
-                                        lt_info.dli_fname != nullptr
-                                    ? lt_info.dli_fname
-                                    : "?";
-    std::printf("# shardline-linear-bench: %s, %d SMs, L2 %zu MiB, commit %s, %s, cuBLASLt %zu (%s), tuning %s (top %d)%s\n",
-                run.device.c_str(), prop.multiProcessorCount, run.l2_bytes >> 20, run.commit.c_str(),
-                run.date.c_str(), cublasLtGetVersion(), lt_path.c_str(), tuning.enabled ? "on" : "off", tuning.top_k,
-                tuning.file.empty() ? "" : (", file " + tuning.file).c_str());
+    const std::string lt_path =
+        dladdr(reinterpret_cast<void*>(&cublasLtGetVersion), &lt_info) != 0 && lt_info.dli_fname != nullptr
+            ? lt_info.dli_fname
+            : "?";
+    std::printf(
+        "# shardline-linear-bench: %s, %d SMs, L2 %zu MiB, commit %s, %s, cuBLASLt %zu (%s), tuning %s (top %d)%s\n",
+        run.device.c_str(), prop.multiProcessorCount, run.l2_bytes >> 20, run.commit.c_str(), run.date.c_str(),
+        cublasLtGetVersion(), lt_path.c_str(), tuning.enabled ? "on" : "off", tuning.top_k,
+        tuning.file.empty() ? "" : (", file " + tuning.file).c_str());
     run.Emit(json{{"kind", "meta"},
                   {"sms", prop.multiProcessorCount},
                   {"l2_bytes", run.l2_bytes},
@@ -1031,13 +1090,13 @@ int Main(const Options& o) {
                       {"chosen_small_workspace", info.chosen_small_workspace}});
     }
     const GemmPlanStats stats = GetGemmPlanStats();
-    std::printf("# plans: %llu built, %llu heuristic queries, %llu tuned, %llu from the tuning file; BGRADB fused %llu, "
-                "separate %llu; gate failures: %d\n",
-                static_cast<unsigned long long>(stats.plans_built),
-                static_cast<unsigned long long>(stats.heuristic_queries),
-                static_cast<unsigned long long>(stats.tuned), static_cast<unsigned long long>(stats.file_hits),
-                static_cast<unsigned long long>(stats.bgradb_fused),
-                static_cast<unsigned long long>(stats.bgradb_separate), failures);
+    std::printf(
+        "# plans: %llu built, %llu heuristic queries, %llu tuned, %llu from the tuning file; BGRADB fused %llu, "
+        "separate %llu; gate failures: %d\n",
+        static_cast<unsigned long long>(stats.plans_built), static_cast<unsigned long long>(stats.heuristic_queries),
+        static_cast<unsigned long long>(stats.tuned), static_cast<unsigned long long>(stats.file_hits),
+        static_cast<unsigned long long>(stats.bgradb_fused), static_cast<unsigned long long>(stats.bgradb_separate),
+        failures);
     return failures == 0 ? 0 : 1;
 }
 

@@ -149,8 +149,9 @@ int ParseCommandLine(int argc, char** argv, Options& o) {
     int iters = 10;
     int rounds = 5;
     bool no_gate = false;
-    app.add_option("--suite", o.suite, "full: shapes 8b,70b x tokens 128,2048,8192; quick: 8b x 128,8192, fewer "
-                                       "iterations")
+    app.add_option("--suite", o.suite,
+                   "full: shapes 8b,70b x tokens 128,2048,8192; quick: 8b x 128,8192, fewer "
+                   "iterations")
         ->check(CLI::IsMember({"quick", "full"}));
     app.add_option("--shapes", shape_names, "Llama 3 MLP shapes, comma-separated (empty: the suite's)")
         ->type_name("LIST")
@@ -173,8 +174,9 @@ int ParseCommandLine(int argc, char** argv, Options& o) {
         ->check(bench::ListOf({"tp", "sp"}));
     CLI::Option* warmup_opt = app.add_option("--warmup", warmup, "untimed steps per case (--suite quick, --cpu: 3)")
                                   ->check(CLI::Range(0, kIntMax));
-    CLI::Option* iters_opt = app.add_option("--iters", iters, "timed steps per variant and round (--suite quick, "
-                                                              "--cpu: 5)")
+    CLI::Option* iters_opt = app.add_option("--iters", iters,
+                                            "timed steps per variant and round (--suite quick, "
+                                            "--cpu: 5)")
                                  ->check(CLI::Range(1, kIntMax));
     CLI::Option* rounds_opt = app.add_option("--rounds", rounds, "rounds over the variants (--suite quick, --cpu: 2)")
                                   ->check(CLI::Range(1, kIntMax));
@@ -222,7 +224,7 @@ json CasesJson(const Options& o) {
             cases.push_back({{"shape", s.name}, {"hidden", s.hidden}, {"ffn", s.ffn}, {"tokens", t}});
         }
     }
-    return {{"suite", o.suite},   {"cases", cases},       {"variants", o.variants}, {"warmup", o.warmup},
+    return {{"suite", o.suite}, {"cases", cases},     {"variants", o.variants},          {"warmup", o.warmup},
             {"iters", o.iters}, {"rounds", o.rounds}, {"dtype", o.cpu ? "fp32" : "bf16"}};
 }
 
@@ -357,7 +359,7 @@ struct Samples {
 
 /// This rank's parameter shards on the host (float64), read once per shape.
 struct HostParams {
-    std::int64_t f = 0; ///< local ffn rows (ff / tp)
+    std::int64_t f = 0;                 ///< local ffn rows (ff / tp)
     std::vector<double> w1, b1, w2, b2; ///< [f, h], [f], [h, f], [h]
 };
 
@@ -536,7 +538,7 @@ private:
     /// this rank's dW1, db1, dW2 on two of its ffn rows, and db2, from all the tokens.
     struct Reference {
         std::vector<std::int64_t> rows, cols, ks;
-        std::vector<double> y, dx;            ///< [rows, h]
+        std::vector<double> y, dx;              ///< [rows, h]
         std::vector<double> dw1, db1, dw2, db2; ///< [cols, ks], [cols], [cols, ks], [ks]
     };
 
@@ -779,11 +781,9 @@ private:
             kernels::GeluForward({.x = h1, .y = a, .approximation = kernels::GeluApproximation::kTanh});
             kernels::LinearForward({.x = a, .weight = w2, .bias = nullptr, .y = y});
             kernels::BiasAdd({.x = sp ? y_sp : y, .bias = b2, .out = sp ? y_sp_out : y_out});
-            kernels::LinearBackward(
-                {.dy = dy, .x = &a, .weight = &w2, .dx = &da, .dweight = &dw2, .dbias = &db2});
+            kernels::LinearBackward({.dy = dy, .x = &a, .weight = &w2, .dx = &da, .dweight = &dw2, .dbias = &db2});
             kernels::GeluBackward({.dy = da, .x = h1, .dx = dh, .approximation = kernels::GeluApproximation::kTanh});
-            kernels::LinearBackward(
-                {.dy = dh, .x = &x, .weight = &w1, .dx = &dx, .dweight = &dw1, .dbias = &db1});
+            kernels::LinearBackward({.dy = dh, .x = &x, .weight = &w1, .dx = &dx, .dweight = &dw1, .dbias = &db1});
         }
         /// The six GEMMs alone: H1 = X·W1ᵀ, Y = A·W2ᵀ, dA = dY·W2, dW2 = dYᵀ·A, dX = dH·W1, dW1 = dHᵀ·X.
         void Gemms() {
@@ -854,8 +854,8 @@ private:
             }
         }
         auto median = [&](const std::string& name) { return stats.count(name) ? stats[name].first : 0.0; };
-        const double param_bytes = static_cast<double>(ElementSize(run_.dtype)) *
-                                   static_cast<double>(2 * f_ * h_ + f_ + h_);
+        const double param_bytes =
+            static_cast<double>(ElementSize(run_.dtype)) * static_cast<double>(2 * f_ * h_ + f_ + h_);
         const double act_bytes = static_cast<double>(ElementSize(run_.dtype)) * static_cast<double>(tokens_) *
                                  static_cast<double>(4 * h_ + 4 * f_);
         for (const Variant& v : variants_) {

@@ -17,9 +17,7 @@
 namespace shardline::spmd {
 namespace detail {
 
-bool IsSumLike(ReduceOp op) {
-    return op == ReduceOp::kSum || op == ReduceOp::kAvg;
-}
+bool IsSumLike(ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAvg; }
 
 void ValidateProblem(const ProcessMesh &mesh, const EinsumProblem &problem) {
     for (const EinsumOperand &operand : problem.inputs) {
@@ -457,8 +455,7 @@ EinsumGradResult InferEinsumGrad(const ProcessMesh &mesh, const EinsumProblem &r
                                .priority = INT_MAX,
                                .linear = true,
                                .additive_term = false});
-    const EinsumAssignment deterministic =
-        Merge(mesh, extended, sizes, problem.inputs.size(), /*grad_mode=*/true);
+    const EinsumAssignment deterministic = Merge(mesh, extended, sizes, problem.inputs.size(), /*grad_mode=*/true);
     if (options.mode != RuleMode::kCostBased) {
         return BuildGrad(mesh, problem, out_shape, grad_layout, deterministic);
     }

@@ -170,9 +170,8 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
         return CandidateCost(mesh, problem, sizes, candidate, options, &result);
     };
     double cost = 0.0;
-    const EinsumAssignment best =
-        EnumerateAssignments(mesh, problem, sizes, problem.inputs.size(), /*grad_mode=*/false, deterministic,
-                             price(deterministic), price, &cost);
+    const EinsumAssignment best = EnumerateAssignments(mesh, problem, sizes, problem.inputs.size(), /*grad_mode=*/false,
+                                                       deterministic, price(deterministic), price, &cost);
     EinsumResult result = ApplyAssignment(mesh, problem, best);
     result.cost_us = cost;
     return result;
@@ -184,13 +183,13 @@ EinsumGradResult EnumerateGrad(const ProcessMesh &mesh, const EinsumProblem &pro
                                const RuleOptions &options) {
     // The same candidates as the forward (the output gradient may shard labels too); Partials kept only sum-like.
     auto price = [&](const EinsumAssignment &candidate) {
-        return GradCost(mesh, problem, sizes, grad_layout,
-                        BuildGrad(mesh, problem, out_shape, grad_layout, candidate), options);
+        return GradCost(mesh, problem, sizes, grad_layout, BuildGrad(mesh, problem, out_shape, grad_layout, candidate),
+                        options);
     };
     double cost = 0.0;
-    const EinsumAssignment best = EnumerateAssignments(mesh, extended, sizes, problem.inputs.size(),
-                                                       /*grad_mode=*/true, deterministic, price(deterministic), price,
-                                                       &cost);
+    const EinsumAssignment best =
+        EnumerateAssignments(mesh, extended, sizes, problem.inputs.size(),
+                             /*grad_mode=*/true, deterministic, price(deterministic), price, &cost);
     EinsumGradResult result = BuildGrad(mesh, problem, out_shape, grad_layout, best);
     result.cost_us = cost;
     return result;

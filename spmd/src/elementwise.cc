@@ -94,9 +94,7 @@ EinsumProblem ElementwiseProblem(const ProcessMesh &mesh, const std::string &op,
 
 } // namespace
 
-bool IsElementwiseOp(const std::string &op) {
-    return Kinds().count(op) != 0;
-}
+bool IsElementwiseOp(const std::string &op) { return Kinds().count(op) != 0; }
 
 std::vector<std::string> ElementwiseOpNames() {
     std::vector<std::string> names;
@@ -106,9 +104,7 @@ std::vector<std::string> ElementwiseOpNames() {
     return names;
 }
 
-int ElementwiseArity(const std::string &op) {
-    return Kind(op).arity;
-}
+int ElementwiseArity(const std::string &op) { return Kind(op).arity; }
 
 SpmdInfo InferElementwiseForward(const ProcessMesh &mesh, const std::string &op, const std::vector<TensorSpec> &inputs,
                                  const RuleOptions &options) {

@@ -17,13 +17,9 @@ inline std::string Field(std::string_view parent, std::string_view key) {
     return parent.empty() ? std::string(key) : fmt::format("{}.{}", parent, key);
 }
 
-inline std::string Index(std::string_view parent, size_t i) {
-    return fmt::format("{}[{}]", parent, i);
-}
+inline std::string Index(std::string_view parent, size_t i) { return fmt::format("{}[{}]", parent, i); }
 
-inline std::string TypeName(const nlohmann::json &j) {
-    return j.type_name();
-}
+inline std::string TypeName(const nlohmann::json &j) { return j.type_name(); }
 
 inline const nlohmann::json &Require(const nlohmann::json &j, std::string_view key, std::string_view field) {
     if (!j.is_object()) {

@@ -149,9 +149,7 @@ Layout::Layout(std::vector<std::vector<int>> dim_mesh_dims, std::map<int, Reduce
     }
 }
 
-Layout Layout::Replicated(int tensor_rank) {
-    return Layout(std::vector<std::vector<int>>(tensor_rank));
-}
+Layout Layout::Replicated(int tensor_rank) { return Layout(std::vector<std::vector<int>>(tensor_rank)); }
 
 Layout Layout::FromDimsMapping(const std::vector<int> &dims_mapping, std::map<int, ReduceOp> partial) {
     std::vector<std::vector<int>> dims(dims_mapping.size());
@@ -468,8 +466,6 @@ std::vector<int64_t> MaxLocalShape(const ProcessMesh &mesh, const std::vector<in
     return ComputeLocalShard(mesh, global_shape, layout, std::vector<int64_t>(mesh.NDim(), 0)).shape;
 }
 
-std::string ShapeToString(const std::vector<int64_t> &shape) {
-    return fmt::format("[{}]", fmt::join(shape, ","));
-}
+std::string ShapeToString(const std::vector<int64_t> &shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
 
 } // namespace shardline::spmd

@@ -28,8 +28,8 @@ public:
         }
         for (const auto &[key, value] : attrs.items()) {
             if (known.count(key) == 0) {
-                throw SpmdError(fmt::format("attrs.{}: unknown attribute for {} (known: [{}])", key, op,
-                                            fmt::join(known, ",")));
+                throw SpmdError(
+                    fmt::format("attrs.{}: unknown attribute for {} (known: [{}])", key, op, fmt::join(known, ",")));
             }
         }
     }
@@ -51,9 +51,7 @@ private:
     const json &attrs_;
 };
 
-std::vector<int> ToIntVector(const std::vector<int64_t> &v) {
-    return std::vector<int>(v.begin(), v.end());
-}
+std::vector<int> ToIntVector(const std::vector<int64_t> &v) { return std::vector<int>(v.begin(), v.end()); }
 
 /// JSON attrs -> RuleAttrs for the ops that take attributes; every other op takes none (std::monostate). The op
 /// name, not these attrs, decides a reduction's kind and softmax's `log` (InferRule).
@@ -328,7 +326,8 @@ json HandleRequest(const json &request) {
     json out = json::array();
     for (size_t o = 0; o < info.outputs.size(); ++o) {
         std::optional<Layout> to;
-        if (rule.direction == RuleDirection::kForward && wanted_output && wanted_output->shape == info.outputs[o].shape) {
+        if (rule.direction == RuleDirection::kForward && wanted_output &&
+            wanted_output->shape == info.outputs[o].shape) {
             to = wanted_output->layout; // forward with "outputs": where the caller wants the output
         }
         if (rule.direction == RuleDirection::kGrad) {

@@ -26,8 +26,9 @@ const char *DirectionName(RuleDirection direction) {
 }
 
 const char *AttrsName(const RuleAttrs &attrs) {
-    constexpr const char *kNames[] = {"none",           "MatmulAttrs",  "ReductionAttrs", "SoftmaxAttrs",
-                                      "CrossEntropyAttrs", "TransposeAttrs", "ReshapeAttrs", "EinsumAttrs"};
+    constexpr const char *kNames[] = {"none",         "MatmulAttrs",       "ReductionAttrs",
+                                      "SoftmaxAttrs", "CrossEntropyAttrs", "TransposeAttrs",
+                                      "ReshapeAttrs", "EinsumAttrs"};
     return kNames[attrs.index()];
 }
 
@@ -39,7 +40,8 @@ template <typename A> A AttrsOf(const RuleRequest &request) {
     if (const A *attrs = std::get_if<A>(&request.attrs)) {
         return *attrs;
     }
-    throw SpmdError(fmt::format("{}: attrs hold {}, which this op does not take", request.op, AttrsName(request.attrs)));
+    throw SpmdError(
+        fmt::format("{}: attrs hold {}, which this op does not take", request.op, AttrsName(request.attrs)));
 }
 
 void ExpectInputs(const RuleRequest &request, size_t min_count, size_t max_count, const char *names) {
@@ -53,7 +55,8 @@ void ExpectInputs(const RuleRequest &request, size_t min_count, size_t max_count
 
 const TensorSpec &Out(const RuleRequest &request) {
     if (!request.out) {
-        throw SpmdError(fmt::format("outputs: a reverse {} request needs `out` (the output's shape and layout)", request.op));
+        throw SpmdError(
+            fmt::format("outputs: a reverse {} request needs `out` (the output's shape and layout)", request.op));
     }
     return *request.out;
 }
@@ -108,9 +111,7 @@ void PutString(std::vector<int64_t> &w, const std::string &text) {
     }
 }
 
-void PutDouble(std::vector<int64_t> &w, double value) {
-    w.push_back(std::bit_cast<int64_t>(value));
-}
+void PutDouble(std::vector<int64_t> &w, double value) { w.push_back(std::bit_cast<int64_t>(value)); }
 
 template <typename T> void PutList(std::vector<int64_t> &w, const std::vector<T> &values) {
     w.push_back(static_cast<int64_t>(values.size()));
@@ -207,8 +208,9 @@ uint64_t HashWords(const std::vector<int64_t> &words) {
 
 const std::vector<std::string> &RuleOpNames() {
     static const std::vector<std::string> names = [] {
-        std::vector<std::string> n = {"matmul", "linear",    "embedding", "softmax", "log_softmax",
-                                      "cross_entropy", "transpose", "reshape", "einsum", "sum", "mean", "max", "min"};
+        std::vector<std::string> n = {"matmul",        "linear",    "embedding", "softmax", "log_softmax",
+                                      "cross_entropy", "transpose", "reshape",   "einsum",  "sum",
+                                      "mean",          "max",       "min"};
         for (std::string &name : ElementwiseOpNames()) {
             n.push_back(std::move(name));
         }
@@ -218,9 +220,7 @@ const std::vector<std::string> &RuleOpNames() {
     return names;
 }
 
-bool IsRuleOp(const std::string &op) {
-    return std::binary_search(RuleOpNames().begin(), RuleOpNames().end(), op);
-}
+bool IsRuleOp(const std::string &op) { return std::binary_search(RuleOpNames().begin(), RuleOpNames().end(), op); }
 
 SpmdInfo InferRule(const RuleRequest &r) {
     const ProcessMesh &mesh = r.mesh;
@@ -352,9 +352,9 @@ CachedRule InferRuleWithPlans(const RuleRequest &request) {
                 }
             }
         }
-        rule.output_plans.push_back(to ? PlanRedistribute(mesh, info.outputs[o].shape, info.outputs[o].layout, *to,
-                                                          request.options.plan)
-                                       : RedistributePlan{});
+        rule.output_plans.push_back(
+            to ? PlanRedistribute(mesh, info.outputs[o].shape, info.outputs[o].layout, *to, request.options.plan)
+               : RedistributePlan{});
     }
     return rule;
 }

@@ -21,9 +21,7 @@ const TensorSpec &Find(const std::vector<std::string> &names, const std::vector<
 
 } // namespace
 
-const TensorSpec &SpmdInfo::Input(const std::string &name) const {
-    return Find(input_names, inputs, name, "input");
-}
+const TensorSpec &SpmdInfo::Input(const std::string &name) const { return Find(input_names, inputs, name, "input"); }
 
 const TensorSpec &SpmdInfo::Output(const std::string &name) const {
     return Find(output_names, outputs, name, "output");

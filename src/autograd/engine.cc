@@ -1,12 +1,11 @@
 // The backward engine: dependency counts over the graph reachable from the roots, then a ready queue, so every node
 // runs once, after all of its gradients have arrived (torch's engine, single-threaded).
 
-#include <shardline/autograd/engine.h>
-
 #include <deque>
 #include <unordered_map>
 #include <unordered_set>
 
+#include <shardline/autograd/engine.h>
 #include <shardline/core/error.h>
 #include <shardline/dist/ops.h>
 
@@ -93,8 +92,7 @@ void Backward(const std::vector<Variable> &roots, const std::vector<dist::DistTe
 
     std::deque<std::shared_ptr<Node>> ready;
     for (const auto &s : seeds) {
-        if (dependencies[s.get()] == 0 &&
-            std::find(ready.begin(), ready.end(), s) == ready.end()) {
+        if (dependencies[s.get()] == 0 && std::find(ready.begin(), ready.end(), s) == ready.end()) {
             ready.push_back(s);
         }
     }

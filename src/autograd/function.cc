@@ -1,6 +1,5 @@
 #include <shardline/autograd/engine.h>
 #include <shardline/autograd/function.h>
-
 #include <shardline/core/error.h>
 
 namespace shardline::autograd {

@@ -1,5 +1,4 @@
 #include <shardline/autograd/functions.h>
-
 #include <shardline/core/error.h>
 #include <shardline/kernels/linear.h>
 
@@ -50,8 +49,8 @@ protected:
         }
         // The kernel takes dbias in dweight's dtype only: a float32 main grad for one of them and not the other gets
         // its own column sum.
-        const bool bias_apart = params.dweight.defined() && params.dbias.defined() &&
-                                params.dweight.dtype() != params.dbias.dtype();
+        const bool bias_apart =
+            params.dweight.defined() && params.dbias.defined() && params.dweight.dtype() != params.dbias.dtype();
         kernels::LinearBackward({.dy = dy,
                                  .x = needs_input_grad(1) ? &x_ : nullptr,
                                  .weight = needs_input_grad(0) ? &weight_ : nullptr,
@@ -184,7 +183,8 @@ private:
 
 class SumFunction final : public Function {
 public:
-    SumFunction(std::vector<int> dims, bool keepdim, bool mean) : dims_(std::move(dims)), keepdim_(keepdim), mean_(mean) {}
+    SumFunction(std::vector<int> dims, bool keepdim, bool mean)
+        : dims_(std::move(dims)), keepdim_(keepdim), mean_(mean) {}
     std::string name() const override { return mean_ ? "MeanBackward" : "SumBackward"; }
 
 protected:
@@ -364,7 +364,8 @@ Variable Embedding(const Variable& ids, const Variable& weight) {
     return One(Function::Apply(std::make_shared<EmbeddingFunction>(), {ids, weight}));
 }
 Variable CrossEntropy(const Variable& logits, const Variable& labels, const dist::CrossEntropyOptions& options) {
-    SHARDLINE_CHECK(!labels.requires_grad(), "autograd::CrossEntropy", "labels have no gradient; got labels requiring grad");
+    SHARDLINE_CHECK(!labels.requires_grad(), "autograd::CrossEntropy",
+                    "labels have no gradient; got labels requiring grad");
     return One(Function::Apply(std::make_shared<CrossEntropyFunction>(options), {logits, labels}));
 }
 Variable Redistribute(const Variable& x, const spmd::Layout& layout) {

@@ -147,8 +147,10 @@ protected:
         }
         const Tensor &dy = g[0].local();
         auto request = [this](std::size_t input, const Shape &local_shape, const spmd::Layout &layout) {
-            return detail::ParamGradRequest{
-                .needed = needs_input_grad(input), .sink = GradSinkFor(input), .local_shape = local_shape, .layout = layout};
+            return detail::ParamGradRequest{.needed = needs_input_grad(input),
+                                            .sink = GradSinkFor(input),
+                                            .local_shape = local_shape,
+                                            .layout = layout};
         };
         const detail::ParamGradRequest wreq = request(1, weight_local_shape_, layouts_.weight);
         const detail::ParamGradRequest breq = request(2, bias_local_shape_, layouts_.bias);
@@ -232,7 +234,8 @@ void CheckEvenRows(std::string_view op, const Shape &x_global, const spmd::Layou
     SHARDLINE_CHECK_AS(ShapeError, x_global.front() % parts == 0, op,
                        "sequence_parallel: the sequence length x.shape[0] ({}) must be divisible by the {} ranks that "
                        "shard it (mesh dims [{}] of mesh [{}])",
-                       x_global.front(), parts, fmt::join(rows_layout.MeshDims(0), ", "), fmt::join(mesh.shape(), ", "));
+                       x_global.front(), parts, fmt::join(rows_layout.MeshDims(0), ", "),
+                       fmt::join(mesh.shape(), ", "));
 }
 
 template <class Options>
@@ -250,8 +253,8 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
     SHARDLINE_CHECK_AS(ShapeError, x.shape().size() >= 2 && x.shape().back() == options.in_features, op,
                        "x must be [s, ..., in_features] = [s, ..., {}], got {}", options.in_features,
                        x.value().ToString());
-    const spmd::Layout weight_layout =
-        kColumn ? spmd::Layout(std::vector<std::vector<int>>{{t}, {}}) : spmd::Layout(std::vector<std::vector<int>>{{}, {t}});
+    const spmd::Layout weight_layout = kColumn ? spmd::Layout(std::vector<std::vector<int>>{{t}, {}})
+                                               : spmd::Layout(std::vector<std::vector<int>>{{}, {t}});
     const spmd::Layout bias_layout =
         kColumn ? spmd::Layout(std::vector<std::vector<int>>{{t}}) : spmd::Layout::Replicated(1);
     CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, weight_layout);

@@ -17,9 +17,9 @@ namespace shardline::autograd::detail {
 /// One parameter gradient a backward may compute.
 struct ParamGradRequest {
     bool needed = false;
-    dist::GradSink sink{};    ///< the leaf's main grad (Function::GradSinkFor), possibly empty
-    Shape local_shape{};      ///< this rank's shard of the gradient
-    spmd::Layout layout{};    ///< the layout it comes out in (Partial where rows were summed locally); local: unused
+    dist::GradSink sink{}; ///< the leaf's main grad (Function::GradSinkFor), possibly empty
+    Shape local_shape{};   ///< this rank's shard of the gradient
+    spmd::Layout layout{}; ///< the layout it comes out in (Partial where rows were summed locally); local: unused
 };
 
 /// Where the kernels write dweight and dbias.

@@ -1,8 +1,7 @@
-#include <shardline/autograd/engine.h>
-#include <shardline/autograd/variable.h>
-
 #include <fmt/format.h>
 
+#include <shardline/autograd/engine.h>
+#include <shardline/autograd/variable.h>
 #include <shardline/core/error.h>
 #include <shardline/kernels/elementwise.h>
 
@@ -24,7 +23,8 @@ Variable::Variable(dist::DistTensor value, bool requires_grad) : impl_(std::make
     impl_->requires_grad = requires_grad;
 }
 
-Variable::Variable(Tensor value, bool requires_grad) : Variable(dist::DistTensor::Local(std::move(value)), requires_grad) {}
+Variable::Variable(Tensor value, bool requires_grad)
+    : Variable(dist::DistTensor::Local(std::move(value)), requires_grad) {}
 
 const dist::DistTensor &Variable::value() const { return Checked(impl_, "Variable::value").value; }
 bool Variable::requires_grad() const { return impl_ != nullptr && impl_->requires_grad; }
@@ -32,8 +32,7 @@ bool Variable::requires_grad() const { return impl_ != nullptr && impl_->require
 Variable &Variable::set_requires_grad(bool requires_grad) {
     VariableImpl &impl = Checked(impl_, "Variable::set_requires_grad");
     SHARDLINE_CHECK(impl.grad_fn == nullptr, "Variable::set_requires_grad",
-                    "only leaves can change requires_grad; '{}' is the output of {}", impl.name,
-                    impl.grad_fn->name());
+                    "only leaves can change requires_grad; '{}' is the output of {}", impl.name, impl.grad_fn->name());
     impl.requires_grad = requires_grad;
     return *this;
 }
@@ -74,11 +73,11 @@ void Variable::AllocateMainGrad(DType dtype, Tensor buffer) {
     VariableImpl &impl = Checked(impl_, "Variable::AllocateMainGrad");
     const Tensor &local = impl.value.local();
     if (buffer.defined()) {
-        SHARDLINE_CHECK_AS(ShapeError, buffer.shape() == local.shape() && buffer.dtype() == dtype &&
-                                           buffer.device() == local.device() && buffer.is_contiguous(),
-                           "Variable::AllocateMainGrad",
-                           "the buffer of '{}' must be contiguous {} {} on {}, got {}", impl.name,
-                           ShapeToString(local.shape()), DTypeName(dtype), ToString(local.device()),
+        SHARDLINE_CHECK_AS(ShapeError,
+                           buffer.shape() == local.shape() && buffer.dtype() == dtype &&
+                               buffer.device() == local.device() && buffer.is_contiguous(),
+                           "Variable::AllocateMainGrad", "the buffer of '{}' must be contiguous {} {} on {}, got {}",
+                           impl.name, ShapeToString(local.shape()), DTypeName(dtype), ToString(local.device()),
                            buffer.ToString());
         impl.main_grad = std::move(buffer);
     } else {

@@ -1,5 +1,3 @@
-#include <shardline/comm/communicator.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -9,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <shardline/comm/communicator.h>
 #include <shardline/core/env.h>
 #include <shardline/core/error.h>
 

@@ -1,5 +1,3 @@
-#include "comm/mpi_communicator.h"
-
 #include <algorithm>
 #include <map>
 #include <string>
@@ -9,6 +7,8 @@
 #include <fmt/ranges.h>
 
 #include <shardline/core/error.h>
+
+#include "comm/mpi_communicator.h"
 
 // SHARDLINE_COMM_CHECK for the MPI backend: the ranks MPI_Iallgather one record per collective (op, seq, count,
 // dtype, reduce op or root, the V counts) under the op's deadline; every rank holds the same table, reaches the same

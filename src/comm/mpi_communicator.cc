@@ -12,7 +12,6 @@
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
-
 // The MPI backend: collectives, work handles, split and the factories (FromMpiComm, CreateMpiWorld). The debug
 // agreement check is in mpi_check.cc; argument validation in communicator.cc.
 
@@ -21,9 +20,7 @@ namespace detail {
 
 namespace {
 
-double Seconds(Clock::duration d) {
-    return std::chrono::duration<double>(d).count();
-}
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Polling backoff: tight MPI_Test calls first (MPI progresses only inside MPI calls), then short sleeps so that
 // oversubscribed ranks (CI runs 4 ranks on 2 cores) leave the core to the peer they wait for.
@@ -258,15 +255,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owned)
     SHARDLINE_CHECK_MPI(MPI_Comm_size(comm, &state_->size));
 }
 
-std::string MpiCommunicator::AbortReason() const {
-    return "after a timeout, a failed debug check or Abort()";
-}
+std::string MpiCommunicator::AbortReason() const { return "after a timeout, a failed debug check or Abort()"; }
 
 void MpiCommunicator::CheckUsable(std::string_view op) const {
     Communicator::CheckUsable(op);
     SHARDLINE_CHECK_AS(CommError, Communicator::MpiRunning(), op,
-                       "expected MPI to be initialized and not finalized, got it {} (group '{}')",
-                       "not running", state_->name);
+                       "expected MPI to be initialized and not finalized, got it {} (group '{}')", "not running",
+                       state_->name);
 }
 
 void MpiCommunicator::ReapOrphans() {
@@ -422,9 +417,7 @@ std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key, std::st
     return std::make_unique<MpiCommunicator>(sub, std::move(name), /*owned=*/true);
 }
 
-void MpiCommunicator::Abort() noexcept {
-    state_->aborted = true;
-}
+void MpiCommunicator::Abort() noexcept { state_->aborted = true; }
 
 } // namespace detail
 

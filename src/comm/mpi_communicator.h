@@ -6,9 +6,10 @@
 //
 // Validation is local and done by Communicator (communicator.cc) before any hook here runs: sizes, counts, dtypes and
 // devices are checked on the calling rank before any MPI call, so a bad argument raises there and issues nothing. A
-// rank that raises does not take part in the collective, so the others wait for it until the timeout (or until the program's main, through launch::RunMain, calls MPI_Abort).
-// Cross-rank disagreement (one rank passes another count, op or root) is what SHARDLINE_COMM_CHECK=1 catches: the
-// ranks exchange (op, sequence, count, dtype, op/root, counts) before every collective and all of them raise.
+// rank that raises does not take part in the collective, so the others wait for it until the timeout (or until the
+// program's main, through launch::RunMain, calls MPI_Abort). Cross-rank disagreement (one rank passes another count, op
+// or root) is what SHARDLINE_COMM_CHECK=1 catches: the ranks exchange (op, sequence, count, dtype, op/root, counts)
+// before every collective and all of them raise.
 //
 // Timeouts: Wait polls MPI_Test until the collective finishes or CommTimeout() has passed since it was issued; then
 // the communicator is aborted and CommError names the op, sequence number, count, group and elapsed time.
@@ -20,8 +21,8 @@
 // the CommError and calls MPI_Abort (launch::RunMain does).
 
 #include <atomic>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>

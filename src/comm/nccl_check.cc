@@ -1,6 +1,6 @@
-#include "comm/nccl_communicator.h"
-
 #include <shardline/core/context.h>
+
+#include "comm/nccl_communicator.h"
 
 // SHARDLINE_COMM_CHECK for the NCCL backend: before a collective the ranks all-gather (op, seq, count, dtype) over the
 // communicator itself, on its stream, and every rank reaches the same verdict (NCCL completes a count mismatch
@@ -50,8 +50,7 @@ void ExchangeRecords(NcclState& s, const std::int64_t* mine, std::int64_t words,
     SHARDLINE_CHECK_NCCL(ncclGroupStart());
     const ncclResult_t gather = ncclAllGather(send, recv, static_cast<std::size_t>(words), ncclInt64, s.comm, s.stream);
     const ncclResult_t end = ncclGroupEnd();
-    WaitLeftInProgress(s, {s.comm}, gather != ncclSuccess && gather != ncclInProgress ? gather : end, api, what,
-                       start);
+    WaitLeftInProgress(s, {s.comm}, gather != ncclSuccess && gather != ncclInProgress ? gather : end, api, what, start);
     SHARDLINE_CHECK_CUDA(cudaEventRecord(s.check_event, s.stream));
     const auto timeout = CommTimeout();
     Backoff backoff;
@@ -79,8 +78,8 @@ void ExchangeRecords(NcclState& s, const std::int64_t* mine, std::int64_t words,
     }
     out.resize(static_cast<std::size_t>(words * s.size));
     // Device → pageable host waits for the copy; the stream is idle up to it (the event above fired).
-    SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(out.data(), recv, out.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost,
-                                         s.stream));
+    SHARDLINE_CHECK_CUDA(
+        cudaMemcpyAsync(out.data(), recv, out.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost, s.stream));
 }
 
 /// Debug mode: every rank learns every rank's (op, seq, count, dtype) and returns the same verdict: an empty string
@@ -111,8 +110,8 @@ std::string AgreementVerdict(NcclState& s, const NcclIssue& issue, std::int64_t 
                 const std::int64_t sent = matrix[static_cast<std::size_t>(i * 2 * n + r)];
                 const std::int64_t expected = matrix[static_cast<std::size_t>(r * 2 * n + n + i)];
                 if (sent != expected) {
-                    pairs += fmt::format("; rank {} sends {} elements to rank {}, which expects {}", i, sent, r,
-                                         expected);
+                    pairs +=
+                        fmt::format("; rank {} sends {} elements to rank {}, which expects {}", i, sent, r, expected);
                 }
             }
         }

@@ -1,9 +1,9 @@
-#include "comm/nccl_communicator.h"
-
 #include <array>
 #include <numeric>
 
 #include <shardline/core/context.h>
+
+#include "comm/nccl_communicator.h"
 
 // The NCCL collectives: the issue engine (streams, events, graph capture, phase 1) and one enqueue per collective.
 // Arguments arrive validated (communicator.cc).
@@ -12,7 +12,6 @@ namespace shardline::comm::detail {
 namespace {
 
 char* Bytes(const Tensor& t) { return static_cast<char*>(t.data()); }
-
 
 /// One collective's NCCL calls: `calls` enqueues them (inside ncclGroupStart/End) and returns the first non-success
 /// status; `tensors` are kept alive until it completes.
@@ -31,8 +30,7 @@ template <class Calls> struct Enqueue {
     }
     ncclResult_t operator()(ncclComm_t comm, cudaStream_t stream) { return calls(comm, stream); }
 };
-template <class Calls>
-Enqueue<Calls> MakeEnqueue(Calls calls, const Tensor* a, const Tensor* b, bool has_work) {
+template <class Calls> Enqueue<Calls> MakeEnqueue(Calls calls, const Tensor* a, const Tensor* b, bool has_work) {
     return Enqueue<Calls>{std::move(calls), {a, b}, has_work};
 }
 
@@ -142,9 +140,9 @@ WorkHandle NcclCommunicator::DoAllReduce(Tensor& tensor, ReduceOp op) {
                            .count = tensor.numel(),
                            .dtype = tensor.dtype(),
                            .aux = static_cast<std::int64_t>(op)},
-                 MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllReduce(data, data, n, type, red, comm, stream);
-                 }, &tensor, nullptr, n > 0));
+                 MakeEnqueue([=](ncclComm_t comm,
+                                 cudaStream_t stream) { return ncclAllReduce(data, data, n, type, red, comm, stream); },
+                             &tensor, nullptr, n > 0));
 }
 
 WorkHandle NcclCommunicator::DoAllGather(const Tensor& input, Tensor& output) {
@@ -153,13 +151,10 @@ WorkHandle NcclCommunicator::DoAllGather(const Tensor& input, Tensor& output) {
     const auto n = static_cast<std::size_t>(input.numel());
     const void* in = input.data();
     void* out = output.data();
-    return Issue(NcclIssue{.api = kApi,
-                           .kind = CollectiveKind::kAllGather,
-                           .count = input.numel(),
-                           .dtype = input.dtype()},
-                 MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllGather(in, out, n, type, comm, stream);
-                 }, &input, &output, n > 0));
+    return Issue(
+        NcclIssue{.api = kApi, .kind = CollectiveKind::kAllGather, .count = input.numel(), .dtype = input.dtype()},
+        MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) { return ncclAllGather(in, out, n, type, comm, stream); },
+                    &input, &output, n > 0));
 }
 
 WorkHandle NcclCommunicator::DoAllGatherV(const Tensor& input, Tensor& output,
@@ -172,23 +167,23 @@ WorkHandle NcclCommunicator::DoAllGatherV(const Tensor& input, Tensor& output,
     char* out = Bytes(output);
     const int size = size_;
     // Rank r's block is a broadcast from root r into its place in the output; grouped, they run as one launch.
-    return Issue(NcclIssue{.api = kApi,
-                           .kind = CollectiveKind::kAllGather,
-                           .count = total,
-                           .dtype = input.dtype(),
-                           .uneven = true},
-                 MakeEnqueue([=, &counts](ncclComm_t comm, cudaStream_t stream) {
-                     FirstError err;
-                     std::size_t offset = 0;
-                     for (int r = 0; r < size; ++r) {
-                         const auto c = static_cast<std::size_t>(counts[r]);
-                         if (c > 0) {
-                             err += ncclBroadcast(in, out + offset * elem, c, type, r, comm, stream);
-                         }
-                         offset += c;
-                     }
-                     return err.status;
-                 }, &input, &output, total > 0));
+    return Issue(
+        NcclIssue{
+            .api = kApi, .kind = CollectiveKind::kAllGather, .count = total, .dtype = input.dtype(), .uneven = true},
+        MakeEnqueue(
+            [=, &counts](ncclComm_t comm, cudaStream_t stream) {
+                FirstError err;
+                std::size_t offset = 0;
+                for (int r = 0; r < size; ++r) {
+                    const auto c = static_cast<std::size_t>(counts[r]);
+                    if (c > 0) {
+                        err += ncclBroadcast(in, out + offset * elem, c, type, r, comm, stream);
+                    }
+                    offset += c;
+                }
+                return err.status;
+            },
+            &input, &output, total > 0));
 }
 
 WorkHandle NcclCommunicator::DoReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -198,18 +193,19 @@ WorkHandle NcclCommunicator::DoReduceScatter(const Tensor& input, Tensor& output
     const auto n = static_cast<std::size_t>(output.numel());
     const void* in = input.data();
     void* out = output.data();
-    return Issue(NcclIssue{.api = kApi,
-                           .kind = CollectiveKind::kReduceScatter,
-                           .count = output.numel(),
-                           .dtype = input.dtype(),
-                           .aux = static_cast<std::int64_t>(op)},
-                 MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclReduceScatter(in, out, n, type, red, comm, stream);
-                 }, &input, &output, n > 0));
+    return Issue(
+        NcclIssue{.api = kApi,
+                  .kind = CollectiveKind::kReduceScatter,
+                  .count = output.numel(),
+                  .dtype = input.dtype(),
+                  .aux = static_cast<std::int64_t>(op)},
+        MakeEnqueue([=](ncclComm_t comm,
+                        cudaStream_t stream) { return ncclReduceScatter(in, out, n, type, red, comm, stream); },
+                    &input, &output, n > 0));
 }
 
 WorkHandle NcclCommunicator::DoReduceScatterV(const Tensor& input, Tensor& output,
-                                            const std::vector<std::int64_t>& counts, ReduceOp op) {
+                                              const std::vector<std::int64_t>& counts, ReduceOp op) {
     constexpr std::string_view kApi = "reduce_scatter_v";
     const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
     const ncclDataType_t type = ToNccl(input.dtype());
@@ -225,18 +221,20 @@ WorkHandle NcclCommunicator::DoReduceScatterV(const Tensor& input, Tensor& outpu
                            .dtype = input.dtype(),
                            .aux = static_cast<std::int64_t>(op),
                            .uneven = true},
-                 MakeEnqueue([=, &counts](ncclComm_t comm, cudaStream_t stream) {
-                     FirstError err;
-                     std::size_t offset = 0;
-                     for (int r = 0; r < size; ++r) {
-                         const auto c = static_cast<std::size_t>(counts[r]);
-                         if (c > 0) {
-                             err += ncclReduce(in + offset * elem, out, c, type, red, r, comm, stream);
+                 MakeEnqueue(
+                     [=, &counts](ncclComm_t comm, cudaStream_t stream) {
+                         FirstError err;
+                         std::size_t offset = 0;
+                         for (int r = 0; r < size; ++r) {
+                             const auto c = static_cast<std::size_t>(counts[r]);
+                             if (c > 0) {
+                                 err += ncclReduce(in + offset * elem, out, c, type, red, r, comm, stream);
+                             }
+                             offset += c;
                          }
-                         offset += c;
-                     }
-                     return err.status;
-                 }, &input, &output, total > 0));
+                         return err.status;
+                     },
+                     &input, &output, total > 0));
 }
 
 WorkHandle NcclCommunicator::DoAllToAll(const Tensor& input, Tensor& output) {
@@ -247,22 +245,22 @@ WorkHandle NcclCommunicator::DoAllToAll(const Tensor& input, Tensor& output) {
     const char* in = Bytes(input);
     char* out = Bytes(output);
     const int size = size_;
-    return Issue(NcclIssue{.api = kApi,
-                           .kind = CollectiveKind::kAllToAll,
-                           .count = input.numel(),
-                           .dtype = input.dtype()},
-                 MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) {
-                     FirstError err;
-                     for (int r = 0; r < size; ++r) {
-                         err += ncclSend(in + r * block_bytes, block, type, r, comm, stream);
-                         err += ncclRecv(out + r * block_bytes, block, type, r, comm, stream);
-                     }
-                     return err.status;
-                 }, &input, &output, block > 0));
+    return Issue(
+        NcclIssue{.api = kApi, .kind = CollectiveKind::kAllToAll, .count = input.numel(), .dtype = input.dtype()},
+        MakeEnqueue(
+            [=](ncclComm_t comm, cudaStream_t stream) {
+                FirstError err;
+                for (int r = 0; r < size; ++r) {
+                    err += ncclSend(in + r * block_bytes, block, type, r, comm, stream);
+                    err += ncclRecv(out + r * block_bytes, block, type, r, comm, stream);
+                }
+                return err.status;
+            },
+            &input, &output, block > 0));
 }
 
 WorkHandle NcclCommunicator::DoAllToAllV(const Tensor& input, const std::vector<std::int64_t>& send_counts,
-                                       Tensor& output, const std::vector<std::int64_t>& recv_counts) {
+                                         Tensor& output, const std::vector<std::int64_t>& recv_counts) {
     constexpr std::string_view kApi = "all_to_all_v";
     const std::int64_t sent = input.numel();
     const std::int64_t received = output.numel();
@@ -278,24 +276,26 @@ WorkHandle NcclCommunicator::DoAllToAllV(const Tensor& input, const std::vector<
                            .uneven = true,
                            .send_counts = &send_counts,
                            .recv_counts = &recv_counts},
-                 MakeEnqueue([=, &send_counts, &recv_counts](ncclComm_t comm, cudaStream_t stream) {
-                     FirstError err;
-                     std::size_t send_offset = 0;
-                     std::size_t recv_offset = 0;
-                     for (int r = 0; r < size; ++r) {
-                         const auto sc = static_cast<std::size_t>(send_counts[r]);
-                         const auto rc = static_cast<std::size_t>(recv_counts[r]);
-                         if (sc > 0) {
-                             err += ncclSend(in + send_offset * elem, sc, type, r, comm, stream);
+                 MakeEnqueue(
+                     [=, &send_counts, &recv_counts](ncclComm_t comm, cudaStream_t stream) {
+                         FirstError err;
+                         std::size_t send_offset = 0;
+                         std::size_t recv_offset = 0;
+                         for (int r = 0; r < size; ++r) {
+                             const auto sc = static_cast<std::size_t>(send_counts[r]);
+                             const auto rc = static_cast<std::size_t>(recv_counts[r]);
+                             if (sc > 0) {
+                                 err += ncclSend(in + send_offset * elem, sc, type, r, comm, stream);
+                             }
+                             if (rc > 0) {
+                                 err += ncclRecv(out + recv_offset * elem, rc, type, r, comm, stream);
+                             }
+                             send_offset += sc;
+                             recv_offset += rc;
                          }
-                         if (rc > 0) {
-                             err += ncclRecv(out + recv_offset * elem, rc, type, r, comm, stream);
-                         }
-                         send_offset += sc;
-                         recv_offset += rc;
-                     }
-                     return err.status;
-                 }, &input, &output, sent > 0 || received > 0));
+                         return err.status;
+                     },
+                     &input, &output, sent > 0 || received > 0));
 }
 
 WorkHandle NcclCommunicator::DoBroadcast(Tensor& tensor, int root) {
@@ -303,26 +303,26 @@ WorkHandle NcclCommunicator::DoBroadcast(Tensor& tensor, int root) {
     const ncclDataType_t type = ToNccl(tensor.dtype());
     const auto n = static_cast<std::size_t>(tensor.numel());
     void* data = tensor.data();
-    return Issue(NcclIssue{.api = kApi,
-                           .kind = CollectiveKind::kBroadcast,
-                           .count = tensor.numel(),
-                           .dtype = tensor.dtype(),
-                           .aux = root},
-                 MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclBroadcast(data, data, n, type, root, comm, stream);
-                 }, &tensor, nullptr, n > 0));
+    return Issue(
+        NcclIssue{.api = kApi,
+                  .kind = CollectiveKind::kBroadcast,
+                  .count = tensor.numel(),
+                  .dtype = tensor.dtype(),
+                  .aux = root},
+        MakeEnqueue([=](ncclComm_t comm,
+                        cudaStream_t stream) { return ncclBroadcast(data, data, n, type, root, comm, stream); },
+                    &tensor, nullptr, n > 0));
 }
 
 WorkHandle NcclCommunicator::DoBarrier() {
     // A one-float all-reduce on a buffer of our own: done when every rank has reached it.
     float* buffer = state_->barrier_buffer;
-    return Issue(NcclIssue{.api = "barrier",
-                           .kind = CollectiveKind::kBarrier,
-                           .count = 1,
-                           .dtype = DType::kFloat32},
-                 MakeEnqueue([=](ncclComm_t comm, cudaStream_t stream) {
-                     return ncclAllReduce(buffer, buffer, 1, ncclFloat32, ncclSum, comm, stream);
-                 }, nullptr, nullptr, true));
+    return Issue(NcclIssue{.api = "barrier", .kind = CollectiveKind::kBarrier, .count = 1, .dtype = DType::kFloat32},
+                 MakeEnqueue(
+                     [=](ncclComm_t comm, cudaStream_t stream) {
+                         return ncclAllReduce(buffer, buffer, 1, ncclFloat32, ncclSum, comm, stream);
+                     },
+                     nullptr, nullptr, true));
 }
 
 } // namespace shardline::comm::detail

@@ -25,8 +25,7 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, int rank, int si
         SHARDLINE_CHECK_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
         SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&s.ready_event, cudaEventDisableTiming));
         SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&s.check_event, cudaEventDisableTiming));
-        SHARDLINE_CHECK_CUDA(
-            cudaMallocAsync(reinterpret_cast<void**>(&s.barrier_buffer), sizeof(float), s.stream));
+        SHARDLINE_CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&s.barrier_buffer), sizeof(float), s.stream));
         SHARDLINE_CHECK_CUDA(cudaMemsetAsync(s.barrier_buffer, 0, sizeof(float), s.stream));
         s.watchdog = std::thread([state = state_.get()] { state->WatchdogLoop(); });
     } catch (...) {
@@ -99,7 +98,8 @@ NcclCommunicator::~NcclCommunicator() {
                     // before the compute stream (below).
                     s.comm = nullptr;
                 } else {
-                    // Orderly: flush, wait (bounded) for NCCL to quiesce, free. A peer that never arrives ends in abort.
+                    // Orderly: flush, wait (bounded) for NCCL to quiesce, free. A peer that never arrives ends in
+                    // abort.
                     ncclResult_t r = ncclCommFinalize(s.comm);
                     const auto start = Clock::now();
                     const auto limit = std::min<Clock::duration>(CommTimeout(), kMaxFinalize);

@@ -196,9 +196,10 @@ void NcclState::WatchdogLoop() noexcept {
                         requested = abort_requested_at;
                     }
                     if (requested != Clock::time_point{} && Clock::now() - requested > 2 * timeout) {
-                        SHARDLINE_LOG_ERROR("NCCL communicator '{}': abort requested {:.1f} s ago but a thread is stuck "
-                                            "inside NCCL; terminating the process ({})",
-                                            name, Seconds(Clock::now() - requested), AbortReason());
+                        SHARDLINE_LOG_ERROR(
+                            "NCCL communicator '{}': abort requested {:.1f} s ago but a thread is stuck "
+                            "inside NCCL; terminating the process ({})",
+                            name, Seconds(Clock::now() - requested), AbortReason());
                         std::abort();
                     }
                 }
@@ -291,9 +292,9 @@ public:
                 ncclResult_t async = ncclSuccess;
                 const ncclResult_t r = ncclCommGetAsyncError(state.comm, &async);
                 if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-                    failure = fmt::format("{}: asynchronous NCCL error: {} ({})", op_->Describe(),
-                                          ncclGetErrorString(r != ncclSuccess ? r : async),
-                                          ncclGetLastError(state.comm));
+                    failure =
+                        fmt::format("{}: asynchronous NCCL error: {} ({})", op_->Describe(),
+                                    ncclGetErrorString(r != ncclSuccess ? r : async), ncclGetLastError(state.comm));
                 }
             }
             state.nccl_mutex.unlock();

@@ -137,7 +137,7 @@ struct NcclState;
 struct NcclIssue {
     std::string_view api;
     CollectiveKind kind;
-    std::int64_t count;   // elements, as every rank must agree (-1: checked per pair, all_to_all_v)
+    std::int64_t count; // elements, as every rank must agree (-1: checked per pair, all_to_all_v)
     DType dtype;
     std::int64_t aux = 0; // reduce op or broadcast root
     bool uneven = false;

@@ -1,8 +1,8 @@
-#include "comm/nccl_communicator.h"
-
 #include <cstring>
 
 #include <shardline/core/context.h>
+
+#include "comm/nccl_communicator.h"
 
 // NCCL communicators from elsewhere: Split (ncclCommSplit), the world (id over the host world, ncclCommInitRankConfig)
 // and a communicator the program made itself (FromNcclComm).
@@ -28,10 +28,10 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key, std::s
         const auto start = Clock::now();
         try {
             const ncclResult_t r = ncclCommSplit(s.comm, color, key, &child, &config);
-            WaitLeftInProgress(s, {s.comm, child}, r, kApi,
-                               fmt::format("ncclCommSplit(color {}, key {}) of group '{}' into '{}'", color, key,
-                                           s.name, name),
-                               start);
+            WaitLeftInProgress(
+                s, {s.comm, child}, r, kApi,
+                fmt::format("ncclCommSplit(color {}, key {}) of group '{}' into '{}'", color, key, s.name, name),
+                start);
         } catch (const std::exception& e) {
             if (child != nullptr) {
                 (void)ncclCommAbort(child);
@@ -40,8 +40,8 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key, std::s
             throw;
         }
     }
-    SHARDLINE_CHECK_AS(CommError, child != nullptr, kApi, "ncclCommSplit(color {}) of group '{}' returned no communicator",
-                       color, s.name);
+    SHARDLINE_CHECK_AS(CommError, child != nullptr, kApi,
+                       "ncclCommSplit(color {}) of group '{}' returned no communicator", color, s.name);
     int child_rank = 0;
     int child_size = 0;
     try {
@@ -84,8 +84,8 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
     if (rank == 0) {
         SHARDLINE_CHECK_NCCL(ncclGetUniqueId(&id));
     }
-    Tensor blob = Tensor::FromBlob(&id, {static_cast<std::int64_t>(sizeof(id) / sizeof(float))}, DType::kFloat32,
-                                   Device::CPU());
+    Tensor blob =
+        Tensor::FromBlob(&id, {static_cast<std::int64_t>(sizeof(id) / sizeof(float))}, DType::kFloat32, Device::CPU());
     host_world.Broadcast(blob, 0)->Wait(true);
 
     DeviceGuard guard(device);
@@ -99,10 +99,10 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
     probe.name = name;
     try {
         std::lock_guard lock(probe.nccl_mutex);
-        WaitLeftInProgress(probe, {comm}, r, kApi,
-                           fmt::format("ncclCommInitRankConfig(rank {} of {}, cuda:{}) of group '{}'", rank, size,
-                                       device, name),
-                           start);
+        WaitLeftInProgress(
+            probe, {comm}, r, kApi,
+            fmt::format("ncclCommInitRankConfig(rank {} of {}, cuda:{}) of group '{}'", rank, size, device, name),
+            start);
     } catch (...) {
         if (comm != nullptr) {
             (void)ncclCommAbort(comm);

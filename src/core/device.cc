@@ -1,6 +1,6 @@
-#include <shardline/core/device.h>
-
 #include <fmt/format.h>
+
+#include <shardline/core/device.h>
 
 #include "cuda_backend.h"
 

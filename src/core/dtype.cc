@@ -1,5 +1,4 @@
 #include <shardline/core/dtype.h>
-
 #include <shardline/core/error.h>
 
 namespace shardline {

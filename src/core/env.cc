@@ -1,5 +1,3 @@
-#include <shardline/core/env.h>
-
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -10,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 
 namespace shardline::env {
@@ -86,7 +85,8 @@ double GetDouble(std::string_view name, double fallback, double min, double max)
     return v ? ParseDouble(name, *v, min, max) : fallback;
 }
 
-std::string GetChoice(std::string_view name, std::string_view fallback, std::initializer_list<std::string_view> choices) {
+std::string GetChoice(std::string_view name, std::string_view fallback,
+                      std::initializer_list<std::string_view> choices) {
     const auto v = Get(name);
     return v ? ParseChoice(name, *v, choices) : std::string(fallback);
 }

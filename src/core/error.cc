@@ -1,7 +1,6 @@
-#include <shardline/core/error.h>
-
 #include <atomic>
 
+#include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
 namespace shardline {

@@ -1,5 +1,3 @@
-#include <shardline/core/logging.h>
-
 #include <cstdlib>
 #include <mutex>
 
@@ -7,6 +5,7 @@
 
 #include <shardline/core/env.h>
 #include <shardline/core/error.h>
+#include <shardline/core/logging.h>
 
 namespace shardline {
 namespace {
@@ -16,9 +15,8 @@ std::shared_ptr<spdlog::logger> MakeLogger() {
     spdlog::level::level_enum level = spdlog::level::info;
     // spdlog::level::from_str reads an unknown word as "off": a typo would silence every message.
     if (const auto name = env::Get("SHARDLINE_LOG_LEVEL")) {
-        level = spdlog::level::from_str(env::ParseChoice("SHARDLINE_LOG_LEVEL", *name,
-                                                         {"trace", "debug", "info", "warning", "warn", "error",
-                                                          "critical", "off"}));
+        level = spdlog::level::from_str(env::ParseChoice(
+            "SHARDLINE_LOG_LEVEL", *name, {"trace", "debug", "info", "warning", "warn", "error", "critical", "off"}));
     }
     logger->set_level(level);
     return logger;

@@ -1,6 +1,5 @@
-#include <shardline/core/random.h>
-
 #include <shardline/core/error.h>
+#include <shardline/core/random.h>
 
 #include "cuda_backend.h"
 #include "host_convert.h"
@@ -27,14 +26,12 @@ void FillRandomShard(Tensor& tensor, const RandomSpec& spec, const Shape& global
                        detail::kMaxRandomRank, rank);
     SHARDLINE_CHECK_AS(ShapeError,
                        static_cast<int>(global_shape.size()) == rank && static_cast<int>(global_offset.size()) == rank,
-                       kOp, "global shape {} and offset {} must have the tensor's rank {}",
-                       ShapeToString(global_shape), ShapeToString(global_offset), rank);
+                       kOp, "global shape {} and offset {} must have the tensor's rank {}", ShapeToString(global_shape),
+                       ShapeToString(global_offset), rank);
     for (int d = 0; d < rank; ++d) {
-        SHARDLINE_CHECK_AS(ShapeError,
-                           global_offset[d] >= 0 && global_offset[d] + tensor.shape()[d] <= global_shape[d], kOp,
-                           "shard {} at offset {} does not fit global shape {} (dim {})",
-                           ShapeToString(tensor.shape()), ShapeToString(global_offset), ShapeToString(global_shape),
-                           d);
+        SHARDLINE_CHECK_AS(ShapeError, global_offset[d] >= 0 && global_offset[d] + tensor.shape()[d] <= global_shape[d],
+                           kOp, "shard {} at offset {} does not fit global shape {} (dim {})",
+                           ShapeToString(tensor.shape()), ShapeToString(global_offset), ShapeToString(global_shape), d);
     }
     if (spec.distribution == RandomDistribution::kInteger) {
         SHARDLINE_CHECK(spec.a <= spec.b && spec.a == static_cast<double>(static_cast<std::int64_t>(spec.a)) &&

@@ -1,5 +1,3 @@
-#include <shardline/core/tensor.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -9,6 +7,7 @@
 
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
+#include <shardline/core/tensor.h>
 
 #include "cuda_backend.h"
 #include "host_convert.h"
@@ -137,8 +136,7 @@ Tensor Tensor::Contiguous(std::shared_ptr<Storage> storage, Shape shape, DType d
 std::int64_t Tensor::size(int dim) const {
     const int r = rank();
     const int d = dim < 0 ? dim + r : dim;
-    SHARDLINE_CHECK_AS(ShapeError, d >= 0 && d < r, "Tensor::size", "dim {} out of range for a rank-{} tensor", dim,
-                       r);
+    SHARDLINE_CHECK_AS(ShapeError, d >= 0 && d < r, "Tensor::size", "dim {} out of range for a rank-{} tensor", dim, r);
     return shape_[d];
 }
 

@@ -103,8 +103,7 @@ DistTensor DistTensor::Local(Tensor tensor) {
     return t;
 }
 
-DistTensor DistTensor::FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout,
-                                        comm::DeviceMesh *mesh) {
+DistTensor DistTensor::FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh *mesh) {
     DistTensor t;
     t.local_ = std::move(local);
     t.global_shape_ = std::move(global_shape);

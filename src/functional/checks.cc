@@ -15,9 +15,7 @@ namespace shardline::functional::detail {
 namespace {
 
 /// "[s, b, h]" of a view, for messages.
-std::string Dims(const TensorView &v) {
-    return ShapeToString(ShapeOf(v));
-}
+std::string Dims(const TensorView &v) { return ShapeToString(ShapeOf(v)); }
 
 Shape WithLast(Shape shape, std::int64_t last) {
     shape.push_back(last);
@@ -94,7 +92,8 @@ public:
 
     /// The view's shape must be `expected`, which `formula` spells in the layer's terms.
     void Shaped(const TensorView &v, std::string_view name, const Shape &expected, std::string_view formula) const {
-        const bool same = v.ndim == static_cast<int>(expected.size()) && std::equal(expected.begin(), expected.end(), v.shape);
+        const bool same =
+            v.ndim == static_cast<int>(expected.size()) && std::equal(expected.begin(), expected.end(), v.shape);
         SHARDLINE_CHECK_AS(ShapeError, same, op_, "{} must be {} = {} ({}), got {}", name, formula,
                            ShapeToString(expected), Sizes(), Dims(v));
     }
@@ -137,15 +136,16 @@ public:
     /// The bias view when the layer adds none: absent, with the reason in the message.
     void NoBias(const TensorView &v, std::string_view name, bool skip_bias_add) const {
         SHARDLINE_CHECK(!v.present(), op_, "{} is given but {}", name,
-                        skip_bias_add ? "options.skip_bias_add leaves the bias to the caller" : "options.bias is false");
+                        skip_bias_add ? "options.skip_bias_add leaves the bias to the caller"
+                                      : "options.bias is false");
     }
 
     std::string_view op() const { return op_; }
 
 private:
     std::string Sizes() const {
-        return fmt::format("in_features {}, out_features {}, tp {}{}{}", sizes_.in, sizes_.out, sizes_.tp,
-                           sizes_.flag1, sizes_.flag2);
+        return fmt::format("in_features {}, out_features {}, tp {}{}{}", sizes_.in, sizes_.out, sizes_.tp, sizes_.flag1,
+                           sizes_.flag2);
     }
 
     void CheckDims(const TensorView &v, std::string_view name, int min_ndim) const {

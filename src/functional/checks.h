@@ -31,8 +31,6 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
                              const TensorParallelGroup &group, const CudaExecution &cuda);
 
 /// The view's shape as a Shape.
-inline Shape ShapeOf(const TensorView &v) {
-    return Shape(v.shape, v.shape + v.ndim);
-}
+inline Shape ShapeOf(const TensorView &v) { return Shape(v.shape, v.shape + v.ndim); }
 
 } // namespace shardline::functional::detail

@@ -1,3 +1,5 @@
+#include "linear_plan.h"
+
 #include <atomic>
 #include <mutex>
 #include <shared_mutex>
@@ -12,8 +14,6 @@
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/mesh.h>
 #include <shardline/spmd/rules.h>
-
-#include "linear_plan.h"
 
 namespace shardline::functional {
 namespace detail {

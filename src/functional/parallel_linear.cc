@@ -130,12 +130,8 @@ public:
         }
     }
 
-    Device device() const {
-        return device_;
-    }
-    int collectives() const {
-        return collectives_;
-    }
+    Device device() const { return device_; }
+    int collectives() const { return collectives_; }
 
     Tensor Wrap(const TensorView &v) const {
         return v.present() ? Tensor::FromBlob(v.data, ShapeOf(v), v.dtype, device_) : Tensor();

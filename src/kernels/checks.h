@@ -49,8 +49,8 @@ inline void CheckSameDevice(const Tensor& a, std::string_view a_name, const Tens
 
 inline void CheckSameDType(const Tensor& a, std::string_view a_name, const Tensor& b, std::string_view b_name,
                            std::string_view op) {
-    SHARDLINE_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, "{} and {} must have one dtype, got {} and {}",
-                       a_name, b_name, a.ToString(), b.ToString());
+    SHARDLINE_CHECK_AS(DTypeError, a.dtype() == b.dtype(), op, "{} and {} must have one dtype, got {} and {}", a_name,
+                       b_name, a.ToString(), b.ToString());
 }
 
 inline void CheckShape(const Tensor& t, const Shape& expected, std::string_view op, std::string_view name) {

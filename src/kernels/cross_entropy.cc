@@ -27,9 +27,7 @@ Rows CheckLogits(const Tensor& logits, std::string_view op) {
 }
 
 /// The statistics are float32, float64 for float64 logits.
-DType StatsDType(const Tensor& logits) {
-    return logits.dtype() == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
-}
+DType StatsDType(const Tensor& logits) { return logits.dtype() == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
 
 /// One statistic: N elements (any shape) of `dtype`, on `like`'s device.
 void CheckStat(const Tensor& t, std::string_view name, std::int64_t n, DType dtype, const Tensor& like,

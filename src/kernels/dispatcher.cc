@@ -1,15 +1,13 @@
-#include <shardline/kernels/dispatcher.h>
-
-#include <shardline/core/env.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
 
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
+#include <shardline/kernels/dispatcher.h>
 
 #include "register.h"
 
@@ -19,12 +17,12 @@ namespace {
 // Provider selection, guarded by one mutex. Read on every dispatch; written rarely.
 struct Selection {
     std::mutex mutex;
-    std::string global;                         // empty: "default"
+    std::string global; // empty: "default"
     std::map<std::string, std::string, std::less<>> per_op;
-    std::set<std::string, std::less<>> logged;  // "op|device|wanted|serving" debug lines already logged
+    std::set<std::string, std::less<>> logged; // "op|device|wanted|serving" debug lines already logged
     std::vector<KernelInfo> kernels;
-    std::uint64_t summary_generation = 0;       // the selection generation the summary below was checked at
-    std::string summary;                        // the last summary line logged
+    std::uint64_t summary_generation = 0; // the selection generation the summary below was checked at
+    std::string summary;                  // the last summary line logged
 };
 
 Selection& TheSelection() {

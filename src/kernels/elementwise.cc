@@ -1,10 +1,9 @@
 // Elementwise ops and reductions: checks, allocating wrappers, dispatch. The kernels live in cpu/ and cuda/.
 
-#include <shardline/kernels/elementwise.h>
-
 #include <algorithm>
 
 #include <shardline/kernels/dispatcher.h>
+#include <shardline/kernels/elementwise.h>
 
 #include "checks.h"
 

@@ -1,9 +1,8 @@
-#include <shardline/kernels/gemm.h>
-
 #include <algorithm>
 
 #include <shardline/core/error.h>
 #include <shardline/kernels/dispatcher.h>
+#include <shardline/kernels/gemm.h>
 
 namespace shardline::kernels {
 
@@ -35,12 +34,10 @@ void ValidateGemmParams(const GemmParams& p, std::string_view op) {
     SHARDLINE_CHECK_AS(ShapeError, p.ldb >= std::max<std::int64_t>(1, b_rows), op,
                        "ldb {} must be >= {} (rows of B as stored, trans_b={})", p.ldb,
                        std::max<std::int64_t>(1, b_rows), p.trans_b);
-    SHARDLINE_CHECK_AS(ShapeError, p.ldc >= std::max<std::int64_t>(1, p.m), op, "ldc {} must be >= m {}", p.ldc,
-                       p.m);
+    SHARDLINE_CHECK_AS(ShapeError, p.ldc >= std::max<std::int64_t>(1, p.m), op, "ldc {} must be >= m {}", p.ldc, p.m);
     const bool empty = p.m == 0 || p.n == 0;
     SHARDLINE_CHECK(empty || p.c != nullptr, op, "C/D pointer is null (m={} n={})", p.m, p.n);
-    SHARDLINE_CHECK(empty || p.k == 0 || (p.a != nullptr && p.b != nullptr), op, "A or B pointer is null (k={})",
-                    p.k);
+    SHARDLINE_CHECK(empty || p.k == 0 || (p.a != nullptr && p.b != nullptr), op, "A or B pointer is null (k={})", p.k);
     SHARDLINE_CHECK_AS(DTypeError, IsFloatingPoint(p.a_type) && IsFloatingPoint(p.c_type), op,
                        "GEMM operands must be float dtypes, got A {} and C {}", DTypeName(p.a_type),
                        DTypeName(p.c_type));
@@ -56,8 +53,7 @@ void ValidateGemmParams(const GemmParams& p, std::string_view op) {
         break;
     case GemmEpilogue::kGeluAuxBias:
         SHARDLINE_CHECK(p.aux != nullptr && p.ldaux >= p.m, op,
-                        "epilogue gelu_aux_bias needs an aux pointer with ldaux >= m ({}), got ldaux={}", p.m,
-                        p.ldaux);
+                        "epilogue gelu_aux_bias needs an aux pointer with ldaux >= m ({}), got ldaux={}", p.m, p.ldaux);
         break;
     case GemmEpilogue::kBGradB:
         SHARDLINE_CHECK(p.bias != nullptr, op, "epilogue bgradb needs a bias-grad pointer");

@@ -3,10 +3,6 @@
 
 #include "gemm_tuning.h"
 
-#include <shardline/core/env.h>
-
-#include <unistd.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cinttypes>
@@ -18,7 +14,9 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
@@ -303,8 +301,8 @@ std::string GemmPlanKeyString(const GemmPlanKey& key) {
     }
     std::string s = fmt::format("{}{} m={} n={} k={} ld={},{},{} {},{}->{} compute={} epilogue={} beta={} "
                                 "align={},{},{},{},{}",
-                                key.trans_a ? 't' : 'n', key.trans_b ? 't' : 'n', key.m, key.n, key.k, key.lda,
-                                key.ldb, key.ldc, ShortName(key.a_type), ShortName(key.b_type), ShortName(key.c_type),
+                                key.trans_a ? 't' : 'n', key.trans_b ? 't' : 'n', key.m, key.n, key.k, key.lda, key.ldb,
+                                key.ldc, ShortName(key.a_type), ShortName(key.b_type), ShortName(key.c_type),
                                 key.tf32 ? "tf32" : "fp32", epilogue, key.beta_zero ? "0" : "c", key.align_a,
                                 key.align_b, key.align_c, key.align_bias, key.align_aux);
     if (key.ldaux != 0) {
@@ -333,8 +331,8 @@ GemmTuningTable GemmTuningTable::Parse(std::string_view text, std::string_view s
                         doc.at("version").get<int>() == kGemmTuningFormatVersion,
                     kOp, "{}: expected \"version\": {}, got {}", source, kGemmTuningFormatVersion,
                     doc.contains("version") ? doc.at("version").dump() : std::string("none"));
-    SHARDLINE_CHECK(doc.contains("records") && doc.at("records").is_array(), kOp,
-                    "{}: expected a \"records\" array", source);
+    SHARDLINE_CHECK(doc.contains("records") && doc.at("records").is_array(), kOp, "{}: expected a \"records\" array",
+                    source);
     GemmTuningTable table;
     std::size_t index = 0;
     for (const nlohmann::json& j : doc.at("records")) {

@@ -71,9 +71,9 @@ std::string GemmPlanKeyString(const GemmPlanKey& key);
 
 /// One record of the tuning-cache file.
 struct GemmTuningRecord {
-    std::string gpu;               ///< cudaDeviceProp::name
-    std::int64_t cublaslt_version = 0; ///< cublasLtGetVersion()
-    std::string key;               ///< GemmPlanKeyString
+    std::string gpu;                     ///< cudaDeviceProp::name
+    std::int64_t cublaslt_version = 0;   ///< cublasLtGetVersion()
+    std::string key;                     ///< GemmPlanKeyString
     std::array<std::uint64_t, 8> algo{}; ///< cublasLtMatmulAlgo_t, stored as is
     int candidates = 0;
     int chosen = 0;

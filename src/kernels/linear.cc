@@ -1,13 +1,12 @@
 // Linear ops: argument checks, allocating wrappers and the default kernels, which are compositions over Gemm
 // (so they serve every device type, and a provider that supplies only Gemm serves them too).
 
-#include <shardline/kernels/linear.h>
-
 #include <algorithm>
 #include <initializer_list>
 
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/linear.h>
 
 #include "checks.h"
 #include "linear_gemm.h"
@@ -155,9 +154,8 @@ void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweigh
     CheckSameDevice(dy, "dy", x, "x", op);
     CheckSameDevice(dweight, "dweight", x, "x", op);
     CheckSameDType(dy, "dy", x, "x", op);
-    SHARDLINE_CHECK_AS(DTypeError,
-                       dweight.dtype() == x.dtype() || (accumulate && dweight.dtype() == DType::kFloat32), op,
-                       "dweight must have x's dtype {} (or be a float32 main grad with accumulate), got {}",
+    SHARDLINE_CHECK_AS(DTypeError, dweight.dtype() == x.dtype() || (accumulate && dweight.dtype() == DType::kFloat32),
+                       op, "dweight must have x's dtype {} (or be a float32 main grad with accumulate), got {}",
                        DTypeName(x.dtype()), dweight.ToString());
     SHARDLINE_CHECK_AS(ShapeError, dy.rank() >= 1 && x.rank() == dy.rank(), op,
                        "dy and x must have the same rank >= 1, got dy {} and x {}", dy.ToString(), x.ToString());

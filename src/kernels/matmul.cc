@@ -1,12 +1,11 @@
 // Batched matmul with torch.matmul batch broadcasting, as compositions over Gemm.
 
-#include <shardline/kernels/matmul.h>
-
 #include <algorithm>
 
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/matmul.h>
 
 #include "checks.h"
 #include "register.h"
@@ -206,8 +205,8 @@ void MatmulForward(const MatmulForwardArgs& args) {
 
 Tensor MatmulForward(const Tensor& a, const Tensor& b, MatmulOptions options) {
     CheckOperands(a, "a", b, "b", MatmulForwardOp::kName);
-    Tensor out = Tensor::Empty(MatmulOutputShape(a.shape(), b.shape(), options, MatmulForwardOp::kName), a.dtype(),
-                               a.device());
+    Tensor out =
+        Tensor::Empty(MatmulOutputShape(a.shape(), b.shape(), options, MatmulForwardOp::kName), a.dtype(), a.device());
     MatmulForward(
         MatmulForwardArgs{.a = a, .b = b, .out = out, .trans_a = options.trans_a, .trans_b = options.trans_b});
     return out;
@@ -217,8 +216,7 @@ void MatmulBackwardInput(const MatmulBackwardInputArgs& args) {
     constexpr std::string_view kOp = MatmulBackwardInputOp::kName;
     CheckOperands(args.dout, "dout", args.b, "b", kOp);
     CheckLike(args.da, "da", args.b, "b", kOp);
-    CheckShape(args.dout, MatmulOutputShape(args.da.shape(), args.b.shape(), TransposesOf(args), kOp), kOp,
-               "dout");
+    CheckShape(args.dout, MatmulOutputShape(args.da.shape(), args.b.shape(), TransposesOf(args), kOp), kOp, "dout");
     if (args.da.numel() == 0) {
         return;
     }
@@ -229,8 +227,7 @@ void MatmulBackwardOther(const MatmulBackwardOtherArgs& args) {
     constexpr std::string_view kOp = MatmulBackwardOtherOp::kName;
     CheckOperands(args.a, "a", args.dout, "dout", kOp);
     CheckLike(args.db, "db", args.a, "a", kOp);
-    CheckShape(args.dout, MatmulOutputShape(args.a.shape(), args.db.shape(), TransposesOf(args), kOp), kOp,
-               "dout");
+    CheckShape(args.dout, MatmulOutputShape(args.a.shape(), args.db.shape(), TransposesOf(args), kOp), kOp, "dout");
     if (args.db.numel() == 0) {
         return;
     }

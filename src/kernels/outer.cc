@@ -1,9 +1,8 @@
 // Outer products as compositions over Gemm (k = 1 forward; matrix-vector products backward).
 
-#include <shardline/kernels/outer.h>
-
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/outer.h>
 
 #include "checks.h"
 #include "register.h"

@@ -3,10 +3,9 @@
 // Explicit registration of the built-in kernels (no static-initialiser or --whole-archive tricks).
 // EnsureBuiltinKernels() calls each of these once.
 
-#include <shardline/config.h>
-
 #include <initializer_list>
 
+#include <shardline/config.h>
 #include <shardline/core/device.h>
 
 namespace shardline::kernels::detail {

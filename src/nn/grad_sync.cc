@@ -1,11 +1,10 @@
-#include <shardline/nn/grad_sync.h>
-
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include <shardline/comm/communicator.h>
 #include <shardline/core/error.h>
+#include <shardline/nn/grad_sync.h>
 
 namespace shardline::nn {
 

@@ -1,6 +1,5 @@
-#include <shardline/nn/init.h>
-
 #include <shardline/core/error.h>
+#include <shardline/nn/init.h>
 #include <shardline/spmd/mesh.h>
 
 namespace shardline::nn {

@@ -2,13 +2,12 @@
 // (which layout they accept and promise); the computation is autograd::Linear (local) and autograd::Column/
 // RowParallelLinear, which run the functional core.
 
-#include <shardline/nn/linear.h>
-
 #include <cmath>
 #include <utility>
 
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
+#include <shardline/nn/linear.h>
 
 namespace shardline::nn {
 namespace {
@@ -123,9 +122,9 @@ RowParallelLinear::RowParallelLinear(const RowParallelLinearOptions &options, co
                     "the tp-sharded output of a column layer), got input_is_parallel=false",
                     name_);
     const int t = tp.tp_dim;
-    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, tp.mesh,
-                                       spmd::Layout(std::vector<std::vector<int>>{{}, {t}}), spmd::Layout::Replicated(1),
-                                       p);
+    auto [w, b] =
+        MakeLinearParameters(options.in_features, options.out_features, options.bias, tp.mesh,
+                             spmd::Layout(std::vector<std::vector<int>>{{}, {t}}), spmd::Layout::Replicated(1), p);
     weight = RegisterParameter("weight", std::move(w));
     bias = RegisterOptionalParameter("bias", std::move(b));
 }

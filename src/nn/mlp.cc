@@ -1,6 +1,5 @@
-#include <shardline/nn/mlp.h>
-
 #include <shardline/autograd/functions.h>
+#include <shardline/nn/mlp.h>
 
 namespace shardline::nn {
 

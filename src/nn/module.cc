@@ -1,6 +1,5 @@
-#include <shardline/nn/module.h>
-
 #include <shardline/core/error.h>
+#include <shardline/nn/module.h>
 
 namespace shardline::nn {
 

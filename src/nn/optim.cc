@@ -1,7 +1,6 @@
-#include <shardline/nn/optim.h>
-
 #include <shardline/core/error.h>
 #include <shardline/kernels/optim.h>
+#include <shardline/nn/optim.h>
 
 namespace shardline::nn {
 

@@ -39,12 +39,8 @@
 
 namespace shardline {
 /// Readable parameter values in GoogleTest's output ("bfloat16", not "1-byte object <02>").
-inline void PrintTo(DType dtype, std::ostream *os) {
-    *os << DTypeName(dtype);
-}
-inline void PrintTo(const Device &device, std::ostream *os) {
-    *os << ToString(device);
-}
+inline void PrintTo(DType dtype, std::ostream *os) { *os << DTypeName(dtype); }
+inline void PrintTo(const Device &device, std::ostream *os) { *os << ToString(device); }
 } // namespace shardline
 
 namespace shardline::testing {
@@ -60,15 +56,9 @@ inline std::vector<DType> KernelDTypes(DeviceType type) {
     return {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 }
 
-inline auto CpuDTypes() {
-    return ::testing::ValuesIn(KernelDTypes(DeviceType::kCPU));
-}
-inline auto CudaDTypes() {
-    return ::testing::ValuesIn(KernelDTypes(DeviceType::kCUDA));
-}
-inline auto HalfDTypes() {
-    return ::testing::Values(DType::kFloat16, DType::kBFloat16);
-}
+inline auto CpuDTypes() { return ::testing::ValuesIn(KernelDTypes(DeviceType::kCPU)); }
+inline auto CudaDTypes() { return ::testing::ValuesIn(KernelDTypes(DeviceType::kCUDA)); }
+inline auto HalfDTypes() { return ::testing::Values(DType::kFloat16, DType::kBFloat16); }
 
 /// "float32", "float16", "bfloat16" as the parameter's test name.
 inline std::string DTypeParamName(const ::testing::TestParamInfo<DType> &info) {
@@ -100,9 +90,7 @@ inline std::string_view ShortDTypeName(DType dtype) {
 /// may make on the way from exact inputs to the output: 1 for a correctly rounded result (a plain GEMM with fp32
 /// accumulation, an elementwise op, a reduction); 2 where an intermediate is rounded first (a broadcast matmul grad
 /// before its batch sum); the named budgets below for epilogues.
-inline double Tolerance(DType dtype, double roundings = 1) {
-    return RelativeTolerance(dtype) * roundings;
-}
+inline double Tolerance(DType dtype, double roundings = 1) { return RelativeTolerance(dtype) * roundings; }
 
 // The CUDA budgets. A device-parameterised case passes them through DeviceTest::OnCuda, so that the CPU keeps its
 // single rounding: the CPU kernels apply epilogues in double or in the output's precision on a BLAS result, which the
@@ -193,9 +181,7 @@ inline DType MainGradDType(const Device &device, DType dtype) {
 // ---------------------------------------------------------------------------------------------------------------------
 // Tensors
 
-inline Device Gpu() {
-    return Device::CUDA(0);
-}
+inline Device Gpu() { return Device::CUDA(0); }
 
 /// A normal(mean, stddev) tensor on the GPU from the counter-based RNG.
 inline Tensor RandomGpu(const Shape &shape, DType dtype, std::uint64_t seed, std::string_view name, double stddev = 1.0,
@@ -348,9 +334,7 @@ struct DeviceDType {
     Device device;
     DType dtype;
 };
-inline void PrintTo(const DeviceDType &c, std::ostream *os) {
-    *os << ToString(c.device) << " " << DTypeName(c.dtype);
-}
+inline void PrintTo(const DeviceDType &c, std::ostream *os) { *os << ToString(c.device) << " " << DTypeName(c.dtype); }
 
 /// Every dtype the kernels of `type` take, on that device.
 inline std::vector<DeviceDType> DeviceDTypeList(DeviceType type) {
@@ -360,9 +344,7 @@ inline std::vector<DeviceDType> DeviceDTypeList(DeviceType type) {
     }
     return cases;
 }
-inline auto DeviceDTypes(DeviceType type) {
-    return ::testing::ValuesIn(DeviceDTypeList(type));
-}
+inline auto DeviceDTypes(DeviceType type) { return ::testing::ValuesIn(DeviceDTypeList(type)); }
 /// "float32": the case's name within its device's instantiation.
 inline std::string DeviceDTypeName(const ::testing::TestParamInfo<DeviceDType> &info) {
     return std::string(DTypeName(info.param.dtype));

@@ -100,8 +100,8 @@ Values RefMatmul(const Values& a, const Values& b, std::int64_t m, std::int64_t 
 
 Values RefBatchedMatmul(const Values& a, const Shape& a_shape, const Values& b, const Shape& b_shape, bool trans_a,
                         bool trans_b, Shape* out_shape) {
-    const Shape out = kernels::MatmulOutputShape(a_shape, b_shape, {.trans_a = trans_a, .trans_b = trans_b},
-                                                 "RefBatchedMatmul");
+    const Shape out =
+        kernels::MatmulOutputShape(a_shape, b_shape, {.trans_a = trans_a, .trans_b = trans_b}, "RefBatchedMatmul");
     const std::int64_t m = out[out.size() - 2];
     const std::int64_t n = out.back();
     const std::int64_t k = trans_a ? a_shape[a_shape.size() - 2] : a_shape.back();
@@ -146,9 +146,7 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kGeluCoeff = 0.044715;
 } // namespace
 
-double RefGeluTanh(double x) {
-    return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCoeff * x * x * x)));
-}
+double RefGeluTanh(double x) { return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCoeff * x * x * x))); }
 double RefGeluErf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 double RefGeluTanhGrad(double x) {
     const double u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
@@ -203,9 +201,7 @@ double RelativeTolerance(DType dtype) {
     return 0.0;
 }
 
-double SubnormalTolerance(DType dtype) {
-    return dtype == DType::kFloat16 ? std::ldexp(1.0, -25) : 0.0;
-}
+double SubnormalTolerance(DType dtype) { return dtype == DType::kFloat16 ? std::ldexp(1.0, -25) : 0.0; }
 
 std::string CompareValues(const Values& actual, const Values& expected, double rtol, double atol) {
     if (actual.size() != expected.size()) {

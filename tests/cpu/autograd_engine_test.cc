@@ -47,9 +47,7 @@ Values Add(const Values &a, const Values &b) {
 }
 
 /// The storage holders of a tensor: how many tensors (the caller's, the Variable's, the graph's) share its memory.
-long Holders(const Tensor &t) {
-    return t.storage().use_count();
-}
+long Holders(const Tensor &t) { return t.storage().use_count(); }
 
 // ---- a counting provider for the Linear backward kernels ---------------------------------------------------------
 
@@ -246,9 +244,7 @@ private:
     std::vector<std::string> *log_;
 };
 
-Variable Through(const std::shared_ptr<Probe> &probe, const Variable &x) {
-    return Function::Apply(probe, {x}).at(0);
-}
+Variable Through(const std::shared_ptr<Probe> &probe, const Variable &x) { return Function::Apply(probe, {x}).at(0); }
 
 std::ptrdiff_t Position(const std::vector<std::string> &log, const std::string &tag) {
     return std::find(log.begin(), log.end(), tag) - log.begin();

@@ -44,13 +44,9 @@ Tensor Data(const Shape &shape, std::string_view name, double scale = 1.0) {
 }
 
 /// int64 ids in [0, n).
-Tensor Ids(const std::vector<double> &ids, const Shape &shape) {
-    return Tensor::FromVector(ids, shape, DType::kInt64);
-}
+Tensor Ids(const std::vector<double> &ids, const Shape &shape) { return Tensor::FromVector(ids, shape, DType::kInt64); }
 
-bool IsFloat(const Tensor &t) {
-    return t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64;
-}
+bool IsFloat(const Tensor &t) { return t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64; }
 
 /// Σ out ⊙ r.
 double Dot(const Tensor &out, const Values &r) {

@@ -51,7 +51,8 @@ TEST(EnvTest, BoolTypoIsAnErrorNamingTheVariableAndTheAcceptedValues) {
 TEST(EnvTest, IntParsesWithinRangeAndRejectsTrailingTextAndOutOfRange) {
     EXPECT_EQ(ParseInt("SHARDLINE_N", "32", 0, 64), 32);
     EXPECT_EQ(ParseInt("SHARDLINE_N", "-3", -5, 5), -3);
-    EXPECT_THAT(MessageOf([] { ParseInt("SHARDLINE_N", "65", 1, 64); }), HasSubstr("expected an integer in 1..64, got '65'"));
+    EXPECT_THAT(MessageOf([] { ParseInt("SHARDLINE_N", "65", 1, 64); }),
+                HasSubstr("expected an integer in 1..64, got '65'"));
     EXPECT_THAT(MessageOf([] { ParseInt("SHARDLINE_N", "8MB", 1, 64); }), HasSubstr("got '8MB'"));
     EXPECT_THAT(MessageOf([] { ParseInt("SHARDLINE_N", "", 1, 64); }), HasSubstr("SHARDLINE_N"));
 }

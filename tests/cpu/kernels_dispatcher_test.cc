@@ -40,12 +40,12 @@ GemmOp::Fn g_default_gemm = nullptr;
 std::atomic<int> g_linear_forward_calls{0};
 LinearForwardOp::Fn g_default_linear_forward = nullptr;
 
-void CountingGemm(const GemmParams &params) {
+void CountingGemm(const GemmParams& params) {
     ++g_gemm_calls;
     g_default_gemm(params);
 }
 
-void PartialLinearForward(const LinearForwardArgs &args) {
+void PartialLinearForward(const LinearForwardArgs& args) {
     ++g_linear_forward_calls;
     g_default_linear_forward(args);
 }
@@ -53,7 +53,7 @@ void PartialLinearForward(const LinearForwardArgs &args) {
 bool HasKernel(std::string_view op, DeviceType device, std::string_view provider) {
     const std::vector<KernelInfo> kernels = RegisteredKernels();
     return std::any_of(kernels.begin(), kernels.end(),
-                       [&](const KernelInfo &k) { return k.op == op && k.device == device && k.provider == provider; });
+                       [&](const KernelInfo& k) { return k.op == op && k.device == device && k.provider == provider; });
 }
 
 class DispatcherTest : public ::testing::Test {
@@ -267,7 +267,7 @@ TEST_F(DispatcherTest, EnvironmentProviderIsReadOnReset) {
 TEST_F(DispatcherTest, LinearImplLegacySwitchesOnlyTheLinearOps) {
     setenv("SHARDLINE_LINEAR_IMPL", "legacy", 1);
     ResetProviderSelection();
-    for (const char *op : {"LinearForward", "LinearBackwardInput", "LinearBackwardWeight", "LinearBackwardBias"}) {
+    for (const char* op : {"LinearForward", "LinearBackwardInput", "LinearBackwardWeight", "LinearBackwardBias"}) {
         EXPECT_EQ(SelectedProvider(op), kLegacyProvider) << op;
     }
     EXPECT_EQ(SelectedProvider("MatmulForward"), kDefaultProvider);
@@ -284,7 +284,7 @@ TEST_F(DispatcherTest, RegisteredKernelsListsEveryProvider) {
     EXPECT_TRUE(HasKernel("Gemm", DeviceType::kCPU, kDefaultProvider));
     EXPECT_TRUE(HasKernel("LinearForward", DeviceType::kCPU, kPartial));
     EXPECT_FALSE(HasKernel("LinearForward", DeviceType::kCPU, kCounting));
-    for (const char *op : {"LinearForward", "LinearBackwardInput", "LinearBackwardWeight", "LinearBackwardBias",
+    for (const char* op : {"LinearForward", "LinearBackwardInput", "LinearBackwardWeight", "LinearBackwardBias",
                            "MatmulForward", "MatmulBackwardInput", "MatmulBackwardOther", "OuterForward",
                            "OuterBackward", "GeluForward", "GeluBackward", "Add", "Scale", "Sum"}) {
         EXPECT_TRUE(HasKernel(op, DeviceType::kCPU, kDefaultProvider)) << op;

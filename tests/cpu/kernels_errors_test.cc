@@ -68,9 +68,7 @@ TEST(ErrorsTest, NonContiguousInputAsksForContiguous) {
     EXPECT_THAT(msg, AllOf(HasSubstr("LinearForward"), HasSubstr("x must be contiguous"),
                            HasSubstr("Tensor[4, 8] float32 cpu with strides [1, 4]"), HasSubstr("Contiguous()")));
     const Tensor a = F32({3, 4}).Transpose(0, 1);
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    MatmulForward(a, F32({3, 2}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { MatmulForward(a, F32({3, 2})); }),
                 AllOf(HasSubstr("MatmulForward"), HasSubstr("a must be contiguous")));
 }
 
@@ -85,9 +83,7 @@ TEST(ErrorsTest, UndefinedTensorIsNamed) {
 
 TEST(ErrorsTest, NullDataPointerIsNamed) {
     const Tensor x = Tensor::FromBlob(nullptr, {4, 8}, DType::kFloat32, Device::CPU());
-    EXPECT_THAT(MessageOf<Error>([&] {
-                    LinearForward(x, F32({5, 8}));
-                }),
+    EXPECT_THAT(MessageOf<Error>([&] { LinearForward(x, F32({5, 8})); }),
                 AllOf(HasSubstr("LinearForward"), HasSubstr("x Tensor[4, 8] float32 cpu has a null data pointer")));
 }
 
@@ -109,17 +105,13 @@ TEST(ErrorsTest, HalfDTypeOnCpuIsADTypeErrorNamingFloat16) {
     const Tensor bf = Tensor::Empty({4, 8}, DType::kBFloat16);
     EXPECT_THAT(MessageOf<DTypeError>([&] { GeluForward(bf); }),
                 AllOf(HasSubstr("GeluForward"), HasSubstr("bfloat16")));
-    EXPECT_THAT(MessageOf<DTypeError>([&] {
-                    MatmulForward(x, Tensor::Empty({8, 2}, DType::kFloat16));
-                }),
+    EXPECT_THAT(MessageOf<DTypeError>([&] { MatmulForward(x, Tensor::Empty({8, 2}, DType::kFloat16)); }),
                 AllOf(HasSubstr("MatmulForward"), HasSubstr("float16")));
     EXPECT_THAT(MessageOf<DTypeError>([&] { Sum(x); }), AllOf(HasSubstr("Sum"), HasSubstr("float16")));
 }
 
 TEST(ErrorsTest, WeightMustBeAMatrix) {
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    LinearForward(F32({4, 8}), F32({8}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { LinearForward(F32({4, 8}), F32({8})); }),
                 AllOf(HasSubstr("LinearForward"), HasSubstr("weight must be [out_features, in_features]"),
                       HasSubstr("Tensor[8] float32 cpu")));
 }
@@ -145,9 +137,7 @@ TEST(ErrorsTest, GeluActivationNeedsAPreActivationTensor) {
 
 TEST(ErrorsTest, BackwardWeightChecksRowsAndGradDType) {
     const Tensor dy = F32({4, 5});
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    LinearBackwardWeight(dy, F32({3, 8}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { LinearBackwardWeight(dy, F32({3, 8})); }),
                 AllOf(HasSubstr("LinearBackwardWeight"), HasSubstr("must agree on the leading (row) dims"),
                       HasSubstr("Tensor[4, 5]"), HasSubstr("Tensor[3, 8]")));
     const Tensor x = F32({4, 8});
@@ -170,18 +160,12 @@ TEST(ErrorsTest, Float32MainGradForFloat64OperandsIsRejectedOnCpu) {
 }
 
 TEST(ErrorsTest, MatmulContractedDimMismatchNamesBothShapes) {
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    MatmulForward(F32({2, 3, 4}), F32({5, 6}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { MatmulForward(F32({2, 3, 4}), F32({5, 6})); }),
                 AllOf(HasSubstr("MatmulForward"), HasSubstr("contracted dims differ"), HasSubstr("[2, 3, 4]"),
                       HasSubstr("[5, 6]")));
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    MatmulForward(F32({2, 3, 4}), F32({3, 4, 6}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { MatmulForward(F32({2, 3, 4}), F32({3, 4, 6})); }),
                 AllOf(HasSubstr("MatmulForward"), HasSubstr("do not broadcast"), HasSubstr("2 vs 3")));
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    MatmulForward(F32({4}), F32({4, 6}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { MatmulForward(F32({4}), F32({4, 6})); }),
                 AllOf(HasSubstr("MatmulForward"), HasSubstr("rank >= 2")));
 }
 
@@ -195,16 +179,12 @@ TEST(ErrorsTest, MatmulBackwardChecksTheGradShape) {
 }
 
 TEST(ErrorsTest, OuterTakesNonEmptyVectors) {
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    OuterForward(F32({2, 2}), F32({3}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { OuterForward(F32({2, 2}), F32({3})); }),
                 AllOf(HasSubstr("OuterForward"), HasSubstr("x must be a non-empty vector"), HasSubstr("Tensor[2, 2]")));
 }
 
 TEST(ErrorsTest, ElementwiseShapesMustMatch) {
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    Add(F32({2, 3}), F32({3, 2}));
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { Add(F32({2, 3}), F32({3, 2})); }),
                 AllOf(HasSubstr("Add"), HasSubstr("b must have shape [2, 3]"), HasSubstr("Tensor[3, 2]")));
     EXPECT_THAT(MessageOf<ShapeError>([&] { GeluBackward(F32({4}), F32({5})); }),
                 AllOf(HasSubstr("GeluBackward"), HasSubstr("dy must have shape [5]")));
@@ -214,18 +194,12 @@ TEST(ErrorsTest, ElementwiseShapesMustMatch) {
 }
 
 TEST(ErrorsTest, SumDimsAreValidated) {
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    Sum(F32({2, 3}), {.dims = {2}});
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { Sum(F32({2, 3}), {.dims = {2}}); }),
                 AllOf(HasSubstr("Sum"), HasSubstr("dim 2 out of range for shape [2, 3]")));
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    Sum(F32({2, 3}), {.dims = {1, -1}});
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { Sum(F32({2, 3}), {.dims = {1, -1}}); }),
                 AllOf(HasSubstr("Sum"), HasSubstr("listed twice")));
     Tensor out = Tensor::Empty({3}, DType::kFloat32);
-    EXPECT_THAT(MessageOf<ShapeError>([&] {
-                    Sum(SumArgs{.x = F32({2, 3}), .out = out, .dims = {1}});
-                }),
+    EXPECT_THAT(MessageOf<ShapeError>([&] { Sum(SumArgs{.x = F32({2, 3}), .out = out, .dims = {1}}); }),
                 AllOf(HasSubstr("Sum"), HasSubstr("out must have shape [2]")));
 }
 

@@ -9,10 +9,9 @@
 #include <set>
 #include <string>
 
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <shardline/core/error.h>
 
@@ -125,23 +124,43 @@ TEST(GemmPlanKeyTest, EveryFieldThatChangesThePlanChangesTheKeyString) {
     };
     vary([](GemmParams& p) { p.trans_a = false; });
     vary([](GemmParams& p) { p.trans_b = true; });
-    vary([](GemmParams& p) { p.m = 8200; p.ldc = 8200; });
+    vary([](GemmParams& p) {
+        p.m = 8200;
+        p.ldc = 8200;
+    });
     vary([](GemmParams& p) { p.n = 4097; });
-    vary([](GemmParams& p) { p.k = 4104; p.lda = 4104; p.ldb = 4104; });
+    vary([](GemmParams& p) {
+        p.k = 4104;
+        p.lda = 4104;
+        p.ldb = 4104;
+    });
     vary([](GemmParams& p) { p.lda = 4160; });
     vary([](GemmParams& p) { p.ldb = 4160; });
     vary([](GemmParams& p) { p.ldc = 8256; });
     vary([](GemmParams& p) { p.a_type = p.b_type = p.c_type = p.bias_type = DType::kFloat16; });
     vary([](GemmParams& p) { p.c_type = DType::kFloat32; });
-    vary([](GemmParams& p) { p.epilogue = GemmEpilogue::kNone; p.bias = nullptr; });
+    vary([](GemmParams& p) {
+        p.epilogue = GemmEpilogue::kNone;
+        p.bias = nullptr;
+    });
     vary([](GemmParams& p) { p.epilogue = GemmEpilogue::kBGradB; });
-    vary([](GemmParams& p) { p.bias = nullptr; p.epilogue = GemmEpilogue::kGeluAuxBias; p.aux = p.c; p.ldaux = 8192; });
+    vary([](GemmParams& p) {
+        p.bias = nullptr;
+        p.epilogue = GemmEpilogue::kGeluAuxBias;
+        p.aux = p.c;
+        p.ldaux = 8192;
+    });
     vary([](GemmParams& p) { p.beta = 1.0; });
     vary([](GemmParams& p) { p.a = reinterpret_cast<const char*>(p.a) + 2; });
     vary([](GemmParams& p) { p.b = reinterpret_cast<const char*>(p.b) + 4; });
     vary([](GemmParams& p) { p.c = reinterpret_cast<char*>(p.c) + 8; });
     vary([](GemmParams& p) { p.bias = reinterpret_cast<char*>(p.bias) + 2; });
-    vary([](GemmParams& p) { p.batch_count = 2; p.stride_a = 1 << 24; p.stride_b = 1 << 24; p.stride_c = 1 << 25; });
+    vary([](GemmParams& p) {
+        p.batch_count = 2;
+        p.stride_a = 1 << 24;
+        p.stride_b = 1 << 24;
+        p.stride_c = 1 << 25;
+    });
     std::set<std::string> strings;
     for (const GemmParams& p : variants) {
         strings.insert(GemmPlanKeyString(MakeGemmPlanKey(p, false)));

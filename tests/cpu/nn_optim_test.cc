@@ -82,9 +82,7 @@ void Backpropagate(const Linear &layer, DType dtype, int step) {
     y.Backward(&dy);
 }
 
-double Tolerance(DType dtype) {
-    return dtype == DType::kFloat64 ? 1e-12 : 1e-5;
-}
+double Tolerance(DType dtype) { return dtype == DType::kFloat64 ? 1e-12 : 1e-5; }
 
 /// Runs kSteps of `optimizer` on a fresh Linear(5 -> 3) and `reference` on float64 copies; compares every step.
 /// `bias_joins_at`: the bias needs no grad before that step (its optimizer state starts late, as in torch).
@@ -128,9 +126,7 @@ void RunAgainstReference(DType dtype, const Options &options, RefStep reference,
 
 class OptimizerTest : public ::testing::TestWithParam<DType> {};
 
-TEST_P(OptimizerTest, SgdPlain) {
-    RunAgainstReference<SGD>(GetParam(), SgdOptions{.lr = 0.1}, RefSgd);
-}
+TEST_P(OptimizerTest, SgdPlain) { RunAgainstReference<SGD>(GetParam(), SgdOptions{.lr = 0.1}, RefSgd); }
 
 TEST_P(OptimizerTest, SgdMomentum) {
     RunAgainstReference<SGD>(GetParam(), SgdOptions{.lr = 0.05, .momentum = 0.9}, RefSgd);
@@ -156,9 +152,7 @@ TEST_P(OptimizerTest, SgdMomentumStateStartsAtAParametersFirstGradient) {
                              /*bias_joins_at=*/2);
 }
 
-TEST_P(OptimizerTest, AdamWDefaults) {
-    RunAgainstReference<AdamW>(GetParam(), AdamWOptions{.lr = 1e-2}, RefAdamW);
-}
+TEST_P(OptimizerTest, AdamWDefaults) { RunAgainstReference<AdamW>(GetParam(), AdamWOptions{.lr = 1e-2}, RefAdamW); }
 
 TEST_P(OptimizerTest, AdamWBetasEpsWeightDecay) {
     RunAgainstReference<AdamW>(GetParam(),

@@ -100,10 +100,9 @@ TEST_F(CudaInt64Test, FloatKernelsRejectInt64) {
     EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { kernels::GeluForward(i); }), "GeluForward"));
     EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { kernels::Sum(i); }), "Sum"));
     EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] { kernels::LinearBackwardBias(i); }), "LinearBackwardBias"));
-    EXPECT_TRUE(rejects(MessageOf<DTypeError>([&] {
-                            kernels::MatmulForward(i, Tensor::Zeros({8, 2}, DType::kInt64, Gpu()));
-                        }),
-                        "MatmulForward"));
+    EXPECT_TRUE(
+        rejects(MessageOf<DTypeError>([&] { kernels::MatmulForward(i, Tensor::Zeros({8, 2}, DType::kInt64, Gpu())); }),
+                "MatmulForward"));
 }
 
 } // namespace

@@ -9,17 +9,15 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <shardline/kernels/linear.h>
 
-#include "kernels/gemm_tuning.h"
-
 #include "helpers.h"
+#include "kernels/gemm_tuning.h"
 
 namespace shardline::testing {
 namespace {
@@ -100,11 +98,13 @@ struct Grads {
 
 /// Forward with bias, then LinearBackward for dx, dw and db, into poisoned outputs.
 Grads RunLayer(const Layer& l) {
-    Grads g{RandomGpu({l.m, l.out}, l.dtype, 999, "poison_y", 100.0), RandomGpu({l.m, l.in}, l.dtype, 999, "poison_dx", 100.0),
-            RandomGpu({l.out, l.in}, l.dtype, 999, "poison_dw", 100.0), RandomGpu({l.out}, l.dtype, 999, "poison_db", 100.0)};
+    Grads g{RandomGpu({l.m, l.out}, l.dtype, 999, "poison_y", 100.0),
+            RandomGpu({l.m, l.in}, l.dtype, 999, "poison_dx", 100.0),
+            RandomGpu({l.out, l.in}, l.dtype, 999, "poison_dw", 100.0),
+            RandomGpu({l.out}, l.dtype, 999, "poison_db", 100.0)};
     LinearForward(LinearForwardArgs{.x = l.x, .weight = l.w, .bias = &l.b, .y = g.y});
-    LinearBackward(LinearBackwardArgs{
-        .dy = l.dy, .x = &l.x, .weight = &l.w, .dx = &g.dx, .dweight = &g.dw, .dbias = &g.db});
+    LinearBackward(
+        LinearBackwardArgs{.dy = l.dy, .x = &l.x, .weight = &l.w, .dx = &g.dx, .dweight = &g.dw, .dbias = &g.db});
     Synchronize(Gpu());
     return g;
 }
@@ -165,7 +165,8 @@ TEST_P(CudaGemmTuningTest, AccumulatingIntoAMainGradIsTunedWithoutAddingTwice) {
     const Values old_dw = main_dw.ToDoubleVector();
     const Values old_db = main_db.ToDoubleVector();
     // The first call tunes the beta = 1 GEMM: the candidates must not have accumulated into main_dw.
-    LinearBackward(LinearBackwardArgs{.dy = l.dy, .x = &l.x, .dweight = &main_dw, .dbias = &main_db, .accumulate = true});
+    LinearBackward(
+        LinearBackwardArgs{.dy = l.dy, .x = &l.x, .dweight = &main_dw, .dbias = &main_db, .accumulate = true});
     const Values dyv = l.dy.ToDoubleVector();
     Values want_dw = RefLinearBackwardWeight(dyv, l.x.ToDoubleVector(), l.m, l.out, l.in);
     Values want_db = RefColumnSum(dyv, l.m, l.out);

@@ -116,13 +116,8 @@ TEST_P(CudaLinearGraphTest, MainGradAccumulationReplaysAccumulate) {
     const DType dtype = GetParam();
     Step s(512, 128, 256, dtype, DType::kFloat32);
     auto backward = [&] {
-        LinearBackward({.dy = s.dy,
-                        .x = &s.x,
-                        .weight = &s.w,
-                        .dx = &s.dx,
-                        .dweight = &s.dw,
-                        .dbias = &s.db,
-                        .accumulate = true});
+        LinearBackward(
+            {.dy = s.dy, .x = &s.x, .weight = &s.w, .dx = &s.dx, .dweight = &s.dw, .dbias = &s.db, .accumulate = true});
     };
     s.Load(7);
     backward(); // plans built and tuned eagerly

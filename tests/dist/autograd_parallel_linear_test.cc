@@ -69,9 +69,7 @@ std::int64_t Calls(DeviceMesh &mesh, std::string_view dim, CollectiveKind kind) 
     return mesh.group(dim).Counts().Calls(kind);
 }
 
-std::int64_t AllCalls(DeviceMesh &mesh, std::string_view dim) {
-    return mesh.group(dim).Counts().TotalCalls();
-}
+std::int64_t AllCalls(DeviceMesh &mesh, std::string_view dim) { return mesh.group(dim).Counts().TotalCalls(); }
 
 /// The column layer's parameters as leaves on `mesh`: W [kOut, kIn] split on dim 0 over tp, b [kOut] likewise.
 struct ColumnParams {
@@ -192,13 +190,13 @@ TEST(AutogradParallelLinearTest, SkipBiasAddLeavesTheBiasOutOfTheLayerAndWithout
     const Tensor x_full = RandomFull({kSeq, kBatch, kOut}, "x_row");
     Variable x(DistTensor::Sharded(x_full, mesh, {{.dim = -1, .over = {"tp"}}}), false);
     Variable y = autograd::RowParallelLinear(
-        x, weight, bias,
-        {.in_features = kOut, .out_features = kIn, .input_is_parallel = true, .skip_bias_add = true}, tp);
-    const DistTensor ones = DistTensor::Replicated(
-        Tensor::Full({kSeq, kBatch, kIn}, 1.0, DType::kFloat32, dist_test::TestDevice()), mesh);
+        x, weight, bias, {.in_features = kOut, .out_features = kIn, .input_is_parallel = true, .skip_bias_add = true},
+        tp);
+    const DistTensor ones =
+        DistTensor::Replicated(Tensor::Full({kSeq, kBatch, kIn}, 1.0, DType::kFloat32, dist_test::TestDevice()), mesh);
     y.Backward(&ones);
-    const Values want = testing::RefLinearForward(x_full.ToDoubleVector(), w_full.ToDoubleVector(), nullptr, kRows,
-                                                  kIn, kOut);
+    const Values want =
+        testing::RefLinearForward(x_full.ToDoubleVector(), w_full.ToDoubleVector(), nullptr, kRows, kIn, kOut);
     EXPECT_TRUE(Exactly(y.value().FullTensor(), {kSeq, kBatch, kIn}, want)) << "y without the bias";
     EXPECT_TRUE(weight.grad().defined());
     EXPECT_FALSE(bias.grad().defined()) << "the caller adds the bias: it gets its gradient there";
@@ -247,8 +245,8 @@ TEST(AutogradParallelLinearTest, AWeightInTheWrongLayoutRaisesNamingItBeforeAnyC
     Variable weight(DistTensor::Sharded(RandomFull({kOut, kIn}, "w"), mesh, {{.dim = 1, .over = {"tp"}}}), true);
     Variable x(DistTensor::Replicated(RandomFull({kSeq, kIn}, "x"), mesh), true);
     const std::string message = ErrorOnEveryRank(mesh, [&] {
-        autograd::ColumnParallelLinear(x, weight, Variable(),
-                                       {.in_features = kIn, .out_features = kOut, .bias = false}, tp);
+        autograd::ColumnParallelLinear(x, weight, Variable(), {.in_features = kIn, .out_features = kOut, .bias = false},
+                                       tp);
     });
     if (w == 1) {
         EXPECT_EQ(message, "<no error>") << "on one rank every layout is the same";

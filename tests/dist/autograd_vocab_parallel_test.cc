@@ -126,7 +126,8 @@ TEST(VocabParallelCrossEntropyHeadTest, GradientFlowsBackThroughAColumnParallelH
     const std::int64_t vocab = 4 * w;
     nn::ColumnParallelLinear head({.in_features = 8, .out_features = vocab}, nn::TensorParallelGroup::Named(mesh, "tp"),
                                   {.device = TestDevice(), .seed = 3, .name = "head"});
-    nn::Linear dense_head({.in_features = 8, .out_features = vocab}, {.device = TestDevice(), .seed = 3, .name = "head"});
+    nn::Linear dense_head({.in_features = 8, .out_features = vocab},
+                          {.device = TestDevice(), .seed = 3, .name = "head"});
     const Tensor h_full = NormalFull({6, 8}, "h");
     const Tensor labels_full = IdsFull({6}, vocab, "labels");
 

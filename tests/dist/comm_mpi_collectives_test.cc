@@ -20,9 +20,7 @@ using comm::ReduceOp;
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kFloat64};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
 
-comm::Communicator &World() {
-    return DistEnv().world();
-}
+comm::Communicator &World() { return DistEnv().world(); }
 
 double Reduce(ReduceOp op, const std::vector<double> &v) {
     switch (op) {
@@ -202,9 +200,7 @@ TEST(MpiCollectivesTest, AllToAllSendsBlockRToRankR) {
 }
 
 // Rank s sends (s + 2d) % 3 elements to rank d: some pairs exchange nothing.
-std::int64_t PairCount(int s, int d) {
-    return (s + 2 * d) % 3;
-}
+std::int64_t PairCount(int s, int d) { return (s + 2 * d) % 3; }
 
 TEST(MpiCollectivesTest, AllToAllVExchangesUnevenAndEmptyBlocks) {
     auto &world = World();

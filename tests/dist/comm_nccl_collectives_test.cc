@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include <shardline/core/error.h>
 #include <shardline/core/context.h>
+#include <shardline/core/error.h>
 
 #include "comm_nccl_helpers.h"
 
@@ -102,8 +102,7 @@ TEST_P(NcclCollectiveTest, ReduceScatterVMatchesEveryReduceOp) {
     comm::Communicator& world = World();
     const auto counts = UnevenCounts(world.size());
     const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
-    const std::int64_t offset =
-        std::accumulate(counts.begin(), counts.begin() + world.rank(), std::int64_t{0});
+    const std::int64_t offset = std::accumulate(counts.begin(), counts.begin() + world.rank(), std::int64_t{0});
     for (ReduceOp op : kOps) {
         const std::string what = fmt::format("reduce_scatter_v/{}", ReduceOpName(op));
         Tensor in = InputTensor(what, world.rank(), total, GetParam());

@@ -27,9 +27,7 @@ constexpr auto kTimeout = std::chrono::seconds(5);
 constexpr auto kSlack = std::chrono::seconds(5);
 constexpr std::int64_t kFaultCount = 1 << 16;
 
-double SecondsSince(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 class NcclFaultTest : public ::testing::Test {
 protected:

@@ -40,7 +40,7 @@ inline std::string NcclSkipReason() {
 
 #define SHARDLINE_SKIP_WITHOUT_NCCL()                                                                                  \
     do {                                                                                                               \
-        if (const std::string reason = ::shardline::testing::NcclSkipReason(); !reason.empty()) {                    \
+        if (const std::string reason = ::shardline::testing::NcclSkipReason(); !reason.empty()) {                      \
             GTEST_SKIP() << reason;                                                                                    \
         }                                                                                                              \
     } while (0)

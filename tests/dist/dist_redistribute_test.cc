@@ -34,9 +34,7 @@ struct Transition {
     const char *steps; ///< the plan, "collective@mesh_dim(tensor dims)[op]; ..."
 };
 
-void PrintTo(const Transition &t, std::ostream *os) {
-    *os << t.name << " [" << t.src << "] -> [" << t.dst << "]";
-}
+void PrintTo(const Transition &t, std::ostream *os) { *os << t.name << " [" << t.src << "] -> [" << t.dst << "]"; }
 
 std::string FormatStep(const spmd::RedistributeStep &s) {
     std::string text = fmt::format("{}@{}", spmd::ToString(s.collective), s.mesh_dim);

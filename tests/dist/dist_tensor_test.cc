@@ -189,7 +189,8 @@ TEST(DistTensorTest, NamedHelpersGiveTheLayoutsAndShardsOfFromFull) {
     EXPECT_EQ(dist::ShardedLayout(mesh, 3, {{.dim = -1, .over = {"dp", "tp"}}}),
               spmd::Layout(std::vector<std::vector<int>>{{}, {}, {0, 1}}));
 
-    const DistTensor sharded = DistTensor::Sharded(full, mesh, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}});
+    const DistTensor sharded =
+        DistTensor::Sharded(full, mesh, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}});
     const DistTensor reference = DistTensor::FromFull(full, seq_tp_batch_dp, mesh);
     EXPECT_EQ(sharded.layout(), seq_tp_batch_dp);
     EXPECT_TRUE(SameValues(sharded.local(), reference.local()));
@@ -200,8 +201,8 @@ TEST(DistTensorTest, NamedHelpersGiveTheLayoutsAndShardsOfFromFull) {
     EXPECT_TRUE(SameValues(replicated.local(), full));
 
     // Each rank passes only its shard: the global shape is the local one times the shards.
-    const DistTensor from_local =
-        DistTensor::FromLocalShard(reference.local().Clone(), mesh, {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}});
+    const DistTensor from_local = DistTensor::FromLocalShard(reference.local().Clone(), mesh,
+                                                             {{.dim = 0, .over = {"tp"}}, {.dim = 1, .over = {"dp"}}});
     EXPECT_EQ(from_local.global_shape(), full.shape());
     EXPECT_EQ(from_local.layout(), seq_tp_batch_dp);
     EXPECT_TRUE(SameValues(from_local.FullTensor(), full));

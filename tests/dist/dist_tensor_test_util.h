@@ -40,16 +40,10 @@ using comm::CollectiveKind;
 using comm::DeviceMesh;
 using dist::DistTensor;
 
-inline launch::Environment &Env() {
-    return testing::DistEnv();
-}
-inline comm::Communicator &World() {
-    return Env().world();
-}
+inline launch::Environment &Env() { return testing::DistEnv(); }
+inline comm::Communicator &World() { return Env().world(); }
 /// Where this rank's tensors live (cuda:<local rank> for the NCCL variant, cpu for MPI).
-inline Device TestDevice() {
-    return Env().device();
-}
+inline Device TestDevice() { return Env().device(); }
 
 /// A full tensor of integers in [-8, 8] (exact sums in fp32), the same on every rank: a pure function of
 /// (seed, name, element index).
@@ -78,8 +72,7 @@ inline spmd::Layout ParsePlacements(std::string_view text, int tensor_rank) {
 }
 
 /// `got` against `want`, shape first, then element by element: `differ(g, w)` true fails at that element.
-template <class Differ>
-::testing::AssertionResult CompareValues(const Tensor &got, const Tensor &want, Differ differ) {
+template <class Differ>::testing::AssertionResult CompareValues(const Tensor &got, const Tensor &want, Differ differ) {
     if (got.shape() != want.shape()) {
         return ::testing::AssertionFailure()
                << "shape " << ShapeToString(got.shape()) << " != expected " << ShapeToString(want.shape());

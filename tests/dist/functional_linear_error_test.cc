@@ -116,8 +116,8 @@ TEST(FunctionalLinearErrorTest, ShapeAndDTypeMismatchesRaiseNamingTheTensorAndTh
     functional::ColumnParallelLinearForwardArgs args = t.ColumnArgs();
     args.weight = ViewOf(w_full);
     ExpectColumnForwardError(m, options, args,
-                             {"weight must be [out_features/tp, in_features]", fmt::format("= [{}, {}]", kOut / tp, kIn),
-                              fmt::format("got [{}, {}]", kOut + tp, kIn)});
+                             {"weight must be [out_features/tp, in_features]",
+                              fmt::format("= [{}, {}]", kOut / tp, kIn), fmt::format("got [{}, {}]", kOut + tp, kIn)});
     // A weight of another dtype than x. On the CPU the other dtype is float64, on CUDA bfloat16.
     const DType other = TestDevice().is_cpu() ? DType::kFloat64 : DType::kBFloat16;
     const Tensor w_other = Tensor::Zeros({kOut / tp, kIn}, other, TestDevice());
@@ -197,8 +197,8 @@ TEST(FunctionalLinearErrorTest, FlagCombinationsMegatronRejectsRaise) {
     const MeshAndDim m = GetMesh(MeshKind::kTp);
     Buffers t = ColumnBuffers(m.tp());
     ExpectColumnForwardError(
-        m, {.in_features = kIn, .out_features = kOut, .gather_output = true, .sequence_parallel = true},
-        t.ColumnArgs(), {"gather_output and sequence_parallel exclude each other"});
+        m, {.in_features = kIn, .out_features = kOut, .gather_output = true, .sequence_parallel = true}, t.ColumnArgs(),
+        {"gather_output and sequence_parallel exclude each other"});
     ExpectErrorBeforeAnyCollective(m,
                                    [&] {
                                        RowParallelLinearForward(

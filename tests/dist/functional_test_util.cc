@@ -24,12 +24,8 @@ namespace shardline::functional_test {
 
 using comm::CollectiveKind;
 
-comm::Communicator &World() {
-    return testing::DistEnv().world();
-}
-Device TestDevice() {
-    return testing::DistEnv().device();
-}
+comm::Communicator &World() { return testing::DistEnv().world(); }
+Device TestDevice() { return testing::DistEnv().device(); }
 
 namespace {
 
@@ -81,9 +77,7 @@ MeshAndDim GetMesh(MeshKind kind) {
 // ---- tensors
 // ---------------------------------------------------------------------------------------------------------
 
-std::string DataName(Data data) {
-    return data == Data::kInteger ? "integer" : "random";
-}
+std::string DataName(Data data) { return data == Data::kInteger ? "integer" : "random"; }
 
 /// A full tensor, the same on every rank of one data-parallel replica: a pure function of (seed, name, index).
 Tensor MakeFull(const Shape &shape, std::string_view name, Data data, DType dtype, std::uint64_t seed) {
@@ -136,9 +130,7 @@ Shape WithLast(Shape shape, std::int64_t last) {
 }
 
 namespace {
-std::int64_t Rows(const Shape &lead) {
-    return Numel(lead);
-}
+std::int64_t Rows(const Shape &lead) { return Numel(lead); }
 } // namespace
 
 Values Plus(Values a, const Values &b) {

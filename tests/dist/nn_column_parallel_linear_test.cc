@@ -60,9 +60,7 @@ std::string ColumnCaseName(const ::testing::TestParamInfo<ColumnCase> &info) {
                        DTypeTag(c.dtype));
 }
 
-void PrintTo(const ColumnCase &c, std::ostream *os) {
-    *os << ColumnCaseName({c, 0});
-}
+void PrintTo(const ColumnCase &c, std::ostream *os) { *os << ColumnCaseName({c, 0}); }
 
 class ColumnParallelLinearTest : public ::testing::TestWithParam<ColumnCase> {};
 

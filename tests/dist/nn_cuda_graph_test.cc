@@ -40,9 +40,9 @@ Tensor RandomNormal(const Shape &shape, std::string_view name, std::uint64_t see
 struct StepState {
     DeviceMesh *mesh = nullptr;
     std::unique_ptr<nn::ParallelMLP> mlp;
-    Variable x;        ///< leaf requiring grad (main grad allocated: dX accumulates into it)
-    DistTensor dy;     ///< in the output's layout
-    Tensor y_out;      ///< the step copies its output here
+    Variable x;    ///< leaf requiring grad (main grad allocated: dX accumulates into it)
+    DistTensor dy; ///< in the output's layout
+    Tensor y_out;  ///< the step copies its output here
     spmd::Layout io_layout;
     DType dtype = DType::kFloat32;
 };
@@ -112,12 +112,12 @@ TEST_P(ParallelMLPCudaGraphTest, ReplayMatchesEagerAndFollowsNewInputs) {
     s.dtype = c.dtype;
     s.mlp = std::make_unique<nn::ParallelMLP>(
         nn::ParallelMLPOptions{.hidden = kHidden, .ffn_hidden = kFfn, .sequence_parallel = c.sequence_parallel},
-        nn::TensorParallelGroup::Named(mesh, "tp"), nn::ParameterOptions{.dtype = c.dtype, .device = TestDevice(), .seed = 7});
+        nn::TensorParallelGroup::Named(mesh, "tp"),
+        nn::ParameterOptions{.dtype = c.dtype, .device = TestDevice(), .seed = 7});
     // Sequence parallel: x and y sharded on the tokens over tp; else replicated.
-    s.io_layout = c.sequence_parallel ? spmd::Layout(std::vector<std::vector<int>>{{0}, {}})
-                                      : spmd::Layout::Replicated(2);
-    s.x = Variable(DistTensor::FromFull(RandomNormal({kTokens, kHidden}, "x", 1).To(c.dtype), s.io_layout, mesh),
-                   true);
+    s.io_layout =
+        c.sequence_parallel ? spmd::Layout(std::vector<std::vector<int>>{{0}, {}}) : spmd::Layout::Replicated(2);
+    s.x = Variable(DistTensor::FromFull(RandomNormal({kTokens, kHidden}, "x", 1).To(c.dtype), s.io_layout, mesh), true);
     s.dy = DistTensor::FromFull(RandomNormal({kTokens, kHidden}, "dy", 1).To(c.dtype), s.io_layout, mesh);
     s.y_out = Tensor::Empty(s.dy.local().shape(), c.dtype, TestDevice());
     // fp32 main grads (Megatron's main_grad): persistent buffers that backward accumulates into with beta = 1.
@@ -165,7 +165,7 @@ TEST(NcclCaptureTest, HostWaitOnACapturedCollectiveIsAClearError) {
     if (World().size() < 2) {
         GTEST_SKIP() << "needs 2 ranks for a real collective";
     }
-    Tensor t = dist_test::RandomFull({256}, "t"); // integers: the sums are exact in any order
+    Tensor t = dist_test::RandomFull({256}, "t");       // integers: the sums are exact in any order
     World().AllReduce(t, comm::ReduceOp::kSum)->Wait(); // eager first: lazy NCCL state
     const cudaStream_t stream = CudaContext::Get(TestDevice().index).stream();
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);

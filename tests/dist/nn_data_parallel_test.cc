@@ -46,9 +46,7 @@ std::string DataParallelCaseName(const ::testing::TestParamInfo<DataParallelCase
                        DTypeTag(info.param.dtype));
 }
 
-void PrintTo(const DataParallelCase &c, std::ostream *os) {
-    *os << DataParallelCaseName({c, 0});
-}
+void PrintTo(const DataParallelCase &c, std::ostream *os) { *os << DataParallelCaseName({c, 0}); }
 
 class DataParallelTest : public ::testing::TestWithParam<DataParallelCase> {};
 
@@ -66,15 +64,11 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
     const std::int64_t tp = SizeOf(mesh, "tp");
     const int dp_dim = mesh.dim_index("dp");
     const int tp_dim = mesh.dim_index("tp");
-    nn::ColumnParallelLinear column({.in_features = kHidden,
-                                     .out_features = kFfn,
-                                     .sequence_parallel = sp},
-                                    Tp(mesh), WithName(Param(dtype), "dp.column"));
-    nn::RowParallelLinear row({.in_features = kFfn,
-                               .out_features = kHidden,
-                               .input_is_parallel = true,
-                               .sequence_parallel = sp},
-                              Tp(mesh), WithName(Param(dtype), "dp.row"));
+    nn::ColumnParallelLinear column({.in_features = kHidden, .out_features = kFfn, .sequence_parallel = sp}, Tp(mesh),
+                                    WithName(Param(dtype), "dp.column"));
+    nn::RowParallelLinear row(
+        {.in_features = kFfn, .out_features = kHidden, .input_is_parallel = true, .sequence_parallel = sp}, Tp(mesh),
+        WithName(Param(dtype), "dp.row"));
     const PairFull params_full = MakePairFull(data, dtype, 15); // its x and dY are unused: each step draws its own
     SetPairFull(column, row, params_full, /*bias=*/true);
 
@@ -125,8 +119,8 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
         }
 
         const PairGot got = GatherPair(x, y, column, row, /*bias=*/true);
-        const DensePair ref = ReferencePair(x_full, params_full.w1, &params_full.b1, params_full.w2, &params_full.b2,
-                                            dy_full);
+        const DensePair ref =
+            ReferencePair(x_full, params_full.w1, &params_full.b1, params_full.w2, &params_full.b2, dy_full);
         // Half: h rounds before the row GEMM, y and dX sum tp rounded partials, and the parameter grads (summed in
         // fp32) see the rounding of h or dh; under SP the row db sums tp rounded partials.
         EXPECT_TRUE(Matches(got.y, {kSeq, kBatch, kHidden}, ref.y, data, dtype, HalfFactor(tp, 2))) << "y";

@@ -54,17 +54,11 @@ Batch MakeBatch() {
     return b;
 }
 
-nn::ParallelMLPOptions MlpOptions() {
-    return {.hidden = kHidden, .ffn_hidden = kFfn, .bias = true};
-}
+nn::ParallelMLPOptions MlpOptions() { return {.hidden = kHidden, .ffn_hidden = kFfn, .bias = true}; }
 
-nn::ParameterOptions MlpParam() {
-    return {.device = TestDevice(), .seed = kSeed, .name = "mlp"};
-}
+nn::ParameterOptions MlpParam() { return {.device = TestDevice(), .seed = kSeed, .name = "mlp"}; }
 
-double Scalar(const Variable &loss) {
-    return loss.value().FullTensor().ToDoubleVector().at(0);
-}
+double Scalar(const Variable &loss) { return loss.value().FullTensor().ToDoubleVector().at(0); }
 
 /// The dense model: fc1 (hidden -> ffn), GELU, fc2 (ffn -> hidden), named as ParallelMLP names its layers so that the
 /// RNG gives the same global weights.

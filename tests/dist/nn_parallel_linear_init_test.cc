@@ -40,10 +40,10 @@ TEST(ParallelLinearInitTest, GatheredParametersEqualTheSingleProcessLinearForEve
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     DeviceMesh &mesh = TpMesh();
     const nn::ParameterOptions param = Param(DType::kFloat32);
-    nn::ColumnParallelLinear column({.in_features = kHidden, .out_features = kFfn},
-                                    Tp(mesh), WithName(param, "init.c"));
-    nn::RowParallelLinear row({.in_features = kFfn, .out_features = kHidden, .input_is_parallel = true},
-                              Tp(mesh), WithName(param, "init.r"));
+    nn::ColumnParallelLinear column({.in_features = kHidden, .out_features = kFfn}, Tp(mesh),
+                                    WithName(param, "init.c"));
+    nn::RowParallelLinear row({.in_features = kFfn, .out_features = kHidden, .input_is_parallel = true}, Tp(mesh),
+                              WithName(param, "init.r"));
     nn::Linear dense_column({.in_features = kHidden, .out_features = kFfn}, WithName(param, "init.c"));
     nn::Linear dense_row({.in_features = kFfn, .out_features = kHidden}, WithName(param, "init.r"));
     EXPECT_TRUE(dist_test::SameValues(column.weight.value().FullTensor(), dense_column.weight.local()));
@@ -127,11 +127,9 @@ TEST(ParallelLinearErrorsTest, ColumnGatherOutputWithSequenceParallelIsRejected)
     ResetCounts(mesh);
     std::string message = "<no error>";
     try {
-        nn::ColumnParallelLinear({.in_features = kHidden,
-                                  .out_features = kFfn,
-                                  .gather_output = true,
-                                  .sequence_parallel = true},
-                                 Tp(mesh), {.name = "both"});
+        nn::ColumnParallelLinear(
+            {.in_features = kHidden, .out_features = kFfn, .gather_output = true, .sequence_parallel = true}, Tp(mesh),
+            {.name = "both"});
     } catch (const Error &e) {
         message = e.what();
     }
@@ -146,11 +144,9 @@ TEST(ParallelLinearErrorsTest, RowSequenceParallelWithoutInputIsParallelIsReject
     ResetCounts(mesh);
     std::string message = "<no error>";
     try {
-        nn::RowParallelLinear({.in_features = kFfn,
-                               .out_features = kHidden,
-                               .input_is_parallel = false,
-                               .sequence_parallel = true},
-                              Tp(mesh), {.name = "proj"});
+        nn::RowParallelLinear(
+            {.in_features = kFfn, .out_features = kHidden, .input_is_parallel = false, .sequence_parallel = true},
+            Tp(mesh), {.name = "proj"});
     } catch (const Error &e) {
         message = e.what();
     }

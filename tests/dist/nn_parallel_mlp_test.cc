@@ -48,9 +48,7 @@ std::string PairCaseName(const ::testing::TestParamInfo<PairCase> &info) {
                        c.bias ? "bias" : "nobias", c.input_grad ? "xgrad" : "noxgrad");
 }
 
-void PrintTo(const PairCase &c, std::ostream *os) {
-    *os << PairCaseName({c, 0});
-}
+void PrintTo(const PairCase &c, std::ostream *os) { *os << PairCaseName({c, 0}); }
 
 class ColumnRowPairTest : public ::testing::TestWithParam<PairCase> {};
 
@@ -62,11 +60,9 @@ TEST_P(ColumnRowPairTest, MatchesDenseBitwiseWithTheTableCollectives) {
     DeviceMesh &mesh = TpMesh();
     const std::int64_t tp = SizeOf(mesh, "tp");
     const bool sp = c.sequence_parallel;
-    nn::ColumnParallelLinear column({.in_features = kHidden,
-                                     .out_features = kFfn,
-                                     .bias = c.bias,
-                                     .sequence_parallel = sp},
-                                    Tp(mesh), WithName(Param(DType::kFloat32), "pair.column"));
+    nn::ColumnParallelLinear column(
+        {.in_features = kHidden, .out_features = kFfn, .bias = c.bias, .sequence_parallel = sp}, Tp(mesh),
+        WithName(Param(DType::kFloat32), "pair.column"));
     nn::RowParallelLinear row({.in_features = kFfn,
                                .out_features = kHidden,
                                .bias = c.bias,
@@ -135,9 +131,7 @@ std::string MlpCaseName(const ::testing::TestParamInfo<MlpCase> &info) {
                        c.bias ? "bias" : "nobias", c.input_grad ? "xgrad" : "noxgrad", DTypeTag(c.dtype));
 }
 
-void PrintTo(const MlpCase &c, std::ostream *os) {
-    *os << MlpCaseName({c, 0});
-}
+void PrintTo(const MlpCase &c, std::ostream *os) { *os << MlpCaseName({c, 0}); }
 
 class ParallelMLPTest : public ::testing::TestWithParam<MlpCase> {};
 
@@ -149,11 +143,8 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
     DeviceMesh &mesh = TpMesh();
     const std::int64_t tp = SizeOf(mesh, "tp");
     const bool sp = c.sequence_parallel;
-    nn::ParallelMLP mlp({.hidden = kHidden,
-                         .ffn_hidden = kFfn,
-                         .bias = c.bias,
-                         .sequence_parallel = sp},
-                        Tp(mesh), WithName(Param(c.dtype), "mlp"));
+    nn::ParallelMLP mlp({.hidden = kHidden, .ffn_hidden = kFfn, .bias = c.bias, .sequence_parallel = sp}, Tp(mesh),
+                        WithName(Param(c.dtype), "mlp"));
     const Data data = Data::kRandom;
     const PairFull full = MakePairFull(data, c.dtype, 14);
     SetPairFull(*mlp.fc1, *mlp.fc2, full, c.bias);

@@ -60,9 +60,7 @@ std::string RowCaseName(const ::testing::TestParamInfo<RowCase> &info) {
                        DTypeTag(c.dtype));
 }
 
-void PrintTo(const RowCase &c, std::ostream *os) {
-    *os << RowCaseName({c, 0});
-}
+void PrintTo(const RowCase &c, std::ostream *os) { *os << RowCaseName({c, 0}); }
 
 class RowParallelLinearTest : public ::testing::TestWithParam<RowCase> {};
 
@@ -119,7 +117,8 @@ TEST_P(RowParallelLinearTest, OutputAndGradientsMatchDenseWithTheTableCollective
     if (sp) {
         backward.all_gather = 1;
         // The bias grad comes from the all-gathered dY (which dW needs anyway): no extra collective. Only a bias the
-        // caller adds itself (skip_bias_add + BiasAdd) is summed over this rank's rows, Partial over tp: one all-reduce.
+        // caller adds itself (skip_bias_add + BiasAdd) is summed over this rank's rows, Partial over tp: one
+        // all-reduce.
         backward.all_reduce = c.bias == Bias::kSkipped ? 1 : 0;
     } else if (c.input == RowInput::kReplicated && c.input_grad) {
         backward.all_gather = 1;

@@ -81,9 +81,7 @@ inline std::int64_t SizeOf(DeviceMesh &mesh, std::string_view dim) {
     return mesh.shape()[static_cast<std::size_t>(mesh.dim_index(dim))];
 }
 
-inline nn::TensorParallelGroup Tp(DeviceMesh &mesh) {
-    return nn::TensorParallelGroup::Named(mesh, "tp");
-}
+inline nn::TensorParallelGroup Tp(DeviceMesh &mesh) { return nn::TensorParallelGroup::Named(mesh, "tp"); }
 
 /// A layout of a rank-`rank` tensor: tensor dim d sharded over the mesh dims `shards[d]` (major first).
 inline spmd::Layout LayoutOf(int rank, const std::map<int, std::vector<int>> &shards) {
@@ -109,9 +107,7 @@ struct Calls {
 };
 
 /// The planner moves nothing over a mesh dim of one rank: what the table says for tp > 1, nothing for tp = 1.
-inline Calls Planned(std::int64_t group_size, Calls calls) {
-    return group_size > 1 ? calls : Calls{};
-}
+inline Calls Planned(std::int64_t group_size, Calls calls) { return group_size > 1 ? calls : Calls{}; }
 
 /// Zeroes the counters of the world and of every group of the mesh (creating them: every rank asks in one order).
 inline void ResetCounts(DeviceMesh &mesh) {
@@ -157,9 +153,7 @@ inline void SetFull(Variable &p, const Tensor &full) {
     local.CopyFrom(shard.local());
 }
 
-inline nn::ParameterOptions Param(DType dtype) {
-    return {.dtype = dtype, .device = TestDevice(), .seed = 3};
-}
+inline nn::ParameterOptions Param(DType dtype) { return {.dtype = dtype, .device = TestDevice(), .seed = 3}; }
 
 inline nn::ParameterOptions WithName(nn::ParameterOptions param, std::string name) {
     param.name = std::move(name);
@@ -207,24 +201,18 @@ inline ::testing::AssertionResult Matches(const Tensor &got, const Shape &shape,
 }
 
 /// The full gradient of `v` (every rank; a collective when it is sharded), or undefined when it has none.
-inline Tensor FullGrad(const Variable &v) {
-    return v.grad().defined() ? v.grad().FullTensor() : Tensor();
-}
+inline Tensor FullGrad(const Variable &v) { return v.grad().defined() ? v.grad().FullTensor() : Tensor(); }
 
-inline std::string DataName(Data data) {
-    return data == Data::kInteger ? "integer" : "random";
-}
+inline std::string DataName(Data data) { return data == Data::kInteger ? "integer" : "random"; }
 
-inline std::string DTypeTag(DType dtype) {
-    return std::string(DTypeName(dtype));
-}
+inline std::string DTypeTag(DType dtype) { return std::string(DTypeName(dtype)); }
 
 /// The dense problem of one Linear, y[rows, out] = x[rows, in]·W[out, in]ᵀ + b, in float64.
 struct DenseLinear {
     Values y, dx, dw, db;
 };
-inline DenseLinear ReferenceLinear(const Tensor &x, const Tensor &w, const Tensor *b, const Tensor &dy,
-                                   std::int64_t in, std::int64_t out) {
+inline DenseLinear ReferenceLinear(const Tensor &x, const Tensor &w, const Tensor *b, const Tensor &dy, std::int64_t in,
+                                   std::int64_t out) {
     const Values xv = x.ToDoubleVector();
     const Values wv = w.ToDoubleVector();
     const Values dyv = dy.ToDoubleVector();
@@ -256,13 +244,12 @@ inline std::string BiasName(Bias bias) {
 /// Dense float64 column → row: h = x·W1ᵀ + b1, y = h·W2ᵀ + b2 (gelu: y = gelu(h)·W2ᵀ + b2, ParallelMLP), and every
 /// gradient.
 using DensePair = testing::RefMlpResult;
-inline DensePair ReferencePair(const Tensor &x, const Tensor &w1, const Tensor *b1, const Tensor &w2,
-                               const Tensor *b2, const Tensor &dy, bool gelu = false) {
+inline DensePair ReferencePair(const Tensor &x, const Tensor &w1, const Tensor *b1, const Tensor &w2, const Tensor *b2,
+                               const Tensor &dy, bool gelu = false) {
     const Values b1v = b1 != nullptr ? b1->ToDoubleVector() : Values();
     const Values b2v = b2 != nullptr ? b2->ToDoubleVector() : Values();
-    return testing::RefMlp(x.ToDoubleVector(), w1.ToDoubleVector(), b1 != nullptr ? &b1v : nullptr,
-                           w2.ToDoubleVector(), b2 != nullptr ? &b2v : nullptr, dy.ToDoubleVector(), kRows, kHidden,
-                           kFfn, gelu);
+    return testing::RefMlp(x.ToDoubleVector(), w1.ToDoubleVector(), b1 != nullptr ? &b1v : nullptr, w2.ToDoubleVector(),
+                           b2 != nullptr ? &b2v : nullptr, dy.ToDoubleVector(), kRows, kHidden, kFfn, gelu);
 }
 
 /// The full tensors of a column → row pair ([s, b, h] x and dY, W1 [ffn, h], b1, W2 [h, ffn], b2), one seed.
@@ -291,8 +278,7 @@ inline PairGot GatherPair(const Variable &x, const Variable &y, const nn::Column
             .db2 = bias ? FullGrad(row.bias) : Tensor()};
 }
 /// Sets the pair's parameters from `full` (the biases only when `bias`).
-inline void SetPairFull(nn::ColumnParallelLinear &column, nn::RowParallelLinear &row, const PairFull &full,
-                        bool bias) {
+inline void SetPairFull(nn::ColumnParallelLinear &column, nn::RowParallelLinear &row, const PairFull &full, bool bias) {
     SetFull(column.weight, full.w1);
     SetFull(row.weight, full.w2);
     if (bias) {

@@ -175,9 +175,7 @@ TEST(TensorTest, Int64CastsTruncateTowardZeroAndRejectWhatCannotBeStored) {
         return std::string("no DTypeError");
     };
     const double nan = std::nan("");
-    EXPECT_THAT(message([&] {
-                    (void)Tensor::FromVector({1, nan}, {2}, DType::kFloat64).To(DType::kInt64);
-                }),
+    EXPECT_THAT(message([&] { (void)Tensor::FromVector({1, nan}, {2}, DType::kFloat64).To(DType::kInt64); }),
                 HasSubstr("cannot store nan as int64"));
     EXPECT_THAT(message([&] { (void)Tensor::Full({1}, INFINITY, DType::kInt64); }),
                 HasSubstr("cannot store inf as int64"));

@@ -81,9 +81,8 @@ TEST(BiasAddErrorsTest, BiasMustMatchTheLastDimAndTheDType) {
     EXPECT_THAT(MessageOf<ShapeError>(
                     [&] { BiasAdd(Tensor::Full({}, 1.0, DType::kFloat32), Tensor::Zeros({1}, DType::kFloat32)); }),
                 AllOf(HasSubstr("BiasAdd"), HasSubstr("x must have rank >= 1")));
-    EXPECT_THAT(MessageOf<DTypeError>([&] {
-                    BiasAdd(Tensor::Zeros({4, 6}, DType::kInt64), Tensor::Zeros({6}, DType::kInt64));
-                }),
+    EXPECT_THAT(MessageOf<DTypeError>(
+                    [&] { BiasAdd(Tensor::Zeros({4, 6}, DType::kInt64), Tensor::Zeros({6}, DType::kInt64)); }),
                 AllOf(HasSubstr("BiasAdd"), HasSubstr("CPU kernels take float32 or float64"),
                       HasSubstr("Tensor[4, 6] int64 cpu")));
     Tensor out = Tensor::Zeros({6, 4}, DType::kFloat32);

@@ -33,9 +33,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 /// The statistics' dtype: float64 for float64 logits (CPU), else float32.
-DType StatsDType(DType logits) {
-    return logits == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32;
-}
+DType StatsDType(DType logits) { return logits == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
 
 /// The budget of dlogits: the float32 statistics (exp, the row sum) then the rounding to the logits' dtype.
 constexpr int kStatsRoundings = 2;

@@ -205,8 +205,11 @@ TEST_P(EmbeddingTest, BackwardOfFewFrequentIdsSumsLongRunsExactlyAndDeterministi
     Values id_values(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t r = (i * 7919) % 100; // a fixed scatter of the positions over the buckets
-        id_values[static_cast<std::size_t>(i)] = r < 50 ? 3.0 : r < 75 ? 41.0 : r < 97 ? static_cast<double>(i % 64)
-                                                 : r < 99 ? -1.0 : static_cast<double>(vocab);
+        id_values[static_cast<std::size_t>(i)] = r < 50   ? 3.0
+                                                 : r < 75 ? 41.0
+                                                 : r < 97 ? static_cast<double>(i % 64)
+                                                 : r < 99 ? -1.0
+                                                          : static_cast<double>(vocab);
     }
     const Tensor ids = Tensor::FromVector(id_values, {n}, DType::kInt64).To(device());
     const Tensor int_dout =
@@ -317,9 +320,7 @@ TEST(EmbeddingErrorsTest, IdsMustBeInt64) {
 
 TEST(EmbeddingErrorsTest, TableMustBeAFloatMatrix) {
     const Tensor ids = Tensor::Zeros({4}, DType::kInt64);
-    EXPECT_THAT(MessageOf<DTypeError>([&] {
-                    EmbeddingForward(ids, Tensor::Zeros({5, 3}, DType::kInt64));
-                }),
+    EXPECT_THAT(MessageOf<DTypeError>([&] { EmbeddingForward(ids, Tensor::Zeros({5, 3}, DType::kInt64)); }),
                 AllOf(HasSubstr("EmbeddingForward"), HasSubstr("CPU kernels take float32 or float64"),
                       HasSubstr("weight Tensor[5, 3] int64 cpu")));
     EXPECT_THAT(MessageOf<ShapeError>([&] { EmbeddingForward(ids, Tensor::Zeros({15}, DType::kFloat32)); }),

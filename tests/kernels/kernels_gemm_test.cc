@@ -526,9 +526,7 @@ TEST_P(GemmTest, LeadingDimensionTooSmallIsAShapeError) {
     EXPECT_THAT(MessageOf<ShapeError>([&] { Gemm(params); }), HasSubstr("lda 4 must be >= 5"));
 }
 
-auto GemmCases(DeviceType type) {
-    return DeviceCases(type, ::testing::ValuesIn(GemmProviders(type)));
-}
+auto GemmCases(DeviceType type) { return DeviceCases(type, ::testing::ValuesIn(GemmProviders(type))); }
 std::string GemmCaseName(const ::testing::TestParamInfo<GemmParam> &info) {
     return ProviderName(std::get<0>(info.param), std::get<1>(info.param));
 }

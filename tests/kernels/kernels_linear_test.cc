@@ -34,22 +34,16 @@ struct LinearShape {
     Shape x; ///< [..., in]
     std::int64_t out;
 };
-void PrintTo(const LinearShape &s, std::ostream *os) {
-    *os << "x " << ShapeToString(s.x) << ", out " << s.out;
-}
+void PrintTo(const LinearShape &s, std::ostream *os) { *os << "x " << ShapeToString(s.x) << ", out " << s.out; }
 
-std::string ShapeName(const LinearShape &s) {
-    return fmt::format("x_{}_out_{}", fmt::join(s.x, "_"), s.out);
-}
+std::string ShapeName(const LinearShape &s) { return fmt::format("x_{}_out_{}", fmt::join(s.x, "_"), s.out); }
 
 /// The cases: each shape its own case, and the sweep, one case over several shapes.
 struct LinearShapes {
     std::vector<LinearShape> shapes;
     std::string name;
 };
-void PrintTo(const LinearShapes &s, std::ostream *os) {
-    *os << s.name;
-}
+void PrintTo(const LinearShapes &s, std::ostream *os) { *os << s.name; }
 
 std::vector<LinearShapes> LinearShapeCases() {
     const std::vector<LinearShape> own = {
@@ -261,9 +255,7 @@ TEST_P(LinearTest, BackwardBiasAccumulates) {
     });
 }
 
-auto LinearCases(DeviceType type) {
-    return DeviceCases(type, ::testing::ValuesIn(LinearShapeCases()));
-}
+auto LinearCases(DeviceType type) { return DeviceCases(type, ::testing::ValuesIn(LinearShapeCases())); }
 std::string LinearCaseName(const ::testing::TestParamInfo<LinearParam> &info) {
     return std::string(DTypeName(std::get<0>(info.param).dtype)) + "_" + std::get<1>(info.param).name;
 }

@@ -30,18 +30,14 @@ struct BatchCase {
     std::int64_t m, k, n;
     std::string name;
 };
-void PrintTo(const BatchCase &c, std::ostream *os) {
-    *os << c.name;
-}
+void PrintTo(const BatchCase &c, std::ostream *os) { *os << c.name; }
 
 /// The cases: each batch case its own, and the sweep, one case over several.
 struct BatchCases {
     std::vector<BatchCase> cases;
     std::string name;
 };
-void PrintTo(const BatchCases &c, std::ostream *os) {
-    *os << c.name;
-}
+void PrintTo(const BatchCases &c, std::ostream *os) { *os << c.name; }
 
 std::vector<BatchCases> MatmulBatchCases() {
     // No batch, batch dims on one side, size-1 broadcasting on both, M = 1, K = 1.

@@ -24,9 +24,7 @@ struct OuterDims {
     std::int64_t m;
     std::int64_t n;
 };
-void PrintTo(const OuterDims &d, std::ostream *os) {
-    *os << d.m << "x" << d.n;
-}
+void PrintTo(const OuterDims &d, std::ostream *os) { *os << d.m << "x" << d.n; }
 const std::vector<OuterDims> kOuterDims = {{1, 1},   {5, 3},   {17, 33},  {128, 1},
                                            {1, 127}, {128, 7}, {1000, 3}, {64, 256}};
 
@@ -95,9 +93,7 @@ TEST_P(OuterTest, BackwardGivesDoutTimesYAndDoutTransposedTimesX) {
     EXPECT_TRUE(ValuesMatch(dy_only, want_dy, dtype())) << "dy only";
 }
 
-auto OuterCases(DeviceType type) {
-    return DeviceCases(type, ::testing::ValuesIn(kOuterDims));
-}
+auto OuterCases(DeviceType type) { return DeviceCases(type, ::testing::ValuesIn(kOuterDims)); }
 std::string OuterCaseName(const ::testing::TestParamInfo<OuterParam> &info) {
     const auto &[c, d] = info.param;
     return fmt::format("{}_{}x{}", DTypeName(c.dtype), d.m, d.n);

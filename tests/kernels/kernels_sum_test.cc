@@ -57,9 +57,7 @@ struct SumCase {
     std::vector<int> dims;
     std::string name;
 };
-void PrintTo(const SumCase &c, std::ostream *os) {
-    *os << c.name;
-}
+void PrintTo(const SumCase &c, std::ostream *os) { *os << c.name; }
 
 using SumParam = std::tuple<DeviceDType, SumCase, bool>;
 using SumTest = DeviceTest<SumParam>;

@@ -52,9 +52,7 @@ Result RunTool(const std::string &request, const std::string &name) {
     return RunCommand("< " + WriteRequest(request, name));
 }
 
-Result RunJson(const json &request, const std::string &name) {
-    return RunTool(request.dump(), name);
-}
+Result RunJson(const json &request, const std::string &name) { return RunTool(request.dump(), name); }
 
 /// Exit 2 and exactly {"error": "..."} whose message starts with `field` followed by ':' and contains `what`.
 ::testing::AssertionResult IsError(const Result &r, const std::string &field, const std::string &what = "") {
@@ -184,15 +182,15 @@ TEST(ShardlineSpmdCliTest, MissingMeshIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, BadMeshShapeIsAnError) {
-    EXPECT_TRUE(IsError(RunTool(R"j({"op":"relu","mesh":{"shape":[2,0]},"inputs":[{"shape":[4]}]})j", "mesh0"),
-                        "mesh"));
-    EXPECT_TRUE(IsError(RunTool(R"j({"op":"relu","mesh":{"shape":"2"},"inputs":[{"shape":[4]}]})j", "meshstr"),
-                        "mesh.shape"));
+    EXPECT_TRUE(
+        IsError(RunTool(R"j({"op":"relu","mesh":{"shape":[2,0]},"inputs":[{"shape":[4]}]})j", "mesh0"), "mesh"));
+    EXPECT_TRUE(
+        IsError(RunTool(R"j({"op":"relu","mesh":{"shape":"2"},"inputs":[{"shape":[4]}]})j", "meshstr"), "mesh.shape"));
 }
 
 TEST(ShardlineSpmdCliTest, BadDirectionIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","direction":"backward","mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "direction");
+    const Result r =
+        RunTool(R"j({"op":"relu","direction":"backward","mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "direction");
     EXPECT_TRUE(IsError(r, "direction", "expected forward, reverse or grad, got 'backward'"));
 }
 
@@ -210,8 +208,8 @@ TEST(ShardlineSpmdCliTest, UnknownAttrIsAnErrorListingTheKnownAttrs) {
 }
 
 TEST(ShardlineSpmdCliTest, AttrOfAnOpWithoutAttrsIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4]}],"attrs":{"axis":0}})j", "reluattr");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4]}],"attrs":{"axis":0}})j", "reluattr");
     EXPECT_TRUE(IsError(r, "attrs.axis", "unknown attribute for relu"));
 }
 
@@ -229,14 +227,14 @@ TEST(ShardlineSpmdCliTest, WronglyTypedBoolAttrIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, WronglyTypedIntListAttrIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"sum","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}],"attrs":{"axes":[0,"1"]}})j", "axes");
+    const Result r =
+        RunTool(R"j({"op":"sum","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}],"attrs":{"axes":[0,"1"]}})j", "axes");
     EXPECT_TRUE(IsError(r, "attrs.axes[1]", "expected an integer, got string"));
 }
 
 TEST(ShardlineSpmdCliTest, WronglyTypedIntAttrIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"softmax","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}],"attrs":{"axis":1.5}})j", "axis");
+    const Result r =
+        RunTool(R"j({"op":"softmax","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}],"attrs":{"axis":1.5}})j", "axis");
     EXPECT_TRUE(IsError(r, "attrs.axis", "expected an integer"));
 }
 
@@ -248,15 +246,13 @@ TEST(ShardlineSpmdCliTest, UnknownCrossEntropyReductionIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, TransposeWithoutPermIsAnError) {
-    EXPECT_TRUE(
-        IsError(RunTool(R"j({"op":"transpose","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}]})j", "noperm"),
-                "attrs.perm", "permutation"));
+    EXPECT_TRUE(IsError(RunTool(R"j({"op":"transpose","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}]})j", "noperm"),
+                        "attrs.perm", "permutation"));
 }
 
 TEST(ShardlineSpmdCliTest, ReshapeWithoutShapeIsAnError) {
-    EXPECT_TRUE(
-        IsError(RunTool(R"j({"op":"reshape","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}]})j", "noshape"),
-                "attrs.shape", "target shape"));
+    EXPECT_TRUE(IsError(RunTool(R"j({"op":"reshape","mesh":{"shape":[2]},"inputs":[{"shape":[4,4]}]})j", "noshape"),
+                        "attrs.shape", "target shape"));
 }
 
 TEST(ShardlineSpmdCliTest, EinsumWithoutEquationIsAnError) {
@@ -287,14 +283,12 @@ TEST(ShardlineSpmdCliTest, MissingInputsIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, InputWithoutShapeIsAnError) {
-    const Result r =
-        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"dims_mapping":[0]}]})j", "noshapeinput");
+    const Result r = RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"dims_mapping":[0]}]})j", "noshapeinput");
     EXPECT_TRUE(IsError(r, "inputs[0]", "'shape'"));
 }
 
 TEST(ShardlineSpmdCliTest, NegativeShapeIsAnError) {
-    const Result r =
-        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,-1]}]})j", "negshape");
+    const Result r = RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,-1]}]})j", "negshape");
     EXPECT_TRUE(IsError(r, "inputs[0].shape", "dims must be >= 0"));
 }
 
@@ -343,8 +337,8 @@ TEST(ShardlineSpmdCliTest, OutputTargetOnAReverseRequestIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, UnknownDtypeIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","dtype":"float8","mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "dtype");
+    const Result r =
+        RunTool(R"j({"op":"relu","dtype":"float8","mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "dtype");
     EXPECT_TRUE(IsError(r, "dtype", "got 'float8'"));
 }
 
@@ -356,8 +350,8 @@ TEST(ShardlineSpmdCliTest, DtypeAndElementSizeTogetherIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, NonPositiveElementSizeIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","element_size":0,"mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "size0");
+    const Result r =
+        RunTool(R"j({"op":"relu","element_size":0,"mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "size0");
     EXPECT_TRUE(IsError(r, "element_size", "must be >= 1, got 0"));
 }
 
@@ -383,8 +377,8 @@ TEST(ShardlineSpmdCliTest, NonPositiveBandwidthIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, NonObjectCostModelIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4]}],"cost_model":7})j", "costnum");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4]}],"cost_model":7})j", "costnum");
     EXPECT_TRUE(IsError(r, "cost_model", "expected an object"));
 }
 
@@ -403,8 +397,8 @@ TEST(ShardlineSpmdCliTest, PlacementsWithAPartialFieldIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, PlacementCountNotMeshRankIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2,2]},"inputs":[{"shape":[4],"placements":["S(0)"]}]})j", "placecount");
+    const Result r = RunTool(R"j({"op":"relu","mesh":{"shape":[2,2]},"inputs":[{"shape":[4],"placements":["S(0)"]}]})j",
+                             "placecount");
     EXPECT_TRUE(IsError(r, "inputs[0].placements", "one placement per mesh dim (2), got 1"));
 }
 
@@ -415,14 +409,14 @@ TEST(ShardlineSpmdCliTest, UnparsablePlacementIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, PlacementShardingADimBeyondTheRankIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4],"placements":["S(1)"]}]})j", "placerank");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4],"placements":["S(1)"]}]})j", "placerank");
     EXPECT_TRUE(IsError(r, "inputs[0].placements"));
 }
 
 TEST(ShardlineSpmdCliTest, MeshDimOutOfRangeIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,4],"dims_mapping":[1,-1]}]})j", "range");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,4],"dims_mapping":[1,-1]}]})j", "range");
     EXPECT_TRUE(IsError(r, "inputs[0].dims_mapping", "1"));
 }
 
@@ -434,8 +428,8 @@ TEST(ShardlineSpmdCliTest, UnknownMeshDimNameIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, DimsMappingBelowMinusOneIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4],"dims_mapping":[-2]}]})j", "minus2");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4],"dims_mapping":[-2]}]})j", "minus2");
     EXPECT_TRUE(IsError(r, "inputs[0].dims_mapping[0]", "-2"));
 }
 
@@ -461,20 +455,20 @@ TEST(ShardlineSpmdCliTest, UnknownPartialReduceOpIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, DimsMappingRankMismatchIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,4],"dims_mapping":[0]}]})j", "rank");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,4],"dims_mapping":[0]}]})j", "rank");
     EXPECT_TRUE(IsError(r, "inputs[0].dims_mapping", "rank"));
 }
 
 TEST(ShardlineSpmdCliTest, LayoutTextRankMismatchIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,4],"layout":"[0]"}]})j", "textrank");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4,4],"layout":"[0]"}]})j", "textrank");
     EXPECT_TRUE(IsError(r, "inputs[0].layout", "rank"));
 }
 
 TEST(ShardlineSpmdCliTest, UnparsableLayoutTextIsAnError) {
-    const Result r = RunTool(
-        R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4],"layout":"[0"}]})j", "textbad");
+    const Result r =
+        RunTool(R"j({"op":"relu","mesh":{"shape":[2]},"inputs":[{"shape":[4],"layout":"[0"}]})j", "textbad");
     EXPECT_TRUE(IsError(r, "inputs[0].layout"));
 }
 
@@ -494,8 +488,8 @@ TEST(ShardlineSpmdCliTest, MatmulContractedDimMismatchIsAnError) {
 }
 
 TEST(ShardlineSpmdCliTest, ElementwiseBroadcastMismatchIsAnError) {
-    const Result r = RunTool(R"j({"op":"add","mesh":{"shape":[2]},"inputs":[{"shape":[4,3]},{"shape":[4,5]}]})j",
-                             "broadcast");
+    const Result r =
+        RunTool(R"j({"op":"add","mesh":{"shape":[2]},"inputs":[{"shape":[4,3]},{"shape":[4,5]}]})j", "broadcast");
     EXPECT_EQ(r.exit_code, kExitRequestError);
     ASSERT_TRUE(r.answer.is_object()) << r.out;
     EXPECT_TRUE(r.answer.contains("error"));
@@ -589,9 +583,7 @@ struct RoundTripCase {
     std::string request;
 };
 
-void PrintTo(const RoundTripCase &c, std::ostream *os) {
-    *os << c.name;
-}
+void PrintTo(const RoundTripCase &c, std::ostream *os) { *os << c.name; }
 
 class ShardlineSpmdRoundTripTest : public ::testing::TestWithParam<RoundTripCase> {};
 
@@ -733,14 +725,12 @@ std::vector<RoundTripCase> RoundTripCases() {
     add("sum", m2,
         R"j("op":"sum","attrs":{"axes":[1],"keepdim":true},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]}])j",
         R"j({"shape":[8,1],"dims_mapping":[0,-1]})j");
-    add("mean", m1,
-        R"j("op":"mean","attrs":{"axes":[0]},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,-1]}])j",
+    add("mean", m1, R"j("op":"mean","attrs":{"axes":[0]},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,-1]}])j",
         R"j({"shape":[6],"dims_mapping":[-1]})j");
-    add("max", m2,
-        R"j("op":"max","attrs":{"axes":[1]},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]}])j",
+    add("max", m2, R"j("op":"max","attrs":{"axes":[1]},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]}])j",
         R"j({"shape":[8],"dims_mapping":[0]})j");
-    add("min", m1,
-        R"j("op":"min","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[-1,0]}])j", R"j({"shape":[],"dims_mapping":[]})j");
+    add("min", m1, R"j("op":"min","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[-1,0]}])j",
+        R"j({"shape":[],"dims_mapping":[]})j");
     add("add_broadcast", m2,
         R"j("op":"add","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1],"partial":[]},
            {"name":"y","shape":[6],"dims_mapping":[1]}])j",

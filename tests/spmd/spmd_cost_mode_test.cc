@@ -70,9 +70,9 @@ TEST(CostModeTest, GradRejectsAnOutputTarget) {
     // output_target is a forward option
     RuleOptions options = Cost();
     options.output_target = L("[0,-1]");
-    EXPECT_THROW(InferMatmulGrad(ProcessMesh({2}), T({4, 4}, "[0,-1]"), T({4, 4}, "[-1,-1]"), T({4, 4}, "[0,-1]"), {},
-                                 options),
-                 SpmdError);
+    EXPECT_THROW(
+        InferMatmulGrad(ProcessMesh({2}), T({4, 4}, "[0,-1]"), T({4, 4}, "[-1,-1]"), T({4, 4}, "[0,-1]"), {}, options),
+        SpmdError);
 }
 
 TEST(CostModeTest, ReverseShardsTheComputeWhenComputeIsExpensive) {

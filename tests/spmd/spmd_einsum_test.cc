@@ -29,14 +29,10 @@ TEST(EinsumTest, PermutationMovesShardings) {
 }
 
 // ab[0,1] -> a: b contracted: a[0] partial{1}
-TEST(EinsumTest, ReductionLabel) {
-    EXPECT_EQ(S(Einsum("ab->a", {T({4, 6}, "[0,1]")}).outputs[0]), "[0] partial{1}");
-}
+TEST(EinsumTest, ReductionLabel) { EXPECT_EQ(S(Einsum("ab->a", {T({4, 6}, "[0,1]")}).outputs[0]), "[0] partial{1}"); }
 
 // a[0], b[1] -> ab[0,1]: outer product
-TEST(EinsumTest, OuterProduct) {
-    EXPECT_EQ(S(Einsum("a,b->ab", {T({4}, "[0]"), T({6}, "[1]")}).outputs[0]), "[0,1]");
-}
+TEST(EinsumTest, OuterProduct) { EXPECT_EQ(S(Einsum("a,b->ab", {T({4}, "[0]"), T({6}, "[1]")}).outputs[0]), "[0,1]"); }
 
 // a[0], b[0] -> ab: mesh dim 0 claimed by a first; b replicated
 TEST(EinsumTest, MeshDimClaimedByEarlierLabel) {

@@ -10,9 +10,7 @@ using testing::T;
 
 const ProcessMesh k2x2({2, 2});
 
-SpmdInfo Fwd(const std::string &op, const std::vector<TensorSpec> &in) {
-    return InferElementwiseForward(k2x2, op, in);
-}
+SpmdInfo Fwd(const std::string &op, const std::vector<TensorSpec> &in) { return InferElementwiseForward(k2x2, op, in); }
 
 // ab[0,1] + ab[-1,-1] -> ab[0,1], y sliced
 TEST(ElementwiseTest, AddFollowsShardedOperand) {

@@ -196,9 +196,7 @@ TEST(MatmulTest, MeshDimOutOfRangeIsAnError) {
     EXPECT_THROW(Fwd(k4, T({4, 4}, "[1,-1]"), T({4, 4}, "[-1,-1]")), SpmdError);
 }
 
-TEST(MatmulTest, ScalarOperandIsAnError) {
-    EXPECT_THROW(Fwd(k4, T({}, "[]"), T({4, 4}, "[-1,-1]")), SpmdError);
-}
+TEST(MatmulTest, ScalarOperandIsAnError) { EXPECT_THROW(Fwd(k4, T({}, "[]"), T({4, 4}, "[-1,-1]")), SpmdError); }
 
 // reverse: mn[0,1] -> mk[0,-1], kn[-1,1]
 TEST(MatmulTest, ReverseFromShardedOutput) {

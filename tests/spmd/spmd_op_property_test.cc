@@ -18,8 +18,8 @@ namespace {
 
 using testing::Dense;
 using testing::Distribute;
-using testing::RandomShape;
 using testing::ForEachIndex;
+using testing::RandomShape;
 using testing::Shards;
 using testing::ShardsMatch;
 
@@ -31,9 +31,7 @@ RuleOptions Mode(int c) {
     return options;
 }
 
-std::vector<int64_t> Coord(const ProcessMesh &mesh, int64_t r) {
-    return mesh.CoordinateOfIndex(r);
-}
+std::vector<int64_t> Coord(const ProcessMesh &mesh, int64_t r) { return mesh.CoordinateOfIndex(r); }
 
 /// All-reduces every rank's tensor over each mesh dim of `mesh_dims` (the op's internal collectives).
 void AllReduce(const ProcessMesh &mesh, Shards &shards, const std::vector<int> &mesh_dims, ReduceOp op) {
@@ -92,7 +90,8 @@ Shards ShardedSoftmax(const ProcessMesh &mesh, const Shards &x, int axis, bool l
     AllReduce(mesh, m, max_dims, ReduceOp::kMax);
     for (int64_t r = 0; r < mesh.Size(); ++r) {
         Dense e = x[r];
-        ForEachIndex(e.shape, [&](const std::vector<int64_t> &i) { e.At(i) = std::exp(e.At(i) - RowAt(m[r], i, axis)); });
+        ForEachIndex(e.shape,
+                     [&](const std::vector<int64_t> &i) { e.At(i) = std::exp(e.At(i) - RowAt(m[r], i, axis)); });
         s[r] = RowStat(e, axis, 0.0, [](double a, double b) { return a + b; });
     }
     AllReduce(mesh, s, sum_dims, ReduceOp::kSum);
@@ -138,9 +137,9 @@ TEST(SoftmaxPropertyTest, ShardedForwardEqualsDense) {
         const int axis = sm.attrs.axis < 0 ? sm.attrs.axis + sm.rank : sm.attrs.axis;
         const TensorSpec x{sm.shape, testing::RandomLayout(sm.mesh, sm.rank, rng, true)};
         const SpmdInfo info = InferSoftmaxForward(sm.mesh, x, sm.attrs, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "axis " << axis << " vp " << sm.attrs.vocab_parallel << " "
-                                          << x.layout.ToString() << " -> " << info.inputs[0].layout.ToString() << " -> "
-                                          << info.outputs[0].layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "axis " << axis << " vp " << sm.attrs.vocab_parallel << " " << x.layout.ToString() << " -> "
+                     << info.inputs[0].layout.ToString() << " -> " << info.outputs[0].layout.ToString());
         const Layout &in = info.inputs[0].layout;
         ASSERT_FALSE(in.IsPartial());
         if (!sm.attrs.vocab_parallel) {
@@ -164,11 +163,10 @@ TEST(SoftmaxPropertyTest, ShardedGradEqualsDense) {
         const TensorSpec x{sm.shape, testing::RandomLayout(sm.mesh, sm.rank, rng, true)};
         const TensorSpec dy{sm.shape, testing::RandomLayout(sm.mesh, sm.rank, rng, true)};
         const SpmdInfo info = InferSoftmaxGrad(sm.mesh, x, dy, sm.attrs, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "axis " << sm.attrs.axis << " vp " << sm.attrs.vocab_parallel << " x "
-                                          << x.layout.ToString() << " dy " << dy.layout.ToString() << " -> y "
-                                          << info.Input("out").layout.ToString() << " dy "
-                                          << info.Input("out_grad").layout.ToString() << " dx "
-                                          << info.Output("x_grad").layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "axis " << sm.attrs.axis << " vp " << sm.attrs.vocab_parallel << " x " << x.layout.ToString()
+                     << " dy " << dy.layout.ToString() << " -> y " << info.Input("out").layout.ToString() << " dy "
+                     << info.Input("out_grad").layout.ToString() << " dx " << info.Output("x_grad").layout.ToString());
         ASSERT_FALSE(info.Input("out").layout.IsPartial());
         const Dense gx = testing::RandomDense(sm.shape, rng);
         const Dense gy = DenseSoftmax(gx, sm.attrs.axis, sm.attrs.log);
@@ -282,25 +280,24 @@ TEST(CrossEntropyPropertyTest, ShardedForwardEqualsDense) {
         const CrossEntropyCase c = RandomCrossEntropy(rng);
         const SpmdInfo info = InferCrossEntropyForward(c.mesh, c.logits_spec, c.labels_spec, c.attrs, Mode(n));
         const Layout &ll = info.inputs[0].layout;
-        SCOPED_TRACE(::testing::Message() << "vp " << c.attrs.vocab_parallel << " red "
-                                          << static_cast<int>(c.attrs.reduction) << " "
-                                          << c.logits_spec.layout.ToString()
-                                          << " " << c.labels_spec.layout.ToString() << " -> " << ll.ToString() << " "
-                                          << info.inputs[1].layout.ToString() << " -> "
-                                          << info.outputs[0].layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "vp " << c.attrs.vocab_parallel << " red " << static_cast<int>(c.attrs.reduction) << " "
+                     << c.logits_spec.layout.ToString() << " " << c.labels_spec.layout.ToString() << " -> "
+                     << ll.ToString() << " " << info.inputs[1].layout.ToString() << " -> "
+                     << info.outputs[0].layout.ToString());
         ASSERT_FALSE(ll.IsPartial());
         if (!c.attrs.vocab_parallel) {
             ASSERT_TRUE(ll.MeshDims(c.axis).empty());
         }
         ASSERT_EQ(InternalDims(info, ReduceOp::kMax, "row max"), ll.MeshDims(c.axis));
         ASSERT_EQ(InternalDims(info, ReduceOp::kSum, "target"), ll.MeshDims(c.axis));
-        const auto [p, loss] = ShardedCrossEntropy(c.mesh, c.logits_shape, ll, Distribute(c.mesh, c.logits, ll, rng),
-                                                   Distribute(c.mesh, c.labels, info.inputs[1].layout, rng),
-                                                   ll.MeshDims(c.axis));
+        const auto [p, loss] =
+            ShardedCrossEntropy(c.mesh, c.logits_shape, ll, Distribute(c.mesh, c.logits, ll, rng),
+                                Distribute(c.mesh, c.labels, info.inputs[1].layout, rng), ll.MeshDims(c.axis));
         const ProcessMesh one({1});
-        const Dense want_rows = ShardedCrossEntropy(one, c.logits_shape, Layout::Replicated(c.axis + 1), {c.logits},
-                                                    {c.labels}, {})
-                                    .second[0];
+        const Dense want_rows =
+            ShardedCrossEntropy(one, c.logits_shape, Layout::Replicated(c.axis + 1), {c.logits}, {c.labels}, {})
+                .second[0];
         if (c.attrs.reduction == LossReduction::kNone) {
             ASSERT_TRUE(ShardsMatch(c.mesh, loss, want_rows, info.outputs[0].layout, 1e-9));
             continue;
@@ -326,13 +323,12 @@ TEST(CrossEntropyPropertyTest, ShardedGradEqualsDense) {
                                         : TensorSpec{c.labels_shape, testing::RandomLayout(c.mesh, c.axis, rng, true)};
         const SpmdInfo info = InferCrossEntropyGrad(c.mesh, c.logits_spec, c.labels_spec, dloss, c.attrs, Mode(n));
         const Layout &ll = info.Input("logits").layout;
-        SCOPED_TRACE(::testing::Message() << "vp " << c.attrs.vocab_parallel << " red "
-                                          << static_cast<int>(c.attrs.reduction) << " "
-                                          << c.logits_spec.layout.ToString()
-                                          << " dloss " << dloss.layout.ToString() << " -> " << ll.ToString() << " "
-                                          << info.Input("labels").layout.ToString() << " dloss "
-                                          << info.Input("loss_grad").layout.ToString() << " -> "
-                                          << info.Output("logits_grad").layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "vp " << c.attrs.vocab_parallel << " red " << static_cast<int>(c.attrs.reduction) << " "
+                     << c.logits_spec.layout.ToString() << " dloss " << dloss.layout.ToString() << " -> "
+                     << ll.ToString() << " " << info.Input("labels").layout.ToString() << " dloss "
+                     << info.Input("loss_grad").layout.ToString() << " -> "
+                     << info.Output("logits_grad").layout.ToString());
         ASSERT_FALSE(ll.IsPartial());
         const Dense gdloss = testing::RandomDense(dloss.shape, rng);
         auto backward = [&](const ProcessMesh &m, const Layout &layout, const Shards &lg, const Shards &lb,
@@ -355,12 +351,11 @@ TEST(CrossEntropyPropertyTest, ShardedGradEqualsDense) {
             return out;
         };
         const ProcessMesh one({1});
-        const Dense want =
-            backward(one, Layout::Replicated(c.axis + 1), {c.logits}, {c.labels}, {gdloss}, {})[0];
-        const Shards got = backward(c.mesh, ll, Distribute(c.mesh, c.logits, ll, rng),
-                                    Distribute(c.mesh, c.labels, info.Input("labels").layout, rng),
-                                    Distribute(c.mesh, gdloss, info.Input("loss_grad").layout, rng),
-                                    ll.MeshDims(c.axis));
+        const Dense want = backward(one, Layout::Replicated(c.axis + 1), {c.logits}, {c.labels}, {gdloss}, {})[0];
+        const Shards got =
+            backward(c.mesh, ll, Distribute(c.mesh, c.logits, ll, rng),
+                     Distribute(c.mesh, c.labels, info.Input("labels").layout, rng),
+                     Distribute(c.mesh, gdloss, info.Input("loss_grad").layout, rng), ll.MeshDims(c.axis));
         ASSERT_TRUE(ShardsMatch(c.mesh, got, want, info.Output("logits_grad").layout, 1e-9));
     }
 }
@@ -390,8 +385,8 @@ TEST(TransposePropertyTest, ShardedForwardAndGradEqualDense) {
         }
         const TensorSpec x{shape, testing::RandomLayout(mesh, rank, rng, true, ops[c % 4])};
         const SpmdInfo fwd = InferTransposeForward(mesh, x, perm, Mode(c));
-        SCOPED_TRACE(::testing::Message() << x.layout.ToString() << " -> " << fwd.inputs[0].layout.ToString()
-                                          << " -> " << fwd.outputs[0].layout.ToString());
+        SCOPED_TRACE(::testing::Message() << x.layout.ToString() << " -> " << fwd.inputs[0].layout.ToString() << " -> "
+                                          << fwd.outputs[0].layout.ToString());
         const Dense gx = testing::RandomDense(shape, rng);
         const Shards lx = Distribute(mesh, gx, fwd.inputs[0].layout, rng);
         Shards out(mesh.Size());
@@ -402,9 +397,9 @@ TEST(TransposePropertyTest, ShardedForwardAndGradEqualDense) {
 
         const TensorSpec dy{out_shape, testing::RandomLayout(mesh, rank, rng, true)};
         const SpmdInfo grad = InferTransposeGrad(mesh, x, dy, perm, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "dy " << dy.layout.ToString() << " -> "
-                                          << grad.Input("out_grad").layout.ToString() << " dx "
-                                          << grad.Output("x_grad").layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "dy " << dy.layout.ToString() << " -> " << grad.Input("out_grad").layout.ToString() << " dx "
+                     << grad.Output("x_grad").layout.ToString());
         const Dense gdy = testing::RandomDense(out_shape, rng);
         const Shards ldy = Distribute(mesh, gdy, grad.Input("out_grad").layout, rng);
         Shards dx(mesh.Size());
@@ -466,9 +461,9 @@ TEST(ReshapePropertyTest, ShardedForwardAndGradAreLocalViews) {
         const auto [in_shape, out_shape] = RandomReshape(rng);
         const TensorSpec x{in_shape, testing::RandomLayout(mesh, static_cast<int>(in_shape.size()), rng, true)};
         const SpmdInfo fwd = InferReshapeForward(mesh, x, out_shape, Mode(c));
-        SCOPED_TRACE(::testing::Message() << ShapeToString(in_shape) << " -> " << ShapeToString(out_shape) << " "
-                                          << x.layout.ToString() << " -> " << fwd.inputs[0].layout.ToString() << " -> "
-                                          << fwd.outputs[0].layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << ShapeToString(in_shape) << " -> " << ShapeToString(out_shape) << " " << x.layout.ToString()
+                     << " -> " << fwd.inputs[0].layout.ToString() << " -> " << fwd.outputs[0].layout.ToString());
         const Dense gx = testing::RandomDense(in_shape, rng);
         const Shards out =
             LocalReshape(mesh, Distribute(mesh, gx, fwd.inputs[0].layout, rng), out_shape, fwd.outputs[0].layout);
@@ -477,9 +472,9 @@ TEST(ReshapePropertyTest, ShardedForwardAndGradAreLocalViews) {
 
         const TensorSpec dy{out_shape, testing::RandomLayout(mesh, static_cast<int>(out_shape.size()), rng, true)};
         const SpmdInfo grad = InferReshapeGrad(mesh, x, dy, out_shape, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "dy " << dy.layout.ToString() << " -> "
-                                          << grad.Input("out_grad").layout.ToString() << " dx "
-                                          << grad.Output("x_grad").layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "dy " << dy.layout.ToString() << " -> " << grad.Input("out_grad").layout.ToString() << " dx "
+                     << grad.Output("x_grad").layout.ToString());
         const Dense gdy = testing::RandomDense(out_shape, rng);
         const Shards dx = LocalReshape(mesh, Distribute(mesh, gdy, grad.Input("out_grad").layout, rng), in_shape,
                                        grad.Output("x_grad").layout);
@@ -576,11 +571,10 @@ TEST(ElementwisePropertyTest, ShardedGradsWithBroadcastEqualDense) {
         }
         const TensorSpec dout{full, testing::RandomLayout(mesh, rank, rng, true)};
         const SpmdInfo info = InferElementwiseGrad(mesh, op, inputs, dout, Mode(c));
-        SCOPED_TRACE(::testing::Message() << "x " << inputs[0].layout.ToString() << " y "
-                                          << (binary ? inputs[1].layout.ToString() : "-") << " dout "
-                                          << dout.layout.ToString() << " -> x " << info.inputs[0].layout.ToString()
-                                          << " dout " << info.Input("out_grad").layout.ToString() << " dx "
-                                          << info.outputs[0].layout.ToString());
+        SCOPED_TRACE(::testing::Message()
+                     << "x " << inputs[0].layout.ToString() << " y " << (binary ? inputs[1].layout.ToString() : "-")
+                     << " dout " << dout.layout.ToString() << " -> x " << info.inputs[0].layout.ToString() << " dout "
+                     << info.Input("out_grad").layout.ToString() << " dx " << info.outputs[0].layout.ToString());
         const Dense gx = testing::RandomDense(x_shape, rng);
         Dense gy = testing::RandomDense(y_shape, rng, 1, 4);
         for (double &v : gy.data) {

@@ -157,9 +157,8 @@ TEST(RuleCacheTest, GradAnswerCarriesTheBackwardPlans) {
 
 TEST(RuleCacheTest, ForwardInputPlanGathersASequenceParallelInput) {
     // column parallel, SP: x [0,-1] -> required R: all_gather; output_target [0,-1] from S(1): all_to_all
-    RuleRequest request{.op = "linear",
-                        .mesh = ProcessMesh({4}),
-                        .inputs = {T({64, 32}, "[0,-1]"), T({48, 32}, "[0,-1]")}};
+    RuleRequest request{
+        .op = "linear", .mesh = ProcessMesh({4}), .inputs = {T({64, 32}, "[0,-1]"), T({48, 32}, "[0,-1]")}};
     request.options.output_target = L("[0,-1]");
     const CachedRule rule = InferRuleWithPlans(request);
     ASSERT_EQ(rule.input_plans[0].steps.size(), 1u);
@@ -171,8 +170,8 @@ TEST(RuleCacheTest, ForwardInputPlanGathersASequenceParallelInput) {
 TEST(RuleCacheTest, InferenceErrorsPropagateAndCacheNothing) {
     // matmul x[4,4], y[5,4]: k mismatch
     RuleCache cache;
-    const RuleKey key(RuleRequest{.op = "matmul", .mesh = ProcessMesh({2}), .inputs = {T({4, 4}, "[-1,-1]"),
-                                                                                       T({5, 4}, "[-1,-1]")}});
+    const RuleKey key(
+        RuleRequest{.op = "matmul", .mesh = ProcessMesh({2}), .inputs = {T({4, 4}, "[-1,-1]"), T({5, 4}, "[-1,-1]")}});
     EXPECT_THROW(cache.GetOrInfer(key), SpmdError);
     EXPECT_EQ(cache.GetStats().size, 0u);
     EXPECT_EQ(cache.Lookup(key), nullptr);
@@ -240,12 +239,11 @@ TEST(InferRuleTest, DispatchesEveryOpLikeItsInferFunction) {
               InferTransposeForward(mesh, x, {1, 0}).outputs);
     EXPECT_EQ(InferRule({.op = "reshape", .mesh = mesh, .inputs = {x}, .attrs = ReshapeAttrs{{24}}}).outputs,
               InferReshapeForward(mesh, x, {24}).outputs);
-    EXPECT_EQ(InferRule({.op = "einsum",
-                         .mesh = mesh,
-                         .inputs = {x, T({6, 3}, "[-1,-1]")},
-                         .attrs = EinsumAttrs{"mk,kn->mn"}})
-                  .outputs,
-              InferEinsumOpForward(mesh, "mk,kn->mn", {x, T({6, 3}, "[-1,-1]")}).outputs);
+    EXPECT_EQ(
+        InferRule(
+            {.op = "einsum", .mesh = mesh, .inputs = {x, T({6, 3}, "[-1,-1]")}, .attrs = EinsumAttrs{"mk,kn->mn"}})
+            .outputs,
+        InferEinsumOpForward(mesh, "mk,kn->mn", {x, T({6, 3}, "[-1,-1]")}).outputs);
     EXPECT_EQ(InferRule({.op = "gelu", .mesh = mesh, .inputs = {x}}).outputs,
               InferElementwiseForward(mesh, "gelu", {x}).outputs);
     EXPECT_EQ(InferRule({.op = "embedding", .mesh = mesh, .inputs = {T({4}, "[0]"), T({10, 6}, "[1,-1]")}}).outputs,

@@ -19,18 +19,10 @@
 
 namespace shardline::spmd::testing {
 
-inline Layout L(const std::string &text) {
-    return Layout::Parse(text);
-}
-inline TensorSpec T(std::vector<int64_t> shape, const std::string &layout) {
-    return {std::move(shape), L(layout)};
-}
-inline std::string S(const Layout &layout) {
-    return layout.ToString();
-}
-inline std::string S(const TensorSpec &spec) {
-    return spec.layout.ToString();
-}
+inline Layout L(const std::string &text) { return Layout::Parse(text); }
+inline TensorSpec T(std::vector<int64_t> shape, const std::string &layout) { return {std::move(shape), L(layout)}; }
+inline std::string S(const Layout &layout) { return layout.ToString(); }
+inline std::string S(const TensorSpec &spec) { return spec.layout.ToString(); }
 
 inline int64_t Numel(const std::vector<int64_t> &shape) {
     return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());

@@ -35,8 +35,8 @@ protected:
 
 private:
     std::vector<bool> needs_input_grad_;
-    std::vector<spmd::Layout> grad_layouts_;            ///< where each input's gradient must end
-    std::vector<std::weak_ptr<VariableImpl>> leaves_;   ///< leaf inputs (for their main-grad sinks)
+    std::vector<spmd::Layout> grad_layouts_;          ///< where each input's gradient must end
+    std::vector<std::weak_ptr<VariableImpl>> leaves_; ///< leaf inputs (for their main-grad sinks)
 };
 
 } // namespace shardline::autograd

@@ -119,7 +119,7 @@ struct VariableImpl {
     std::shared_ptr<Node> grad_fn;
     std::shared_ptr<Node> grad_accumulator; ///< leaves that require grad: created on first use
     dist::DistTensor grad;
-    Tensor main_grad;                       ///< defined when AllocateMainGrad was called
+    Tensor main_grad; ///< defined when AllocateMainGrad was called
     std::vector<int> deferred_partial;
     std::vector<std::function<void(Variable&)>> hooks;
     std::string name;

@@ -31,6 +31,7 @@ std::string ParseChoice(std::string_view name, std::string_view text, std::initi
 bool GetBool(std::string_view name, bool fallback);
 std::int64_t GetInt(std::string_view name, std::int64_t fallback, std::int64_t min, std::int64_t max);
 double GetDouble(std::string_view name, double fallback, double min, double max);
-std::string GetChoice(std::string_view name, std::string_view fallback, std::initializer_list<std::string_view> choices);
+std::string GetChoice(std::string_view name, std::string_view fallback,
+                      std::initializer_list<std::string_view> choices);
 
 } // namespace shardline::env

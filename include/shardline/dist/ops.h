@@ -130,11 +130,11 @@ struct CrossEntropyOptions {
 };
 /// What CrossEntropyBackward needs.
 struct CrossEntropySaved {
-    DistTensor logits_used;   ///< in the layout the local kernels used
+    DistTensor logits_used; ///< in the layout the local kernels used
     DistTensor labels_used;
-    Tensor row_max;           ///< [N] global row max (fp32/fp64)
-    Tensor sum_exp;           ///< [N] global Σ exp(logit - max) (a view of `stats`)
-    Tensor stats;             ///< [2, N]: sum_exp and the target logit, all-reduced together
+    Tensor row_max;               ///< [N] global row max (fp32/fp64)
+    Tensor sum_exp;               ///< [N] global Σ exp(logit - max) (a view of `stats`)
+    Tensor stats;                 ///< [2, N]: sum_exp and the target logit, all-reduced together
     spmd::TensorSpec logits_spec; ///< as given
     std::int64_t global_rows = 0;
     CrossEntropyOptions options;

@@ -82,8 +82,8 @@ Tensor Scale(const Tensor& x, double alpha);
 
 struct SumArgs {
     const Tensor& x;
-    Tensor& out;            ///< x's shape with the reduced dims removed (or 1 with keepdim); any float dtype
-    std::vector<int> dims;  ///< dims to reduce (negative counts from the end); empty = all dims
+    Tensor& out;           ///< x's shape with the reduced dims removed (or 1 with keepdim); any float dtype
+    std::vector<int> dims; ///< dims to reduce (negative counts from the end); empty = all dims
     bool keepdim = false;
 };
 struct SumOp {

@@ -28,8 +28,8 @@
 namespace shardline::kernels {
 
 struct GemmTuningOptions {
-    bool enabled = true; ///< time the heuristic's top_k candidates on a plan's first call
-    int top_k = 8;       ///< 1..64
+    bool enabled = true;   ///< time the heuristic's top_k candidates on a plan's first call
+    int top_k = 8;         ///< 1..64
     std::string file = {}; ///< tuning-cache file; empty: none
 };
 
@@ -59,17 +59,17 @@ void ResetGemmPlanStats();
 
 /// How a cached plan runs, for benchmarks and tools.
 struct GemmPlanInfo {
-    std::string key = {};       ///< the plan key's text, e.g. "tn m=4096 n=8192 k=4096 ... batch=1"
-    bool usable = false;        ///< false: the unfused fallback (no cuBLASLt algorithm, or not eligible)
-    bool tuned = false;         ///< the algorithm was chosen by timing (or read from the tuning file)
+    std::string key = {}; ///< the plan key's text, e.g. "tn m=4096 n=8192 k=4096 ... batch=1"
+    bool usable = false;  ///< false: the unfused fallback (no cuBLASLt algorithm, or not eligible)
+    bool tuned = false;   ///< the algorithm was chosen by timing (or read from the tuning file)
     bool from_file = false;
-    int candidates = 0;         ///< algorithms the heuristic returned (and were timed)
-    int chosen = 0;             ///< index of the kept one in the heuristic's order (0: its first pick)
-    double chosen_us = 0.0;     ///< tuning measurement of the kept algorithm (0 when untuned)
-    double first_us = 0.0;      ///< tuning measurement of the heuristic's first pick
+    int candidates = 0;     ///< algorithms the heuristic returned (and were timed)
+    int chosen = 0;         ///< index of the kept one in the heuristic's order (0: its first pick)
+    double chosen_us = 0.0; ///< tuning measurement of the kept algorithm (0 when untuned)
+    double first_us = 0.0;  ///< tuning measurement of the heuristic's first pick
     bool bgradb_separate = false;
-    double bgradb_fused_us = 0.0;    ///< BGRADB keys: fused GEMM, best algorithm
-    double bgradb_separate_us = 0.0; ///< BGRADB keys: plain GEMM + column sum
+    double bgradb_fused_us = 0.0;        ///< BGRADB keys: fused GEMM, best algorithm
+    double bgradb_separate_us = 0.0;     ///< BGRADB keys: plain GEMM + column sum
     bool chosen_small_workspace = false; ///< the kept candidate came from the 1 MiB-workspace heuristic query
 };
 std::vector<GemmPlanInfo> GemmPlanInfos();

@@ -15,10 +15,10 @@ enum class LinearActivation : std::uint8_t {
 };
 
 struct LinearForwardArgs {
-    const Tensor& x;                ///< [..., in]
-    const Tensor& weight;           ///< [out, in]
-    const Tensor* bias = nullptr;   ///< [out], same dtype as y
-    Tensor& y;                      ///< [..., out]
+    const Tensor& x;              ///< [..., in]
+    const Tensor& weight;         ///< [out, in]
+    const Tensor* bias = nullptr; ///< [out], same dtype as y
+    Tensor& y;                    ///< [..., out]
     LinearActivation activation = LinearActivation::kNone;
     Tensor* pre_activation = nullptr; ///< [..., out]; required with kGeluTanh
 };
@@ -44,11 +44,11 @@ void LinearBackwardInput(const LinearBackwardInputArgs& args);
 Tensor LinearBackwardInput(const Tensor& dy, const Tensor& weight);
 
 struct LinearBackwardWeightArgs {
-    const Tensor& dy;              ///< [..., out]
-    const Tensor& x;               ///< [..., in]
-    Tensor& dweight;               ///< [out, in]; dtype of x, or float32 (a main grad) when accumulating
-    Tensor* dbias = nullptr;       ///< [out]: also compute the bias grad (fused in the GEMM where supported)
-    bool accumulate = false;       ///< dweight (and dbias) += instead of =
+    const Tensor& dy;        ///< [..., out]
+    const Tensor& x;         ///< [..., in]
+    Tensor& dweight;         ///< [out, in]; dtype of x, or float32 (a main grad) when accumulating
+    Tensor* dbias = nullptr; ///< [out]: also compute the bias grad (fused in the GEMM where supported)
+    bool accumulate = false; ///< dweight (and dbias) += instead of =
 };
 struct LinearBackwardWeightOp {
     static constexpr std::string_view kName = "LinearBackwardWeight";

@@ -16,11 +16,11 @@ namespace shardline::kernels {
 
 /// Removes a provider from every op (tests).
 inline void UnregisterProviderEverywhere(std::string_view provider) {
-    UnregisterProvider<GemmOp, LinearForwardOp, LinearBackwardOp, LinearBackwardInputOp, LinearBackwardWeightOp, LinearBackwardBiasOp,
-                       MatmulForwardOp, MatmulBackwardInputOp, MatmulBackwardOtherOp, OuterForwardOp, OuterBackwardOp,
-                       GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp, BiasAddOp, EmbeddingForwardOp,
-                       EmbeddingBackwardOp, CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp,
-                       CrossEntropyBackwardOp, SgdStepOp, AdamWStepOp>(provider);
+    UnregisterProvider<GemmOp, LinearForwardOp, LinearBackwardOp, LinearBackwardInputOp, LinearBackwardWeightOp,
+                       LinearBackwardBiasOp, MatmulForwardOp, MatmulBackwardInputOp, MatmulBackwardOtherOp,
+                       OuterForwardOp, OuterBackwardOp, GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp, BiasAddOp,
+                       EmbeddingForwardOp, EmbeddingBackwardOp, CrossEntropyRowMaxOp, CrossEntropyStatsOp,
+                       CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp, AdamWStepOp>(provider);
 }
 
 } // namespace shardline::kernels

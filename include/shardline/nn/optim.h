@@ -30,9 +30,9 @@ public:
 protected:
     struct Slot {
         Variable param;
-        Tensor master;  ///< fp32 master weights (half params), else the parameter's own local tensor
-        Tensor state0;  ///< momentum buffer / exp_avg
-        Tensor state1;  ///< exp_avg_sq
+        Tensor master; ///< fp32 master weights (half params), else the parameter's own local tensor
+        Tensor state0; ///< momentum buffer / exp_avg
+        Tensor state1; ///< exp_avg_sq
         bool half = false;
         /// Updates this parameter has had: its state starts at its first gradient, as torch's per-parameter state
         /// (a parameter without a gradient in early steps gets buf = g and bias corrections from t = 1 later).

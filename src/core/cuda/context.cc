@@ -12,7 +12,6 @@
 #include <cuda_runtime_api.h>
 
 #include <shardline/core/context.h>
-
 #include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
@@ -56,9 +55,7 @@ std::size_t WorkspaceBytesFromEnv() {
 }
 
 bool AllowTf32FromEnv() {
-    static const bool allow = [] {
-        return env::GetBool("SHARDLINE_ALLOW_TF32", false);
-    }();
+    static const bool allow = [] { return env::GetBool("SHARDLINE_ALLOW_TF32", false); }();
     return allow;
 }
 
@@ -231,8 +228,8 @@ ScopedCudaOverride::~ScopedCudaOverride() {
             ctx_.SetStream(previous_stream_);
         }
     } catch (const std::exception &e) {
-        Logger().log(spdlog::level::err, fmt::format("ScopedCudaOverride: restoring cuda:{} failed: {}", ctx_.device(),
-                                                     e.what()));
+        Logger().log(spdlog::level::err,
+                     fmt::format("ScopedCudaOverride: restoring cuda:{} failed: {}", ctx_.device(), e.what()));
     }
 }
 

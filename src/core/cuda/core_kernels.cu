@@ -24,12 +24,8 @@ int BlocksFor(std::int64_t n) {
 
 // Rounding identical to host_convert.h StoreFromDouble: double → float (nearest even) → half type (nearest even).
 template <class T> __device__ __forceinline__ T FromDouble(double v);
-template <> __device__ __forceinline__ double FromDouble<double>(double v) {
-    return v;
-}
-template <> __device__ __forceinline__ float FromDouble<float>(double v) {
-    return static_cast<float>(v);
-}
+template <> __device__ __forceinline__ double FromDouble<double>(double v) { return v; }
+template <> __device__ __forceinline__ float FromDouble<float>(double v) { return static_cast<float>(v); }
 template <> __device__ __forceinline__ __half FromDouble<__half>(double v) {
     return __float2half_rn(static_cast<float>(v));
 }
@@ -38,34 +34,20 @@ template <> __device__ __forceinline__ __nv_bfloat16 FromDouble<__nv_bfloat16>(d
 }
 // Truncation toward zero, as on the host. A kernel cannot throw: NaN and out-of-range values saturate (NaN gives
 // INT64_MIN) where the host raises a DTypeError.
-template <> __device__ __forceinline__ std::int64_t FromDouble<std::int64_t>(double v) {
-    return __double2ll_rz(v);
-}
+template <> __device__ __forceinline__ std::int64_t FromDouble<std::int64_t>(double v) { return __double2ll_rz(v); }
 
 // Widening load: float64 stays double (so float64 → float32 is one rounding), int64 goes to double (exact for
 // |v| <= 2^53), the half types go through float.
-__device__ __forceinline__ double Widen(double v) {
-    return v;
-}
-__device__ __forceinline__ double Widen(float v) {
-    return v;
-}
-__device__ __forceinline__ double Widen(__half v) {
-    return __half2float(v);
-}
-__device__ __forceinline__ double Widen(__nv_bfloat16 v) {
-    return __bfloat162float(v);
-}
-__device__ __forceinline__ double Widen(std::int64_t v) {
-    return static_cast<double>(v);
-}
+__device__ __forceinline__ double Widen(double v) { return v; }
+__device__ __forceinline__ double Widen(float v) { return v; }
+__device__ __forceinline__ double Widen(__half v) { return __half2float(v); }
+__device__ __forceinline__ double Widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ double Widen(std::int64_t v) { return static_cast<double>(v); }
 
 __device__ __forceinline__ std::int64_t GlobalThread() {
     return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ std::int64_t GridThreads() {
-    return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ std::int64_t GridThreads() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
 template <class T> __global__ void FillRandomKernel(T *__restrict__ out, std::int64_t n, const RandomKernelArgs args) {
     for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {

@@ -78,8 +78,7 @@ DistTensor Add(const DistTensor &a, const DistTensor &b, double alpha) {
         return DistTensor::Local(kernels::Add(a.local(), b.local(), alpha));
     }
     const Prepared p = PrepareForward(kOp, *mesh, "add", {&a, &b});
-    return detail::Shard(kernels::Add(p.inputs[0].local(), p.inputs[1].local(), alpha), p.rule->info.outputs[0],
-                         mesh);
+    return detail::Shard(kernels::Add(p.inputs[0].local(), p.inputs[1].local(), alpha), p.rule->info.outputs[0], mesh);
 }
 
 std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
@@ -109,7 +108,6 @@ std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
     }
     return grads;
 }
-
 
 DistTensor BiasAdd(const DistTensor &x, const DistTensor &bias) {
     constexpr const char *kOp = "dist::BiasAdd";

@@ -51,11 +51,8 @@ Grad EmbeddingBackward(const DistTensor &dout, const DistTensor &ids, const Dist
     const std::int64_t vocab_start = detail::LocalOffset(wu, 0);
     Grad grad;
     if (Tensor *sink = weight_sink.BufferFor(mesh, wspec != nullptr ? wspec->layout : spmd::Layout())) {
-        kernels::EmbeddingBackward({.ids = iu.local(),
-                                    .dout = du.local(),
-                                    .dweight = *sink,
-                                    .vocab_start = vocab_start,
-                                    .accumulate = true});
+        kernels::EmbeddingBackward(
+            {.ids = iu.local(), .dout = du.local(), .dweight = *sink, .vocab_start = vocab_start, .accumulate = true});
         grad.accumulated = true;
         return grad;
     }

@@ -64,7 +64,6 @@ std::vector<Grad> MatmulBackward(const MatmulBackwardArgs &args) {
     return grads;
 }
 
-
 DistTensor Outer(const DistTensor &x, const DistTensor &y) {
     constexpr const char *kOp = "dist::Outer";
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x, &y});
@@ -125,6 +124,5 @@ std::vector<Grad> OuterBackward(const OuterBackwardArgs &args) {
     }
     return grads;
 }
-
 
 } // namespace shardline::dist

@@ -61,9 +61,8 @@ std::int64_t Count(const Shape &shape, const std::vector<int> &dims) {
 }
 
 spmd::RuleRequest Request(const DistTensor &x, const std::vector<int> &dims, bool keepdim, bool mean) {
-    spmd::ReductionAttrs attrs{.kind = mean ? spmd::ReductionKind::kMean : spmd::ReductionKind::kSum,
-                               .axes = dims,
-                               .keepdim = keepdim};
+    spmd::ReductionAttrs attrs{
+        .kind = mean ? spmd::ReductionKind::kMean : spmd::ReductionKind::kSum, .axes = dims, .keepdim = keepdim};
     return spmd::RuleRequest{.op = mean ? "mean" : "sum", .inputs = {x.spec()}, .attrs = attrs};
 }
 
@@ -95,8 +94,8 @@ DistTensor Sum(const DistTensor &x, const SumOptions &options) {
     const char *kOp = mean ? "dist::Mean" : "dist::Sum";
     comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&x});
     const std::vector<int> norm = Normalise(dims, static_cast<int>(x.global_shape().size()), kOp);
-    const double scale = mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.global_shape(), norm)))
-                              : 1.0;
+    const double scale =
+        mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.global_shape(), norm))) : 1.0;
     auto run = [&](const Tensor &xl) {
         Tensor s = kernels::Sum(xl, {.dims = norm, .keepdim = keepdim});
         return mean ? kernels::Scale(s, scale) : s;
@@ -121,8 +120,8 @@ DistTensor SumBackward(const DistTensor &dout, const DistTensor &x, const SumOpt
     SHARDLINE_CHECK_AS(ShapeError, IsPrefix(norm) || IsSuffix(norm, rank), kOp,
                        "the backward broadcasts over a prefix or a suffix of the dims, got dims [{}] of rank {}",
                        fmt::join(norm, ", "), rank);
-    const double scale = mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.global_shape(), norm)))
-                              : 1.0;
+    const double scale =
+        mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.global_shape(), norm))) : 1.0;
     auto run = [&](const Tensor &g, const Shape &x_local) {
         Tensor dx = Broadcast(g.Contiguous(), x_local, norm);
         return mean ? kernels::Scale(dx, scale) : dx;

@@ -25,9 +25,7 @@ int ToBlasInt(std::int64_t value, std::string_view what) {
     return static_cast<int>(value);
 }
 
-CBLAS_TRANSPOSE BlasTrans(bool trans) {
-    return trans ? CblasTrans : CblasNoTrans;
-}
+CBLAS_TRANSPOSE BlasTrans(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
 
 void BlasGemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
               float beta, float *c, int ldc) {

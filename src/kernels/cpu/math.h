@@ -12,9 +12,7 @@ inline constexpr double kInvSqrt2 = 0.7071067811865476;
 inline constexpr double kInvSqrt2Pi = 0.3989422804014327;
 
 /// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
-inline double GeluTanh(double x) {
-    return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCoeff * x * x * x)));
-}
+inline double GeluTanh(double x) { return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCoeff * x * x * x))); }
 
 /// d/dx of GeluTanh.
 inline double GeluTanhGrad(double x) {
@@ -24,9 +22,7 @@ inline double GeluTanhGrad(double x) {
 }
 
 /// 0.5·x·(1 + erf(x/√2)).
-inline double GeluErf(double x) {
-    return 0.5 * x * (1.0 + std::erf(x * kInvSqrt2));
-}
+inline double GeluErf(double x) { return 0.5 * x * (1.0 + std::erf(x * kInvSqrt2)); }
 
 /// d/dx of GeluErf: Φ(x) + x·φ(x).
 inline double GeluErfGrad(double x) {

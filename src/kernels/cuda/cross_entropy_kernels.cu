@@ -18,9 +18,7 @@ constexpr int kWarp = 32;
 constexpr std::int64_t kWarpRowClasses = 1024;
 
 /// The max that propagates NaN (fmaxf would drop it), as torch's max.
-__device__ __forceinline__ float MaxNan(float a, float b) {
-    return (b > a || isnan(b)) ? b : a;
-}
+__device__ __forceinline__ float MaxNan(float a, float b) { return (b > a || isnan(b)) ? b : a; }
 
 struct MaxOp {
     __device__ __forceinline__ float operator()(float a, float b) const { return MaxNan(a, b); }

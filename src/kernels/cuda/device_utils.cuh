@@ -14,23 +14,13 @@
 
 namespace shardline::kernels::cuda {
 
-__device__ __forceinline__ float ToFloat(float v) {
-    return v;
-}
-__device__ __forceinline__ float ToFloat(__half v) {
-    return __half2float(v);
-}
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
-    return __bfloat162float(v);
-}
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 template <class T> __device__ __forceinline__ T FromFloat(float v);
-template <> __device__ __forceinline__ float FromFloat<float>(float v) {
-    return v;
-}
-template <> __device__ __forceinline__ __half FromFloat<__half>(float v) {
-    return __float2half_rn(v);
-}
+template <> __device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
     return __float2bfloat16_rn(v);
 }
@@ -63,16 +53,12 @@ template <class T, int kN> struct alignas(sizeof(T) * kN) AlignedVector {
 };
 
 /// Whether p may be read as vectors of `bytes` bytes.
-inline bool IsAligned(const void *p, std::size_t bytes) {
-    return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
-}
+inline bool IsAligned(const void *p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 __device__ __forceinline__ std::int64_t GlobalThread() {
     return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ std::int64_t GridThreads() {
-    return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ std::int64_t GridThreads() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
 inline constexpr int kThreads = 256;
 inline constexpr std::int64_t kMaxBlocks = 8192;
@@ -97,9 +83,7 @@ __device__ __forceinline__ float GeluTanhGrad(float x) {
     const float t = tanhf(u);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
 }
-__device__ __forceinline__ float GeluErf(float x) {
-    return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
-}
+__device__ __forceinline__ float GeluErf(float x) { return 0.5f * x * (1.0f + erff(x * kInvSqrt2)); }
 __device__ __forceinline__ float GeluErfGrad(float x) {
     return 0.5f * (1.0f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
 }

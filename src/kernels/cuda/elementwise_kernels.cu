@@ -184,8 +184,8 @@ cudaError_t LaunchMiddleSum(const void *x, DType dtype, std::int64_t outer, std:
     return WithFloatTypes(dtype, out_dtype, [&](auto tag, auto out_tag) {
         using T = decltype(tag);
         using O = decltype(out_tag);
-        MiddleSumKernel<T, O><<<BlocksFor(outer * inner), kThreads, 0, stream>>>(
-            static_cast<const T *>(x), outer, reduce, inner, static_cast<O *>(out));
+        MiddleSumKernel<T, O><<<BlocksFor(outer * inner), kThreads, 0, stream>>>(static_cast<const T *>(x), outer,
+                                                                                 reduce, inner, static_cast<O *>(out));
         return cudaGetLastError();
     });
 }

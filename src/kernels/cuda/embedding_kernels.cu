@@ -140,15 +140,14 @@ cudaError_t TempBytes(std::int64_t n, std::int64_t rows, std::size_t *bytes) {
         static_cast<const std::uint32_t *>(nullptr), static_cast<std::uint32_t *>(nullptr), static_cast<int>(n), 0,
         KeyBits(rows), cudaStream_t{nullptr});
     if (status == cudaSuccess) {
-        status = cub::DeviceRunLengthEncode::Encode(nullptr, encode, static_cast<const std::uint32_t *>(nullptr),
-                                                    static_cast<std::uint32_t *>(nullptr), static_cast<int *>(nullptr),
-                                                    static_cast<int *>(nullptr), static_cast<int>(n),
-                                                    cudaStream_t{nullptr});
+        status = cub::DeviceRunLengthEncode::Encode(
+            nullptr, encode, static_cast<const std::uint32_t *>(nullptr), static_cast<std::uint32_t *>(nullptr),
+            static_cast<int *>(nullptr), static_cast<int *>(nullptr), static_cast<int>(n), cudaStream_t{nullptr});
     }
     if (status == cudaSuccess) {
-        status = cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int *>(nullptr),
-                                               static_cast<int *>(nullptr), static_cast<int>(MaxRuns(n, rows)),
-                                               cudaStream_t{nullptr});
+        status =
+            cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int *>(nullptr), static_cast<int *>(nullptr),
+                                          static_cast<int>(MaxRuns(n, rows)), cudaStream_t{nullptr});
     }
     *bytes = std::max({sort, encode, scan});
     return status;

@@ -19,7 +19,8 @@ cudaError_t LaunchEmbeddingForward(const std::int64_t *ids, std::int64_t n, std:
                                    cudaStream_t stream);
 
 /// The device workspace LaunchEmbeddingBackward needs for n ids over a table of `rows` rows: the sort keys and
-/// positions (twice), the runs (keys, lengths, offsets, count) and CUB's temporary storage. Fills `*bytes`; returns CUB's status.
+/// positions (twice), the runs (keys, lengths, offsets, count) and CUB's temporary storage. Fills `*bytes`; returns
+/// CUB's status.
 cudaError_t EmbeddingBackwardWorkspace(std::int64_t n, std::int64_t rows, std::size_t *bytes);
 
 /// dweight[v, :] (+)= Σ_{i : ids[i] - vocab_start == v} dout[i, :], deterministic: the local rows of the ids are radix

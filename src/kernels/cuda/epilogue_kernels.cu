@@ -72,7 +72,9 @@ __global__ void DGeluKernel(T *d, std::int64_t m, std::int64_t n, std::int64_t l
 
 constexpr int kSumWarpsY = 8;
 
-template <class T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+template <class T, int VEC> struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+};
 
 /// This thread's column of the block's tile (-1 when it holds none) and, in `sum`, that column's sum over the block's
 /// chunk of rows.
@@ -232,8 +234,8 @@ cudaError_t LaunchBiasAdd(void *d, DType dtype, std::int64_t m, std::int64_t n, 
     return WithFloatTypes(dtype, bias_dtype, [&](auto tag, auto bias_tag) {
         using T = decltype(tag);
         using B = decltype(bias_tag);
-        BiasAddKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld,
-                                                                       static_cast<const B *>(bias));
+        BiasAddKernel<T, B>
+            <<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld, static_cast<const B *>(bias));
         return cudaGetLastError();
     });
 }

@@ -98,8 +98,7 @@ void ColumnSumOn(CudaContext &ctx, cudaStream_t stream, const void *x, DType dty
             partials = static_cast<float *>(fallback.data());
         }
     }
-    SHARDLINE_CHECK_CUDA(
-        LaunchColumnSum(plan, x, dtype, rows, cols, ld, out, out_dtype, accumulate, partials, stream));
+    SHARDLINE_CHECK_CUDA(LaunchColumnSum(plan, x, dtype, rows, cols, ld, out, out_dtype, accumulate, partials, stream));
 }
 
 float *ReduceScratch(CudaContext &ctx, cudaStream_t stream, std::size_t floats) {

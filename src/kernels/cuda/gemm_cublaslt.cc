@@ -112,9 +112,7 @@ void CublasLtGemm(const GemmParams &p) {
 
 namespace shardline::kernels::cuda {
 
-void DefaultCudaGemm(const GemmParams &params) {
-    lt::CublasLtGemm(params);
-}
+void DefaultCudaGemm(const GemmParams &params) { lt::CublasLtGemm(params); }
 
 bool BGradBFused(const GemmParams &params) {
     CheckCudaGemm(params, lt::kOp);

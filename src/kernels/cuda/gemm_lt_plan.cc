@@ -1,6 +1,8 @@
 // The cuBLASLt provider's plans: descriptors and layouts, the plan cache, and the algorithm choice — a tuning-cache
 // record, else the heuristic's candidates (timed by gemm_lt_tuning.cc), else the unfused path with one warning.
 
+#include "gemm_lt_plan.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -18,7 +20,6 @@
 #include <shardline/kernels/gemm_tuning.h>
 
 #include "gemm_common.h"
-#include "gemm_lt_plan.h"
 #include "kernels/gemm_tuning_internal.h"
 
 // Log lines are formatted by fmt::format and given to spdlog as finished strings: spdlog's own formatting overloads
@@ -285,14 +286,13 @@ const DeviceIdentity &Identity(int device) {
         cudaDeviceProp prop{};
         SHARDLINE_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
         it = identities
-                 ->emplace(device, DeviceIdentity{std::string(prop.name),
-                                                  static_cast<std::int64_t>(cublasLtGetVersion()),
-                                                  static_cast<std::size_t>(prop.l2CacheSize)})
+                 ->emplace(device,
+                           DeviceIdentity{std::string(prop.name), static_cast<std::int64_t>(cublasLtGetVersion()),
+                                          static_cast<std::size_t>(prop.l2CacheSize)})
                  .first;
     }
     return it->second;
 }
-
 
 GemmParams PlainParams(const GemmParams &p) {
     GemmParams plain = p;

@@ -67,7 +67,7 @@ struct LtPlan {
     LtMatrixLayout b;
     LtMatrixLayout c;
     cublasLtMatmulAlgo_t algo{};
-    std::mutex mutex; ///< the bias/aux pointers are descriptor attributes: set and launch under one lock
+    std::mutex mutex;               ///< the bias/aux pointers are descriptor attributes: set and launch under one lock
     const void *bias_ptr = nullptr; ///< what the descriptor points at now
     const void *aux_ptr = nullptr;
 
@@ -79,7 +79,7 @@ struct LtPlan {
     /// until the first call outside a capture tunes it.
     bool needs_tuning = false;
     std::vector<cublasLtMatmulHeuristicResult_t> candidates;
-    int candidate_count = 0; ///< candidates timed (or, from the file, timed when the record was made)
+    int candidate_count = 0;           ///< candidates timed (or, from the file, timed when the record was made)
     int full_workspace_candidates = 0; ///< the first ones came from the full-workspace heuristic query
     int chosen = 0;
     double chosen_us = 0.0;

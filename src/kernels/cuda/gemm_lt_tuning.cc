@@ -31,8 +31,8 @@ constexpr int kMaxReps = 20;
 
 /// Times launches of tuning candidates on one stream. Warm: `reps` launches back to back between two events (the
 /// operands stay in L2 when they fit, as they do when a large GEMM repeats). Cold (a flush buffer given, for problems
-/// whose operands fit in L2): before each launch a write of twice the L2 size evicts them, and only the launch is timed,
-/// as a decode step meets its weights coming from device memory.
+/// whose operands fit in L2): before each launch a write of twice the L2 size evicts them, and only the launch is
+/// timed, as a decode step meets its weights coming from device memory.
 class CandidateTimer {
 public:
     CandidateTimer(cudaStream_t stream, void *flush, std::size_t flush_bytes)
@@ -161,8 +161,8 @@ void TuneCandidates(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
         };
         const double first2 = time(0);
         const double best2 = time(static_cast<std::size_t>(best));
-        const bool faster = pass1[static_cast<std::size_t>(best)] < pass1[0] * (1.0 - kTuningMargin) &&
-                            best2 > 0.0 && best2 < first2 * (1.0 - kTuningMargin);
+        const bool faster = pass1[static_cast<std::size_t>(best)] < pass1[0] * (1.0 - kTuningMargin) && best2 > 0.0 &&
+                            best2 < first2 * (1.0 - kTuningMargin);
         first_us = std::min(pass1[0], first2);
         if (faster) {
             chosen_us = std::min(pass1[static_cast<std::size_t>(best)], best2);

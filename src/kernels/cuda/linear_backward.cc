@@ -126,8 +126,8 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
         side_lock = std::unique_lock(side->mutex);
         SHARDLINE_CHECK_CUDA(cudaEventRecord(side->fork, main));
         SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(side->stream, side->fork, 0));
-        ColumnSumOn(ctx, side->stream, dy.data(), dy.dtype(), rows, cols, cols, args.dbias->data(),
-                    args.dbias->dtype(), args.accumulate, ReduceImpl::kVectorized);
+        ColumnSumOn(ctx, side->stream, dy.data(), dy.dtype(), rows, cols, cols, args.dbias->data(), args.dbias->dtype(),
+                    args.accumulate, ReduceImpl::kVectorized);
     }
     try {
         if (args.dx != nullptr) {

@@ -127,8 +127,8 @@ void CudaSum(const SumArgs &args) {
         desc.out_numel = 1;
         desc.reduced_numel = 1;
         // Appends group i to the kept or the reduced dims of desc.
-        auto append = [&](std::size_t i, int &rank, std::int64_t *shape, std::int64_t *stride_of,
-                          std::int64_t &numel, std::string_view which) {
+        auto append = [&](std::size_t i, int &rank, std::int64_t *shape, std::int64_t *stride_of, std::int64_t &numel,
+                          std::string_view which) {
             SHARDLINE_CHECK_AS(ShapeError, rank < kMaxSumRank, kOp,
                                "CUDA Sum supports at most {} separate {} dim groups, x is {}", kMaxSumRank, which,
                                x.ToString());

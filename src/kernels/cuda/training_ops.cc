@@ -18,20 +18,12 @@
 namespace shardline::kernels::cuda {
 namespace {
 
-const float *F32(const Tensor &t) {
-    return static_cast<const float *>(t.data());
-}
-float *F32(Tensor &t) {
-    return static_cast<float *>(t.data());
-}
-const std::int64_t *I64(const Tensor &t) {
-    return static_cast<const std::int64_t *>(t.data());
-}
+const float *F32(const Tensor &t) { return static_cast<const float *>(t.data()); }
+float *F32(Tensor &t) { return static_cast<float *>(t.data()); }
+const std::int64_t *I64(const Tensor &t) { return static_cast<const std::int64_t *>(t.data()); }
 
 /// logits [..., c] as n rows of c (the wrappers guarantee c > 0).
-std::int64_t RowsOf(const Tensor &logits) {
-    return logits.numel() / logits.shape().back();
-}
+std::int64_t RowsOf(const Tensor &logits) { return logits.numel() / logits.shape().back(); }
 
 } // namespace
 

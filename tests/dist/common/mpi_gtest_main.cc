@@ -37,9 +37,7 @@ namespace {
 launch::Environment *g_env = nullptr;
 std::string g_cuda_skip_reason = "this test executable runs the CPU (MPI) backend";
 
-std::string RankPrefix() {
-    return fmt::format("[rank {}/{}]", g_env->rank(), g_env->world_size());
-}
+std::string RankPrefix() { return fmt::format("[rank {}/{}]", g_env->rank(), g_env->world_size()); }
 
 // Rank 0 forwards gtest's default printer; every rank prints its own failures with a rank prefix.
 class RankPrinter : public ::testing::EmptyTestEventListener {
@@ -162,12 +160,8 @@ public:
 
 } // namespace
 
-launch::Environment &DistEnv() {
-    return *g_env;
-}
-const std::string &CudaSkipReason() {
-    return g_cuda_skip_reason;
-}
+launch::Environment &DistEnv() { return *g_env; }
+const std::string &CudaSkipReason() { return g_cuda_skip_reason; }
 
 } // namespace shardline::testing
 

@@ -50,10 +50,10 @@ using RuleAttrs = std::variant<std::monostate, MatmulAttrs, ReductionAttrs, Soft
 /// One rule request, as the shardline-spmd JSON request (docs/spmd.md 5) but typed.
 struct RuleRequest {
     std::string op{}; ///< matmul, linear, embedding, softmax, log_softmax, cross_entropy, transpose, reshape, einsum,
-                    ///< sum, mean, max, min, or an elementwise name
+                      ///< sum, mean, max, min, or an elementwise name
     RuleDirection direction = RuleDirection::kForward;
     ProcessMesh mesh{};
-    std::vector<TensorSpec> inputs{};   ///< positional, as the Infer* functions take them (linear: x, weight[, bias])
+    std::vector<TensorSpec> inputs{};     ///< positional, as the Infer* functions take them (linear: x, weight[, bias])
     std::optional<TensorSpec> out{};      ///< reverse: the output
     std::optional<TensorSpec> out_grad{}; ///< grad: the output gradient (cross_entropy: the loss gradient)
     RuleAttrs attrs{};
@@ -121,8 +121,12 @@ struct RuleKeyHash {
 struct RuleKeyEqual {
     using is_transparent = void;
     bool operator()(const RuleKey &a, const RuleKey &b) const { return a == b; }
-    bool operator()(const RuleKeyView &a, const RuleKey &b) const { return a.hash == b.Hash() && *a.words == b.Words(); }
-    bool operator()(const RuleKey &a, const RuleKeyView &b) const { return b.hash == a.Hash() && *b.words == a.Words(); }
+    bool operator()(const RuleKeyView &a, const RuleKey &b) const {
+        return a.hash == b.Hash() && *a.words == b.Words();
+    }
+    bool operator()(const RuleKey &a, const RuleKeyView &b) const {
+        return b.hash == a.Hash() && *b.words == a.Words();
+    }
 };
 
 /// A thread-safe map RuleKey -> CachedRule. Lookups take a shared lock; a miss infers outside the lock, so two

@@ -190,20 +190,27 @@ void Communicator::Admit(const Collective& call) {
     if (CommCheckEnabled()) {
         CheckAgreement(call);
     }
+}
+
+WorkHandle Communicator::Issued(const Collective& call, WorkHandle work) {
+    // Counted once the backend has issued it: a hook that raises (an abort in between, an invalidated capture) leaves
+    // the counters as they were, so "a rejected call counts nothing" holds for every rejection.
     Count(call.kind, call.bytes);
+    return work;
 }
 
 WorkHandle Communicator::AllReduce(Tensor& tensor, ReduceOp op) {
     CheckUsable(kAllReduce);
     CheckTensor(tensor, kAllReduce, "tensor");
     CheckReduceOp(op, kAllReduce);
-    Admit(Collective{.op = kAllReduce,
-                     .kind = CollectiveKind::kAllReduce,
-                     .count = tensor.numel(),
-                     .dtype = tensor.dtype(),
-                     .aux = static_cast<std::int64_t>(op),
-                     .bytes = Bytes(tensor)});
-    return DoAllReduce(tensor, op);
+    const Collective call{.op = kAllReduce,
+                          .kind = CollectiveKind::kAllReduce,
+                          .count = tensor.numel(),
+                          .dtype = tensor.dtype(),
+                          .aux = static_cast<std::int64_t>(op),
+                          .bytes = Bytes(tensor)};
+    Admit(call);
+    return Issued(call, DoAllReduce(tensor, op));
 }
 
 WorkHandle Communicator::AllGather(const Tensor& input, Tensor& output) {
@@ -212,12 +219,13 @@ WorkHandle Communicator::AllGather(const Tensor& input, Tensor& output) {
     SHARDLINE_CHECK_AS(ShapeError, output.numel() == input.numel() * size(), kAllGather,
                        "expected output to hold size·n = {}·{} = {} elements, got {} ({})", size(), input.numel(),
                        input.numel() * size(), output.numel(), Where());
-    Admit(Collective{.op = kAllGather,
-                     .kind = CollectiveKind::kAllGather,
-                     .count = input.numel(),
-                     .dtype = input.dtype(),
-                     .bytes = Bytes(input)});
-    return DoAllGather(input, output);
+    const Collective call{.op = kAllGather,
+                          .kind = CollectiveKind::kAllGather,
+                          .count = input.numel(),
+                          .dtype = input.dtype(),
+                          .bytes = Bytes(input)};
+    Admit(call);
+    return Issued(call, DoAllGather(input, output));
 }
 
 WorkHandle Communicator::AllGatherV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
@@ -230,14 +238,15 @@ WorkHandle Communicator::AllGatherV(const Tensor& input, Tensor& output, const s
     SHARDLINE_CHECK_AS(ShapeError, output.numel() == total, kAllGatherV,
                        "expected output to hold sum(counts) = {} elements, got {} ({})", total, output.numel(),
                        Where());
-    Admit(Collective{.op = kAllGatherV,
-                     .kind = CollectiveKind::kAllGather,
-                     .uneven = true,
-                     .count = total,
-                     .dtype = input.dtype(),
-                     .bytes = Bytes(input),
-                     .counts = &counts});
-    return DoAllGatherV(input, output, counts);
+    const Collective call{.op = kAllGatherV,
+                          .kind = CollectiveKind::kAllGather,
+                          .uneven = true,
+                          .count = total,
+                          .dtype = input.dtype(),
+                          .bytes = Bytes(input),
+                          .counts = &counts};
+    Admit(call);
+    return Issued(call, DoAllGatherV(input, output, counts));
 }
 
 WorkHandle Communicator::ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -247,13 +256,14 @@ WorkHandle Communicator::ReduceScatter(const Tensor& input, Tensor& output, Redu
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == output.numel() * size(), kReduceScatter,
                        "expected input to hold size·n = {}·{} = {} elements, got {} ({})", size(), output.numel(),
                        output.numel() * size(), input.numel(), Where());
-    Admit(Collective{.op = kReduceScatter,
-                     .kind = CollectiveKind::kReduceScatter,
-                     .count = output.numel(),
-                     .dtype = input.dtype(),
-                     .aux = static_cast<std::int64_t>(op),
-                     .bytes = Bytes(input)});
-    return DoReduceScatter(input, output, op);
+    const Collective call{.op = kReduceScatter,
+                          .kind = CollectiveKind::kReduceScatter,
+                          .count = output.numel(),
+                          .dtype = input.dtype(),
+                          .aux = static_cast<std::int64_t>(op),
+                          .bytes = Bytes(input)};
+    Admit(call);
+    return Issued(call, DoReduceScatter(input, output, op));
 }
 
 WorkHandle Communicator::ReduceScatterV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
@@ -267,15 +277,16 @@ WorkHandle Communicator::ReduceScatterV(const Tensor& input, Tensor& output, con
     SHARDLINE_CHECK_AS(ShapeError, output.numel() == counts[rank()], kReduceScatterV,
                        "expected output to hold counts[rank {}] = {} elements, got {} ({})", rank(), counts[rank()],
                        output.numel(), Where());
-    Admit(Collective{.op = kReduceScatterV,
-                     .kind = CollectiveKind::kReduceScatter,
-                     .uneven = true,
-                     .count = total,
-                     .dtype = input.dtype(),
-                     .aux = static_cast<std::int64_t>(op),
-                     .bytes = Bytes(input),
-                     .counts = &counts});
-    return DoReduceScatterV(input, output, counts, op);
+    const Collective call{.op = kReduceScatterV,
+                          .kind = CollectiveKind::kReduceScatter,
+                          .uneven = true,
+                          .count = total,
+                          .dtype = input.dtype(),
+                          .aux = static_cast<std::int64_t>(op),
+                          .bytes = Bytes(input),
+                          .counts = &counts};
+    Admit(call);
+    return Issued(call, DoReduceScatterV(input, output, counts, op));
 }
 
 WorkHandle Communicator::AllToAll(const Tensor& input, Tensor& output) {
@@ -287,12 +298,13 @@ WorkHandle Communicator::AllToAll(const Tensor& input, Tensor& output) {
     SHARDLINE_CHECK_AS(ShapeError, output.numel() == input.numel(), kAllToAll,
                        "expected output to hold as many elements as the input ({}), got {} ({})", input.numel(),
                        output.numel(), Where());
-    Admit(Collective{.op = kAllToAll,
-                     .kind = CollectiveKind::kAllToAll,
-                     .count = input.numel(),
-                     .dtype = input.dtype(),
-                     .bytes = Bytes(input)});
-    return DoAllToAll(input, output);
+    const Collective call{.op = kAllToAll,
+                          .kind = CollectiveKind::kAllToAll,
+                          .count = input.numel(),
+                          .dtype = input.dtype(),
+                          .bytes = Bytes(input)};
+    Admit(call);
+    return Issued(call, DoAllToAll(input, output));
 }
 
 WorkHandle Communicator::AllToAllV(const Tensor& input, const std::vector<std::int64_t>& send_counts, Tensor& output,
@@ -307,15 +319,16 @@ WorkHandle Communicator::AllToAllV(const Tensor& input, const std::vector<std::i
     SHARDLINE_CHECK_AS(ShapeError, output.numel() == received, kAllToAllV,
                        "expected output to hold sum(recv_counts) = {} elements, got {} ({})", received, output.numel(),
                        Where());
-    Admit(Collective{.op = kAllToAllV,
-                     .kind = CollectiveKind::kAllToAll,
-                     .uneven = true,
-                     .count = sent,
-                     .dtype = input.dtype(),
-                     .bytes = Bytes(input),
-                     .counts = &send_counts,
-                     .recv_counts = &recv_counts});
-    return DoAllToAllV(input, send_counts, output, recv_counts);
+    const Collective call{.op = kAllToAllV,
+                          .kind = CollectiveKind::kAllToAll,
+                          .uneven = true,
+                          .count = sent,
+                          .dtype = input.dtype(),
+                          .bytes = Bytes(input),
+                          .counts = &send_counts,
+                          .recv_counts = &recv_counts};
+    Admit(call);
+    return Issued(call, DoAllToAllV(input, send_counts, output, recv_counts));
 }
 
 WorkHandle Communicator::Broadcast(Tensor& tensor, int root) {
@@ -323,19 +336,21 @@ WorkHandle Communicator::Broadcast(Tensor& tensor, int root) {
     CheckTensor(tensor, kBroadcast, "tensor");
     SHARDLINE_CHECK(root >= 0 && root < size(), kBroadcast, "expected root in [0, {}), got {} ({})", size(), root,
                     Where());
-    Admit(Collective{.op = kBroadcast,
-                     .kind = CollectiveKind::kBroadcast,
-                     .count = tensor.numel(),
-                     .dtype = tensor.dtype(),
-                     .aux = root,
-                     .bytes = Bytes(tensor)});
-    return DoBroadcast(tensor, root);
+    const Collective call{.op = kBroadcast,
+                          .kind = CollectiveKind::kBroadcast,
+                          .count = tensor.numel(),
+                          .dtype = tensor.dtype(),
+                          .aux = root,
+                          .bytes = Bytes(tensor)};
+    Admit(call);
+    return Issued(call, DoBroadcast(tensor, root));
 }
 
 WorkHandle Communicator::Barrier() {
     CheckUsable(kBarrier);
-    Admit(Collective{.op = kBarrier, .kind = CollectiveKind::kBarrier});
-    return DoBarrier();
+    const Collective call{.op = kBarrier, .kind = CollectiveKind::kBarrier};
+    Admit(call);
+    return Issued(call, DoBarrier());
 }
 
 std::chrono::milliseconds CommTimeout() {

@@ -428,6 +428,9 @@ std::unique_ptr<Communicator> Communicator::FromMpiComm(MPI_Comm comm, MpiCommOp
                        options.name);
     SHARDLINE_CHECK(comm != MPI_COMM_NULL, kOp, "expected an MPI communicator, got MPI_COMM_NULL (group '{}')",
                     options.name);
+    // A malformed SHARDLINE_COMM_TIMEOUT_S / SHARDLINE_COMM_CHECK raises here, before the communicator exists.
+    (void)CommTimeout();
+    (void)CommCheckEnabled();
     return std::make_unique<detail::MpiCommunicator>(comm, std::move(options.name), options.take_ownership);
 }
 

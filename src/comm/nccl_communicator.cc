@@ -90,7 +90,14 @@ NcclCommunicator::~NcclCommunicator() {
                 }
             }
             if (s.comm != nullptr) {
-                if (overdue || s.abort_requested) {
+                if ((overdue || s.abort_requested) && !owned_) {
+                    // Borrowed: aborting frees the caller's communicator, and after this destructor nothing could
+                    // tell the caller so; leave it to them, loudly.
+                    SHARDLINE_LOG_ERROR("borrowed NCCL communicator '{}' released with {}: shardline does not abort "
+                                        "a communicator it does not own; its owner should ncclCommAbort it",
+                                        s.name, overdue ? "overdue work in flight" : "an abort pending");
+                    s.comm = nullptr;
+                } else if (overdue || s.abort_requested) {
                     s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name));
                     s.AbortLocked();
                 } else if (!owned_) {

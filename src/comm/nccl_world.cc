@@ -1,6 +1,9 @@
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 
 #include "comm/nccl_communicator.h"
 
@@ -129,8 +132,18 @@ std::unique_ptr<Communicator> Communicator::FromNcclComm(ncclComm_t comm, NcclCo
     SHARDLINE_CHECK_NCCL(ncclCommCuDevice(comm, &device));
     SHARDLINE_CHECK_NCCL(ncclCommUserRank(comm, &rank));
     SHARDLINE_CHECK_NCCL(ncclCommCount(comm, &size));
-    // Splits of it are made by shardline: they too must not use NVLink multicast.
-    detail::KeepMulticastOff();
+    // NCCL read NCCL_NVLS_ENABLE when the caller's program first used it and caches it for the process (the caller's
+    // communicator and shardline's splits of it alike): setting it now would change nothing, so require it.
+    const std::optional<std::string> nvls = env::Get("NCCL_NVLS_ENABLE");
+    SHARDLINE_CHECK(
+        nvls && *nvls == "0", kApi,
+        "expected NCCL_NVLS_ENABLE=0 in the environment before the program's first NCCL call (NCCL reads it "
+        "once per process; shardline never lets NCCL use NVLink multicast), got '{}' (group '{}')",
+        nvls.value_or("unset"), options.name);
+    // A malformed SHARDLINE_COMM_TIMEOUT_S / SHARDLINE_COMM_CHECK raises here, before the communicator exists, not
+    // later from a collective or the watchdog.
+    (void)CommTimeout();
+    (void)CommCheckEnabled();
     return std::make_unique<detail::NcclCommunicator>(comm, device, rank, size, std::move(options.name),
                                                       options.take_ownership);
 }

@@ -11,13 +11,15 @@ namespace shardline {
 namespace {
 
 std::shared_ptr<spdlog::logger> MakeLogger() {
-    auto logger = spdlog::stderr_color_mt("shardline");
     spdlog::level::level_enum level = spdlog::level::info;
-    // spdlog::level::from_str reads an unknown word as "off": a typo would silence every message.
+    // spdlog::level::from_str reads an unknown word as "off": a typo would silence every message. Parsed before the
+    // logger is registered, so that a bad value raises its own message on every call, not spdlog's "logger with name
+    // 'shardline' already exists" from the second call on.
     if (const auto name = env::Get("SHARDLINE_LOG_LEVEL")) {
         level = spdlog::level::from_str(env::ParseChoice(
             "SHARDLINE_LOG_LEVEL", *name, {"trace", "debug", "info", "warning", "warn", "error", "critical", "off"}));
     }
+    auto logger = spdlog::stderr_color_mt("shardline");
     logger->set_level(level);
     return logger;
 }

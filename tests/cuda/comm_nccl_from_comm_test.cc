@@ -2,14 +2,17 @@
 // with Communicator::FromNcclComm. An all-reduce of known values, the counters, and non-owning: the test destroys its
 // own communicator afterwards. Skips without a GPU.
 
+#include <cstdlib>
 #include <vector>
 
 #include <cuda_runtime_api.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
 
 #include <shardline/comm/communicator.h>
 #include <shardline/core/device.h>
+#include <shardline/core/error.h>
 #include <shardline/core/tensor.h>
 
 namespace shardline {
@@ -32,6 +35,9 @@ TEST(NcclFromCommTest, BorrowedSingleRankCommunicatorAllReducesAndStaysTheCaller
         GTEST_SKIP() << "no CUDA device";
     }
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    // NCCL reads this once per process, at its first use: a program that hands shardline its communicator sets it
+    // first.
+    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
     ncclUniqueId id;
     ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
     ncclComm_t mine = nullptr;
@@ -52,6 +58,16 @@ TEST(NcclFromCommTest, BorrowedSingleRankCommunicatorAllReducesAndStaysTheCaller
         EXPECT_EQ(c->Counts().Bytes(CollectiveKind::kAllReduce), 3 * 6 * 4);
         EXPECT_FALSE(c->aborted());
     }
+    // Too late to switch NVLink multicast off once NCCL has read the environment: FromNcclComm refuses, naming why.
+    ::setenv("NCCL_NVLS_ENABLE", "1", 1);
+    try {
+        (void)comm::Communicator::FromNcclComm(mine, {.name = "borrowed"});
+        ADD_FAILURE() << "FromNcclComm accepted NCCL_NVLS_ENABLE=1";
+    } catch (const Error& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("expected NCCL_NVLS_ENABLE=0"));
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("got '1'"));
+    }
+    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
     // Non-owning: the communicator is still the test's; a collective on it works, then the test destroys it.
     float* buffer = nullptr;
     ASSERT_EQ(cudaMalloc(&buffer, sizeof(float)), cudaSuccess);

@@ -17,8 +17,8 @@
 // Validation is done once, here, for both backends: the public collectives are not virtual. They check the arguments
 // on the calling rank (defined, device, dtype, contiguity, sizes and counts, root, overlap, the aborted state) and
 // raise with one wording whatever the backend ("all_gather: expected output to hold ..., got ..."), then run the debug
-// agreement check, count the call and hand it to the backend (the protected Do* hooks). A rejected call issues and
-// counts nothing.
+// agreement check, hand the call to the backend (the protected Do* hooks) and count it once the hook has issued it.
+// A rejected call (by the checks or by the backend) counts nothing.
 //
 // Bringing your own communicator: Communicator::FromMpiComm(MPI_Comm) and Communicator::FromNcclComm(ncclComm_t) wrap
 // a communicator the program created (non-owning unless options.take_ownership). nccl.h is not needed for this header:
@@ -99,8 +99,12 @@ struct NcclCommOptions {
     /// Group name for messages.
     std::string name = "nccl";
     /// Finalize and destroy the NCCL communicator with the shardline communicator. Off: the caller destroys it, after
-    /// the shardline communicator. Either way a fault (timeout, asynchronous error, Abort()) calls ncclCommAbort on it,
-    /// the only way to release a hung kernel: once aborted() is true the caller must neither use nor destroy it.
+    /// the shardline communicator. Either way a fault that raises CommError (timeout, asynchronous error) or Abort()
+    /// calls ncclCommAbort on it, the only way to release a hung kernel: once aborted() is true the caller must neither
+    /// use nor destroy it. Destroying the shardline communicator never aborts a borrowed one: with work overdue it
+    /// logs an error and leaves the communicator to the caller (who should then ncclCommAbort it).
+    /// NCCL reads NCCL_NVLS_ENABLE once per process, so FromNcclComm requires it to be "0" already (shardline never
+    /// uses NVLink multicast) and raises otherwise.
     bool take_ownership = false;
 };
 
@@ -219,8 +223,10 @@ protected:
     virtual WorkHandle DoBarrier() = 0;
 
 private:
-    /// The agreement check (in debug mode), then the count.
+    /// The agreement check (in debug mode).
     void Admit(const Collective& call);
+    /// Counts `call` (after its hook issued it without raising) and passes the work on.
+    WorkHandle Issued(const Collective& call, WorkHandle work);
     void Count(CollectiveKind kind, std::int64_t bytes);
     void CheckTensor(const Tensor& tensor, std::string_view op, std::string_view what) const;
     void CheckPair(const Tensor& input, const Tensor& output, std::string_view op, bool allow_in_place) const;

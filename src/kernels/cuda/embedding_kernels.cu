@@ -78,10 +78,10 @@ __global__ void __launch_bounds__(32 * kSegmentWarps)
         if (key == sentinel) {
             continue; // ids outside this shard sort last; the block's branch is uniform
         }
-        const int begin = run_offsets[r];
-        const int end = begin + run_lengths[r];
+        const std::int64_t begin = run_offsets[r];
+        const std::int64_t end = begin + run_lengths[r];
         float acc[kSegmentVec] = {};
-        for (int j = begin + warp; j < end; j += kSegmentWarps) {
+        for (std::int64_t j = begin + warp; j < end; j += kSegmentWarps) { // int64: end may be near 2^31
             const In *row = dout + static_cast<std::int64_t>(positions[j]) * hidden;
 #pragma unroll
             for (int v = 0; v < kSegmentVec; ++v) {

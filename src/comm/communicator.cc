@@ -137,19 +137,21 @@ void Communicator::CheckTensor(const Tensor& t, std::string_view op, std::string
 }
 
 void Communicator::CheckPair(const Tensor& input, const Tensor& output, std::string_view op,
-                             bool allow_in_place) const {
+                             InPlace in_place_form) const {
     CheckTensor(input, op, "input");
     CheckTensor(output, op, "output");
     SHARDLINE_CHECK_AS(DTypeError, input.dtype() == output.dtype(), op,
                        "expected input and output of one dtype, got {} and {} ({})", DTypeName(input.dtype()),
                        DTypeName(output.dtype()), Where());
-    // Overlapping buffers are undefined in MPI and NCCL alike; all_gather's input may be this rank's block of its
-    // output (both libraries' in-place form).
+    // Overlapping buffers are undefined in MPI and NCCL alike, except the in-place forms: all_gather's input may be
+    // this rank's block of its output, reduce_scatter's output this rank's block of its input (as NCCL defines them).
     const auto* pi = static_cast<const char*>(input.data());
     const auto* po = static_cast<const char*>(output.data());
     const std::size_t ni = input.nbytes();
     const std::size_t no = output.nbytes();
-    const bool in_place = allow_in_place && ni > 0 && pi == po + ni * static_cast<std::size_t>(rank());
+    const auto r = static_cast<std::size_t>(rank());
+    const bool in_place = (in_place_form == InPlace::kInputIsRankBlockOfOutput && ni > 0 && pi == po + ni * r) ||
+                          (in_place_form == InPlace::kOutputIsRankBlockOfInput && no > 0 && po == pi + no * r);
     const bool overlap = ni > 0 && no > 0 && pi < po + no && po < pi + ni;
     SHARDLINE_CHECK(!overlap || in_place, op, "expected input and output not to overlap, got {} and {} ({})",
                     input.ToString(), output.ToString(), Where());
@@ -215,7 +217,7 @@ WorkHandle Communicator::AllReduce(Tensor& tensor, ReduceOp op) {
 
 WorkHandle Communicator::AllGather(const Tensor& input, Tensor& output) {
     CheckUsable(kAllGather);
-    CheckPair(input, output, kAllGather, /*allow_in_place=*/true);
+    CheckPair(input, output, kAllGather, InPlace::kInputIsRankBlockOfOutput);
     SHARDLINE_CHECK_AS(ShapeError, output.numel() == input.numel() * size(), kAllGather,
                        "expected output to hold size·n = {}·{} = {} elements, got {} ({})", size(), input.numel(),
                        input.numel() * size(), output.numel(), Where());
@@ -230,7 +232,7 @@ WorkHandle Communicator::AllGather(const Tensor& input, Tensor& output) {
 
 WorkHandle Communicator::AllGatherV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) {
     CheckUsable(kAllGatherV);
-    CheckPair(input, output, kAllGatherV, /*allow_in_place=*/false);
+    CheckPair(input, output, kAllGatherV, InPlace::kNone);
     const std::int64_t total = CheckCounts(counts, kAllGatherV, "counts");
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == counts[rank()], kAllGatherV,
                        "expected input to hold counts[rank {}] = {} elements, got {} ({})", rank(), counts[rank()],
@@ -251,7 +253,7 @@ WorkHandle Communicator::AllGatherV(const Tensor& input, Tensor& output, const s
 
 WorkHandle Communicator::ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) {
     CheckUsable(kReduceScatter);
-    CheckPair(input, output, kReduceScatter, /*allow_in_place=*/false);
+    CheckPair(input, output, kReduceScatter, InPlace::kOutputIsRankBlockOfInput);
     CheckReduceOp(op, kReduceScatter);
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == output.numel() * size(), kReduceScatter,
                        "expected input to hold size·n = {}·{} = {} elements, got {} ({})", size(), output.numel(),
@@ -269,7 +271,7 @@ WorkHandle Communicator::ReduceScatter(const Tensor& input, Tensor& output, Redu
 WorkHandle Communicator::ReduceScatterV(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts,
                                         ReduceOp op) {
     CheckUsable(kReduceScatterV);
-    CheckPair(input, output, kReduceScatterV, /*allow_in_place=*/false);
+    CheckPair(input, output, kReduceScatterV, InPlace::kNone);
     CheckReduceOp(op, kReduceScatterV);
     const std::int64_t total = CheckCounts(counts, kReduceScatterV, "counts");
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == total, kReduceScatterV,
@@ -291,7 +293,7 @@ WorkHandle Communicator::ReduceScatterV(const Tensor& input, Tensor& output, con
 
 WorkHandle Communicator::AllToAll(const Tensor& input, Tensor& output) {
     CheckUsable(kAllToAll);
-    CheckPair(input, output, kAllToAll, /*allow_in_place=*/false);
+    CheckPair(input, output, kAllToAll, InPlace::kNone);
     SHARDLINE_CHECK_AS(ShapeError, input.numel() % size() == 0, kAllToAll,
                        "expected input numel divisible by the group size {}, got {} ({})", size(), input.numel(),
                        Where());
@@ -310,7 +312,7 @@ WorkHandle Communicator::AllToAll(const Tensor& input, Tensor& output) {
 WorkHandle Communicator::AllToAllV(const Tensor& input, const std::vector<std::int64_t>& send_counts, Tensor& output,
                                    const std::vector<std::int64_t>& recv_counts) {
     CheckUsable(kAllToAllV);
-    CheckPair(input, output, kAllToAllV, /*allow_in_place=*/false);
+    CheckPair(input, output, kAllToAllV, InPlace::kNone);
     const std::int64_t sent = CheckCounts(send_counts, kAllToAllV, "send_counts");
     const std::int64_t received = CheckCounts(recv_counts, kAllToAllV, "recv_counts");
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == sent, kAllToAllV,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <thread>
@@ -330,13 +331,24 @@ WorkHandle MpiCommunicator::DoReduceScatter(const Tensor &input, Tensor &output,
     const MpiOpInfo info = Begin("reduce_scatter", output.numel(), input.dtype());
     auto pending = std::make_unique<MpiPendingOp>();
     pending->buffers = {input, output};
-    SHARDLINE_CHECK_MPI(MPI_Ireduce_scatter_block(input.data(), output.data(), static_cast<int>(output.numel()),
-                                                  MpiType(input.dtype()), MpiReduceOp(op), state_->comm,
-                                                  &pending->request));
-    std::function<void()> finish;
-    if (op == ReduceOp::kAvg) {
-        finish = [t = output, size = size()] { Scale(t, size); };
-    }
+    // In place (output is this rank's block of the input, NCCL's form): MPI_IN_PLACE reads the whole input from the
+    // receive buffer and leaves this rank's result at its start, so the result is moved to the block afterwards.
+    const auto block = static_cast<std::size_t>(output.nbytes());
+    const bool in_place =
+        block > 0 && static_cast<const char *>(output.data()) ==
+                         static_cast<const char *>(input.data()) + block * static_cast<std::size_t>(rank());
+    SHARDLINE_CHECK_MPI(MPI_Ireduce_scatter_block(
+        in_place ? MPI_IN_PLACE : input.data(), in_place ? input.data() : output.data(),
+        static_cast<int>(output.numel()), MpiType(input.dtype()), MpiReduceOp(op), state_->comm, &pending->request));
+    std::function<void()> finish = [t = output, from = input.data(), in_place, block, avg = op == ReduceOp::kAvg,
+                                    size = size()] {
+        if (in_place && from != t.data()) {
+            std::memmove(t.data(), from, block);
+        }
+        if (avg) {
+            Scale(t, size);
+        }
+    };
     return std::make_shared<MpiWork>(state_, info, std::move(pending), std::move(finish));
 }
 

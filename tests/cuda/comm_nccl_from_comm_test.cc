@@ -54,6 +54,13 @@ TEST(NcclFromCommTest, BorrowedSingleRankCommunicatorAllReducesAndStaysTheCaller
             c->AllReduce(t, op)->Wait(/*host=*/true);
             EXPECT_EQ(t.ToDoubleVector(), values) << "one rank: every reduction is the identity";
         }
+        // NCCL's in-place reduce_scatter (the output is this rank's block of the input; one rank: all of it) passes
+        // the shared overlap check.
+        Tensor whole = Tensor::FromVector(values, {6}, DType::kFloat32).To(Device::CUDA(0));
+        Tensor block = Tensor::FromBlob(whole.data(), {6}, DType::kFloat32, Device::CUDA(0));
+        c->ReduceScatter(whole, block, ReduceOp::kSum)->Wait(/*host=*/true);
+        EXPECT_EQ(block.ToDoubleVector(), values);
+        EXPECT_EQ(c->Counts().Calls(CollectiveKind::kReduceScatter), 1);
         EXPECT_EQ(c->Counts().Calls(CollectiveKind::kAllReduce), 3);
         EXPECT_EQ(c->Counts().Bytes(CollectiveKind::kAllReduce), 3 * 6 * 4);
         EXPECT_FALSE(c->aborted());

@@ -160,6 +160,29 @@ TEST(MpiCollectivesTest, ReduceScatterGivesEachRankItsReducedBlock) {
     }
 }
 
+TEST(MpiCollectivesTest, ReduceScatterInPlaceLeavesEachRankItsReducedBlockInsideTheInput) {
+    // NCCL's in-place form: the output is this rank's block of the input (MPI_IN_PLACE underneath).
+    auto &world = World();
+    for (DType dtype : kDTypes) {
+        for (ReduceOp op : kOps) {
+            for (std::int64_t n : {1, 9, 2048}) {
+                SCOPED_TRACE(fmt::format("{} {} n={}", DTypeName(dtype), comm::ReduceOpName(op), n));
+                Tensor x = RankInput(world.rank(), n * world.size(), dtype, 6);
+                Tensor block = Tensor::FromBlob(static_cast<char *>(x.data()) +
+                                                    n * world.rank() * static_cast<std::int64_t>(ElementSize(dtype)),
+                                                {n}, dtype, x.device());
+                const std::int64_t before = world.Counts().Calls(comm::CollectiveKind::kReduceScatter);
+                world.ReduceScatter(x, block, op)->Wait();
+                EXPECT_EQ(world.Counts().Calls(comm::CollectiveKind::kReduceScatter), before + 1);
+                const auto full = ReduceAcrossRanks(op, AllInputs(world.size(), n * world.size(), dtype, 6));
+                const std::vector<double> expected(full.begin() + n * world.rank(),
+                                                   full.begin() + n * (world.rank() + 1));
+                ExpectValues(block.ToDoubleVector(), expected, dtype);
+            }
+        }
+    }
+}
+
 TEST(MpiCollectivesTest, ReduceScatterVGivesEachRankItsUnevenBlock) {
     auto &world = World();
     const auto counts = UnevenCounts(world.size());

@@ -229,7 +229,13 @@ private:
     WorkHandle Issued(const Collective& call, WorkHandle work);
     void Count(CollectiveKind kind, std::int64_t bytes);
     void CheckTensor(const Tensor& tensor, std::string_view op, std::string_view what) const;
-    void CheckPair(const Tensor& input, const Tensor& output, std::string_view op, bool allow_in_place) const;
+    /// Which overlap of input and output a collective accepts: none, or NCCL's (and MPI's) in-place forms.
+    enum class InPlace : std::uint8_t {
+        kNone,
+        kInputIsRankBlockOfOutput, ///< all_gather: input == output + rank·n
+        kOutputIsRankBlockOfInput, ///< reduce_scatter: output == input + rank·n
+    };
+    void CheckPair(const Tensor& input, const Tensor& output, std::string_view op, InPlace in_place_form) const;
     std::int64_t CheckCounts(const std::vector<std::int64_t>& counts, std::string_view op, std::string_view what) const;
     void CheckMaxCount(std::int64_t n, std::string_view op, std::string_view what) const;
     std::string Where() const;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -284,14 +285,22 @@ TEST(FunctionalLinearTest, FusedGeluMlpMatchesTheDenseMlpAndTheUnfusedOne) {
                     ref.dw2 = Plus(ref.dw2, old({kMlpH, kMlpF}, "main_dw2"));
                     ref.db2 = Plus(ref.db2, old({kMlpH}, "main_db2"));
                 }
-                EXPECT_TRUE(Matches(fused.z, ref.y, Data::kRandom, t)) << "z";
+                // float32's rtol on the CPU; on CUDA cuBLASLt may evaluate gelu and gelu' in the epilogues its own
+                // way: the kernel tests' GELU-epilogue budget of 4 roundings.
+                const double rtol = testing::RelativeTolerance(t) * (TestDevice().is_cpu() ? 1.0 : 4.0);
+                auto close = [&](const Tensor &got, const Values &want, const char *name) {
+                    const std::string diff = testing::CompareValues(got.ToDoubleVector(), want, rtol);
+                    EXPECT_TRUE(diff.empty()) << name << ": " << diff;
+                };
+                close(fused.z, ref.y, "z");
+                close(apart.z, ref.y, "z (unfused)");
                 if (want_dx) {
-                    EXPECT_TRUE(Matches(fused.dx, ref.dx, Data::kRandom, t)) << "dx";
+                    close(fused.dx, ref.dx, "dx");
                 }
-                EXPECT_TRUE(Matches(fused.dw1, ref.dw1, Data::kRandom, t)) << "dw1";
-                EXPECT_TRUE(Matches(fused.db1, ref.db1, Data::kRandom, t)) << "db1";
-                EXPECT_TRUE(Matches(fused.dw2, ref.dw2, Data::kRandom, t)) << "dw2";
-                EXPECT_TRUE(Matches(fused.db2, ref.db2, Data::kRandom, t)) << "db2";
+                close(fused.dw1, ref.dw1, "dw1");
+                close(fused.db1, ref.db1, "db1");
+                close(fused.dw2, ref.dw2, "dw2");
+                close(fused.db2, ref.db2, "db2");
                 if (TestDevice().is_cpu()) {
                     EXPECT_EQ(fused.z.ToDoubleVector(), apart.z.ToDoubleVector()) << "z";
                     if (want_dx) {

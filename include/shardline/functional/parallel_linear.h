@@ -26,6 +26,10 @@
 // The rule and its plans are inferred once per configuration (mesh shape, tp dim, shapes, flags, dtype) and cached;
 // a steady-state call looks them up and infers nothing (GetPlanCacheStats).
 //
+// Megatron's MLP (column → GELU → row) may run the GELU in the GEMM epilogues: the column forward with `activation`
+// (y = gelu_tanh(x·Wᵀ + b), the pre-activation kept) and the row backward with `input_activation` (dx becomes the
+// pre-activation's gradient, and `pre_activation_dbias` the column layer's bias grad), with the pair's collectives.
+//
 // Errors (shape, dtype, a null required pointer, a bad mesh dim, sizes that do not divide by tp) raise
 // shardline::Error naming the function, the values and the expectation, before any collective: when every rank
 // passes the same bad configuration, every rank raises and none waits in a collective.

@@ -110,8 +110,7 @@ void CheckLayerInput(std::string_view op, const Variable &x, const comm::DeviceM
 
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
                           const ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
-    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features},
-                   ColumnWeightLayout(tp_dim));
+    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, ColumnWeightLayout(tp_dim));
     if (options.adds_bias()) {
         CheckParameter(op, "bias", bias, mesh, {options.out_features}, ColumnBiasLayout(tp_dim));
     }
@@ -125,13 +124,13 @@ void CheckLayerParameters(std::string_view op, const Variable &weight, const Var
     }
 }
 
-spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x,
-                              const ColumnParallelLinearOptions &options, int tp_dim) {
+spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x, const ColumnParallelLinearOptions &options,
+                              int tp_dim) {
     return InputLayout(mesh, x, tp_dim, options.sequence_parallel, false);
 }
 
-spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x,
-                              const RowParallelLinearOptions &options, int tp_dim) {
+spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x, const RowParallelLinearOptions &options,
+                              int tp_dim) {
     return InputLayout(mesh, x, tp_dim, false, options.input_is_parallel);
 }
 
@@ -145,8 +144,8 @@ LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const s
 
 LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
                              const RowParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim) {
-    LayerLayouts layouts = Layouts(input, tp_dim, options.sequence_parallel, false, RowWeightLayout(tp_dim),
-                                   spmd::Layout::Replicated(1));
+    LayerLayouts layouts =
+        Layouts(input, tp_dim, options.sequence_parallel, false, RowWeightLayout(tp_dim), spmd::Layout::Replicated(1));
     if (options.sequence_parallel) {
         CheckEvenRows(op, x_global, layouts.y, mesh);
     }

@@ -177,9 +177,7 @@ protected:
 
 private:
     /// Whether a gradient below fc2 is wanted: x's, or fc1's weight or bias; they all start from the pre-activation's.
-    bool BelowFc2Needed() const {
-        return needs_input_grad(kX) || needs_input_grad(kW1) || needs_input_grad(kB1);
-    }
+    bool BelowFc2Needed() const { return needs_input_grad(kX) || needs_input_grad(kW1) || needs_input_grad(kB1); }
 
     ColumnParallelLinearOptions fc1_; ///< bias = whether fc1 adds one; skip_bias_add already applied
     RowParallelLinearOptions fc2_;    ///< the same for fc2

@@ -26,9 +26,9 @@ struct ParamGradRequest {
 
 /// Where the kernels write the parameter gradients of one backward, in the order of the requests.
 struct ParamGradTargets {
-    std::vector<Tensor> grads;  ///< undefined where not needed
-    std::vector<bool> in_sink;  ///< the gradient is the leaf's main-grad buffer itself
-    bool accumulate = false;    ///< beta = 1 for all (a new buffer then holds zeros)
+    std::vector<Tensor> grads; ///< undefined where not needed
+    std::vector<bool> in_sink; ///< the gradient is the leaf's main-grad buffer itself
+    bool accumulate = false;   ///< beta = 1 for all (a new buffer then holds zeros)
 
     /// The Grad a Function returns for gradient i: accumulated into the sink, or the new tensor as a gradient of
     /// `global_shape` in the request's layout (a local tensor when mesh is null).

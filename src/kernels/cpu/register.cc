@@ -18,6 +18,8 @@ void RegisterCpuKernels() {
     Register<BiasAddOp>(kCpu, kDefaultProvider, &cpu::BiasAdd);
     Register<EmbeddingForwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingForward);
     Register<EmbeddingBackwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBackward);
+    Register<EmbeddingBagForwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBagForward);
+    Register<EmbeddingBagBackwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBagBackward);
     Register<CrossEntropyRowMaxOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyRowMax);
     Register<CrossEntropyStatsOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyStats);
     Register<CrossEntropyLossOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyLoss);

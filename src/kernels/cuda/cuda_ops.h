@@ -23,6 +23,8 @@ void CudaBiasAdd(const BiasAddArgs &args);
 // training_ops.cc
 void CudaEmbeddingForward(const EmbeddingForwardArgs &args);
 void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args);
+void CudaEmbeddingBagForward(const EmbeddingBagForwardArgs &args);
+void CudaEmbeddingBagBackward(const EmbeddingBagBackwardArgs &args);
 void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args);
 void CudaCrossEntropyStats(const CrossEntropyStatsArgs &args);
 void CudaCrossEntropyLoss(const CrossEntropyLossArgs &args);

@@ -30,6 +30,8 @@ void RegisterCudaKernels() {
     // default: embedding (deterministic sorted backward), cross-entropy stages, optimizer steps.
     Register<EmbeddingForwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingForward);
     Register<EmbeddingBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBackward);
+    Register<EmbeddingBagForwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBagForward);
+    Register<EmbeddingBagBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBagBackward);
     Register<CrossEntropyRowMaxOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyRowMax);
     Register<CrossEntropyStatsOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyStats);
     Register<CrossEntropyLossOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyLoss);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
@@ -34,23 +35,49 @@ void CudaEmbeddingForward(const EmbeddingForwardArgs &args) {
                                                 args.out.data(), ctx.stream()));
 }
 
-void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args) {
-    constexpr std::string_view kOp = EmbeddingBackwardOp::kName;
-    const std::int64_t n = args.ids.numel();
-    const std::int64_t rows = args.dweight.size(0);
-    // The deterministic backward radix-sorts 32-bit (row, position) keys.
+void CudaEmbeddingBagForward(const EmbeddingBagForwardArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.out.device().index);
+    const std::int64_t bag = args.ids.size(0);
+    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBagForward(
+        I64(args.ids), bag, bag == 0 ? 0 : args.ids.numel() / bag, args.vocab_start, args.weight.data(),
+        args.weight.size(0), args.weight.size(1), args.weight.dtype(), args.out.data(), ctx.stream()));
+}
+
+namespace {
+
+/// The sorted segment-sum backward shared by EmbeddingBackward and EmbeddingBagBackward: position i of ids reads dout
+/// row i mod dout_rows.
+void SortedEmbeddingBackward(std::string_view op, const Tensor &ids, const Tensor &dout, std::int64_t dout_rows,
+                             Tensor &dweight, std::int64_t vocab_start, bool accumulate) {
+    const std::int64_t n = ids.numel();
+    const std::int64_t rows = dweight.size(0);
+    // The deterministic backward radix-sorts 32-bit (row, dout row) keys and values.
     constexpr std::int64_t kLimit = (std::int64_t{1} << 31) - 1;
-    SHARDLINE_CHECK_AS(ShapeError, n < kLimit && rows < kLimit, kOp,
+    SHARDLINE_CHECK_AS(ShapeError, n < kLimit && rows < kLimit, op,
                        "the CUDA kernel takes fewer than 2^31 - 1 ids and table rows, got ids {} and dweight {}",
-                       args.ids.ToString(), args.dweight.ToString());
-    CudaContext &ctx = CudaContext::Get(args.dweight.device().index);
+                       ids.ToString(), dweight.ToString());
+    CudaContext &ctx = CudaContext::Get(dweight.device().index);
     std::size_t bytes = 0;
     SHARDLINE_CHECK_CUDA(EmbeddingBackwardWorkspace(n, rows, &bytes));
-    // Stream-ordered scratch from the device's pool; freed (stream-ordered) after the kernels are queued.
-    const std::shared_ptr<Storage> workspace = Storage::Allocate(bytes, args.dweight.device());
-    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBackward(
-        I64(args.ids), n, args.vocab_start, args.dout.data(), args.dout.dtype(), args.dweight.data(),
-        args.dweight.dtype(), rows, args.dweight.size(1), args.accumulate, workspace->data(), bytes, ctx.stream()));
+    // Stream-ordered scratch from the device's pool (O(ids), never O(dout)); freed (stream-ordered) after the kernels
+    // are queued, so the pool hands the same bytes to the next step.
+    const std::shared_ptr<Storage> workspace = Storage::Allocate(bytes, dweight.device());
+    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBackward(I64(ids), n, vocab_start, dout.data(), dout_rows, dout.dtype(),
+                                                 dweight.data(), dweight.dtype(), rows, dweight.size(1), accumulate,
+                                                 workspace->data(), bytes, ctx.stream()));
+}
+
+} // namespace
+
+void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args) {
+    SortedEmbeddingBackward(EmbeddingBackwardOp::kName, args.ids, args.dout, args.ids.numel(), args.dweight,
+                            args.vocab_start, args.accumulate);
+}
+
+void CudaEmbeddingBagBackward(const EmbeddingBagBackwardArgs &args) {
+    // The wrapper has settled T = 0 and N = 0 (no ids): here every bag is non-empty and N = numel / T > 0.
+    SortedEmbeddingBackward(EmbeddingBagBackwardOp::kName, args.ids, args.dout, args.ids.numel() / args.ids.size(0),
+                            args.dweight, args.vocab_start, args.accumulate);
 }
 
 void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args) {

@@ -29,9 +29,16 @@ class StreamGate {
 public:
     explicit StreamGate(const Device &device) {
         CudaContext &ctx = CudaContext::Get(device.index);
-        EXPECT_EQ(cudaLaunchHostFunc(ctx.stream(), &StreamGate::Wait, this), cudaSuccess);
+        launched_ = cudaLaunchHostFunc(ctx.stream(), &StreamGate::Wait, this) == cudaSuccess;
+        EXPECT_TRUE(launched_) << "cudaLaunchHostFunc failed";
     }
-    ~StreamGate() { Open(); }
+    /// Opens the gate and waits until the host function has let go of this object.
+    ~StreamGate() {
+        Open();
+        while (launched_ && !released_.load()) {
+            std::this_thread::yield();
+        }
+    }
     void Open() { open_.store(true); }
 
 private:
@@ -41,8 +48,11 @@ private:
         while (!gate->open_.load() && Clock::now() < deadline) {
             std::this_thread::yield();
         }
+        gate->released_.store(true);
     }
+    bool launched_ = false;
     std::atomic<bool> open_{false};
+    std::atomic<bool> released_{false};
 };
 
 Tensor RandomHost(std::int64_t n, std::uint64_t seed) {

@@ -289,21 +289,18 @@ TEST_P(OptimMultiTest, SgdMatchesThePerTensorOpBitwiseAndTorch) {
 }
 
 TEST_P(OptimMultiTest, ManyTensorsAndChunksSpanSeveralLaunches) {
-    // On CUDA: 5 small tensors, one of 201 chunks and one of 151 (its chunk 115 fills the first launch's 320 blocks,
-    // so it continues in the next launch), then 95 small ones (the tensor table fills at 36). The CPU provider has no
-    // launches: it runs the shape of the case on smaller tensors.
-    const std::int64_t big = device().is_cuda() ? 200 * kChunk + 3 : 3 * kChunk + 3;
-    const std::int64_t straddling = device().is_cuda() ? 150 * kChunk + 1 : 2 * kChunk + 1;
+    // 102 entries whose model copies cycle through none and every dtype; CUDA launches each dtype group apart. In the
+    // float32 case on CUDA: the bf16 group holds one small tensor, one of 201 chunks and one of 151, whose 118th chunk
+    // fills the launch's 320 blocks (it continues in the next launch); the group of float32 copies and none holds 51
+    // small tensors, so its table of 36 tensors fills. The CPU provider has no launches: it runs the same list on
+    // smaller tensors, and so do the other CUDA cases.
+    const bool launches = device().is_cuda() && dtype() == DType::kFloat32;
     std::vector<EntrySpec> specs;
     for (int i = 0; i < 102; ++i) {
-        EntrySpec s{.n = 1 + (37 * i) % 3001, .misaligned_param = i % 7 == 3, .model = i % 4, .step = 1 + i % 5};
-        if (i == 5) {
-            s.n = big;
-        } else if (i == 6) {
-            s.n = straddling;
-        }
-        specs.push_back(s);
+        specs.push_back({.n = 1 + (37 * i) % 3001, .misaligned_param = i % 7 == 3, .model = i % 4, .step = 1 + i % 5});
     }
+    specs[5] = {.n = launches ? 200 * kChunk + 3 : 3 * kChunk + 3, .model = 3, .step = 2};
+    specs[6] = {.n = launches ? 150 * kChunk + 1 : 2 * kChunk + 1, .model = 3, .step = 1};
     RunAdamW(specs, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01}, false);
     RunSgd(specs, {.lr = 0.05, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = true}, false);
 }

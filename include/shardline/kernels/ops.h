@@ -21,7 +21,7 @@ inline void UnregisterProviderEverywhere(std::string_view provider) {
                        OuterForwardOp, OuterBackwardOp, GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp, BiasAddOp,
                        EmbeddingForwardOp, EmbeddingBackwardOp, EmbeddingBagForwardOp, EmbeddingBagBackwardOp,
                        CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp,
-                       AdamWStepOp>(provider);
+                       AdamWStepOp, SgdStepMultiOp, AdamWStepMultiOp>(provider);
 }
 
 } // namespace shardline::kernels

@@ -36,5 +36,8 @@ void CrossEntropyBackward(const CrossEntropyBackwardArgs &args);
 /// optim.cc: fp64 math per element, states stored in the master's dtype.
 void SgdStep(const SgdStepArgs &args);
 void AdamWStep(const AdamWStepArgs &args);
+/// The single-tensor steps on each entry in turn.
+void SgdStepMulti(const SgdStepMultiArgs &args);
+void AdamWStepMulti(const AdamWStepMultiArgs &args);
 
 } // namespace shardline::kernels::cpu

@@ -26,6 +26,8 @@ void RegisterCpuKernels() {
     Register<CrossEntropyBackwardOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyBackward);
     Register<SgdStepOp>(kCpu, kDefaultProvider, &cpu::SgdStep);
     Register<AdamWStepOp>(kCpu, kDefaultProvider, &cpu::AdamWStep);
+    Register<SgdStepMultiOp>(kCpu, kDefaultProvider, &cpu::SgdStepMulti);
+    Register<AdamWStepMultiOp>(kCpu, kDefaultProvider, &cpu::AdamWStepMulti);
 }
 
 } // namespace shardline::kernels::detail

@@ -31,6 +31,8 @@ void CudaCrossEntropyLoss(const CrossEntropyLossArgs &args);
 void CudaCrossEntropyBackward(const CrossEntropyBackwardArgs &args);
 void CudaSgdStep(const SgdStepArgs &args);
 void CudaAdamWStep(const AdamWStepArgs &args);
+void CudaSgdStepMulti(const SgdStepMultiArgs &args);
+void CudaAdamWStepMulti(const AdamWStepMultiArgs &args);
 
 // provider "default", linear_backward.cc: the grads together, the separate bias grad on a side stream
 void CudaLinearBackward(const LinearBackwardArgs &args);

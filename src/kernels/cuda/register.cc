@@ -38,6 +38,8 @@ void RegisterCudaKernels() {
     Register<CrossEntropyBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyBackward);
     Register<SgdStepOp>(kCuda, kDefaultProvider, &cuda::CudaSgdStep);
     Register<AdamWStepOp>(kCuda, kDefaultProvider, &cuda::CudaAdamWStep);
+    Register<SgdStepMultiOp>(kCuda, kDefaultProvider, &cuda::CudaSgdStepMulti);
+    Register<AdamWStepMultiOp>(kCuda, kDefaultProvider, &cuda::CudaAdamWStepMulti);
     // legacy: cublasGemmStridedBatchedEx + separate epilogue kernels; plain bias-grad kernel. Linear, Matmul and
     // Outer reach it through their compositions over Gemm.
     Register<GemmOp>(kCuda, kLegacyProvider, &cuda::LegacyCudaGemm);

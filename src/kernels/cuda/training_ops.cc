@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
@@ -25,6 +26,54 @@ const std::int64_t *I64(const Tensor &t) { return static_cast<const std::int64_t
 
 /// logits [..., c] as n rows of c (the wrappers guarantee c > 0).
 std::int64_t RowsOf(const Tensor &logits) { return logits.numel() / logits.shape().back(); }
+
+CudaContext &ContextOf(const Tensor &t) { return CudaContext::Get(t.device().index); }
+
+// The optimizer steps' hyper-parameters in fp32, each rounded once from the double (1 - dampening, 1 - beta too).
+template <class Args> SgdHyper SgdHyperOf(const Args &args) {
+    return {.lr = static_cast<float>(args.lr),
+            .momentum = static_cast<float>(args.momentum),
+            .one_minus_dampening = static_cast<float>(1.0 - args.dampening),
+            .weight_decay = static_cast<float>(args.weight_decay),
+            .use_momentum = args.momentum != 0.0,
+            .nesterov = args.nesterov};
+}
+
+SgdTensor SgdTensorOf(Tensor &param, const Tensor &grad, Tensor *momentum_buffer, bool first_step, Tensor *model_param,
+                      double momentum) {
+    return {.param = F32(param),
+            .grad = F32(grad),
+            .momentum_buffer = momentum != 0.0 ? F32(*momentum_buffer) : nullptr,
+            .model = model_param != nullptr ? model_param->data() : nullptr,
+            .model_dtype = model_param != nullptr ? model_param->dtype() : DType::kFloat32,
+            .n = param.numel(),
+            .first_step = first_step};
+}
+
+template <class Args> AdamWHyper AdamWHyperOf(const Args &args) {
+    return {.decay = static_cast<float>(1.0 - args.lr * args.weight_decay),
+            .beta1 = static_cast<float>(args.beta1),
+            .beta2 = static_cast<float>(args.beta2),
+            .one_minus_beta1 = static_cast<float>(1.0 - args.beta1),
+            .one_minus_beta2 = static_cast<float>(1.0 - args.beta2),
+            .eps = static_cast<float>(args.eps)};
+}
+
+/// The bias corrections of step t in fp64 on the host, as torch computes them (Python floats), then rounded once.
+template <class Args>
+AdamWTensor AdamWTensorOf(Tensor &param, const Tensor &grad, Tensor &exp_avg, Tensor &exp_avg_sq, Tensor *model_param,
+                          std::int64_t step, const Args &args) {
+    const double t = static_cast<double>(step);
+    return {.param = F32(param),
+            .grad = F32(grad),
+            .exp_avg = F32(exp_avg),
+            .exp_avg_sq = F32(exp_avg_sq),
+            .model = model_param != nullptr ? model_param->data() : nullptr,
+            .model_dtype = model_param != nullptr ? model_param->dtype() : DType::kFloat32,
+            .n = param.numel(),
+            .step_size = static_cast<float>(args.lr / (1.0 - std::pow(args.beta1, t))),
+            .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(args.beta2, t)))};
+}
 
 } // namespace
 
@@ -107,39 +156,36 @@ void CudaCrossEntropyBackward(const CrossEntropyBackwardArgs &args) {
         static_cast<float>(args.scale), args.dlogits.data(), ctx.stream()));
 }
 
+// The optimizer steps: the single-tensor ops are lists of one for the same launchers as the Multi ops.
+
 void CudaSgdStep(const SgdStepArgs &args) {
-    CudaContext &ctx = CudaContext::Get(args.param.device().index);
-    const bool use_momentum = args.momentum != 0.0;
-    const SgdHyper hyper{.lr = static_cast<float>(args.lr),
-                         .momentum = static_cast<float>(args.momentum),
-                         .one_minus_dampening = static_cast<float>(1.0 - args.dampening),
-                         .weight_decay = static_cast<float>(args.weight_decay),
-                         .use_momentum = use_momentum,
-                         .nesterov = args.nesterov,
-                         .first_step = args.first_step};
-    SHARDLINE_CHECK_CUDA(LaunchSgdStep(F32(args.param), F32(args.grad),
-                                       use_momentum ? F32(*args.momentum_buffer) : nullptr,
-                                       args.model_param != nullptr ? args.model_param->data() : nullptr,
-                                       args.model_param != nullptr ? args.model_param->dtype() : DType::kFloat32,
-                                       args.param.numel(), hyper, ctx.stream()));
+    const SgdTensor tensor =
+        SgdTensorOf(args.param, args.grad, args.momentum_buffer, args.first_step, args.model_param, args.momentum);
+    SHARDLINE_CHECK_CUDA(LaunchSgdStep({&tensor, 1}, SgdHyperOf(args), ContextOf(args.param).stream()));
+}
+
+void CudaSgdStepMulti(const SgdStepMultiArgs &args) {
+    std::vector<SgdTensor> tensors;
+    tensors.reserve(args.tensors.size());
+    for (const SgdStepTensor &t : args.tensors) {
+        tensors.push_back(SgdTensorOf(t.param, t.grad, t.momentum_buffer, t.first_step, t.model_param, args.momentum));
+    }
+    SHARDLINE_CHECK_CUDA(LaunchSgdStep(tensors, SgdHyperOf(args), ContextOf(args.tensors[0].param).stream()));
 }
 
 void CudaAdamWStep(const AdamWStepArgs &args) {
-    CudaContext &ctx = CudaContext::Get(args.param.device().index);
-    // The bias corrections in fp64 on the host, as torch computes them (Python floats), then rounded once.
-    const double t = static_cast<double>(args.step);
-    const AdamWHyper hyper{.decay = static_cast<float>(1.0 - args.lr * args.weight_decay),
-                           .beta1 = static_cast<float>(args.beta1),
-                           .beta2 = static_cast<float>(args.beta2),
-                           .one_minus_beta1 = static_cast<float>(1.0 - args.beta1),
-                           .one_minus_beta2 = static_cast<float>(1.0 - args.beta2),
-                           .step_size = static_cast<float>(args.lr / (1.0 - std::pow(args.beta1, t))),
-                           .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(args.beta2, t))),
-                           .eps = static_cast<float>(args.eps)};
-    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(F32(args.param), F32(args.grad), F32(args.exp_avg), F32(args.exp_avg_sq),
-                                         args.model_param != nullptr ? args.model_param->data() : nullptr,
-                                         args.model_param != nullptr ? args.model_param->dtype() : DType::kFloat32,
-                                         args.param.numel(), hyper, ctx.stream()));
+    const AdamWTensor tensor =
+        AdamWTensorOf(args.param, args.grad, args.exp_avg, args.exp_avg_sq, args.model_param, args.step, args);
+    SHARDLINE_CHECK_CUDA(LaunchAdamWStep({&tensor, 1}, AdamWHyperOf(args), ContextOf(args.param).stream()));
+}
+
+void CudaAdamWStepMulti(const AdamWStepMultiArgs &args) {
+    std::vector<AdamWTensor> tensors;
+    tensors.reserve(args.tensors.size());
+    for (const AdamWStepTensor &t : args.tensors) {
+        tensors.push_back(AdamWTensorOf(t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.model_param, t.step, args));
+    }
+    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(tensors, AdamWHyperOf(args), ContextOf(args.tensors[0].param).stream()));
 }
 
 } // namespace shardline::kernels::cuda

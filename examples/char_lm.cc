@@ -301,8 +301,9 @@ CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mes
 Variable CharLM::Forward(const Tensor &ids_full) const {
     // ids [context, batch]: the batch is split over dp.
     const DistTensor ids = DistTensor::Sharded(ids_full, mesh_, {{.dim = 1, .over = {"dp"}}});
-    Variable x = autograd::Embedding(Variable(ids), embedding_); // [context, batch, hidden]
-    x = autograd::Sum(x, {0});                                   // [batch, hidden]
+    // Σ over the context of the positions' embeddings, fused: no [context, batch, hidden] lookup in the forward or the
+    // backward (torch.nn.EmbeddingBag, mode sum).
+    Variable x = autograd::EmbeddingBag(Variable(ids), embedding_); // [batch, hidden]
     for (const auto &block : blocks_) {
         x = autograd::Add(x, block->Forward(x));
     }

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -103,8 +104,11 @@ int Run(launch::Environment &env, Config c) {
                 fmt::format("step {:>5}/{} | loss {:.6f} | val {} | {:.2f} ms/step | {:.0f} tok/s | "
                             "{:.3f} TFLOP/s/{}",
                             step, c.steps, train_loss, val, ms, tokens_per_s, tflops, gpu ? "GPU" : "rank");
+            // The most device memory held at once so far (this rank's GPU), as torch.cuda.max_memory_allocated.
+            const double peak_gib = static_cast<double>(GetDeviceMemoryStats(env.device()).peak_allocated) /
+                                    static_cast<double>(std::uint64_t{1} << 30);
             if (gpu) {
-                line += fmt::format(" | MFU {:.2f}%", 100.0 * tflops / c.peak_tflops);
+                line += fmt::format(" | MFU {:.2f}% | peak {:.2f} GiB", 100.0 * tflops / c.peak_tflops, peak_gib);
             }
             fmt::print("{}\n", line);
             std::fflush(stdout);
@@ -122,6 +126,7 @@ int Run(launch::Environment &env, Config c) {
                 }
                 if (gpu) {
                     rec["mfu"] = tflops / c.peak_tflops;
+                    rec["peak_gpu_mem_gib"] = peak_gib;
                 }
                 metrics << rec.dump() << "\n";
                 metrics.flush();

@@ -43,9 +43,10 @@ tok = last["tokens_per_s"] * last["ms_per_step"] / ms
 rec = {"impl": "shardline", "mode": "tp1", "date": datetime.date.today().isoformat(),
        "commit": os.environ.get("SHARDLINE_COMMIT"), "config": config, "ms_per_step": ms, "timed_steps": total_steps,
        "tokens_per_s": tok, "tflops": last["tflops_per_device"] * last["ms_per_step"] / ms,
-       "losses": [[r["step"], r["loss"]] for r in recs], "val_loss": last.get("val_loss")}
+       "losses": [[r["step"], r["loss"]] for r in recs], "val_loss": last.get("val_loss"),
+       "peak_gpu_mem_gib": last.get("peak_gpu_mem_gib")}
 print(f"shardline {'tp1':>16}: {ms:.2f} ms/step over {total_steps} steps, {tok:.0f} tok/s, {rec['tflops']:.1f} TFLOP/s,"
-      f" loss {first['loss']:.3f} -> {last['loss']:.3f}")
+      f" peak {rec['peak_gpu_mem_gib'] or float('nan'):.2f} GiB, loss {first['loss']:.3f} -> {last['loss']:.3f}")
 with open(out, "a") as f:
     f.write(json.dumps(rec) + "\n")
 PY
@@ -59,9 +60,10 @@ python3 - "$json" "$SHARDLINE_COMMIT" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if json.loads(l).get("commit") == sys.argv[2]]
 base = next((r for r in recs if r["impl"] == "shardline"), None)
-print(f"{'impl':>10} {'mode':>13} {'ms/step':>8} {'tok/s':>9} {'TFLOP/s':>8} {'vs shardline':>12}")
+print(f"{'impl':>10} {'mode':>13} {'ms/step':>8} {'tok/s':>9} {'TFLOP/s':>8} {'peak GiB':>8} {'vs shardline':>12}")
 for r in recs:
     ratio = r["ms_per_step"] / base["ms_per_step"] if base else float("nan")
+    peak = r.get("peak_gpu_mem_gib") or float("nan")
     print(f"{r['impl']:>10} {r['mode']:>13} {r['ms_per_step']:8.2f} {r['tokens_per_s']:9.0f} {r['tflops']:8.1f} "
-          f"{ratio:12.2f}")
+          f"{peak:8.2f} {ratio:12.2f}")
 PY

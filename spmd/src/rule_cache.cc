@@ -208,9 +208,9 @@ uint64_t HashWords(const std::vector<int64_t> &words) {
 
 const std::vector<std::string> &RuleOpNames() {
     static const std::vector<std::string> names = [] {
-        std::vector<std::string> n = {"matmul",        "linear",    "embedding", "softmax", "log_softmax",
-                                      "cross_entropy", "transpose", "reshape",   "einsum",  "sum",
-                                      "mean",          "max",       "min"};
+        std::vector<std::string> n = {
+            "matmul",    "linear",  "embedding", "embedding_bag", "softmax", "log_softmax", "cross_entropy",
+            "transpose", "reshape", "einsum",    "sum",           "mean",    "max",         "min"};
         for (std::string &name : ElementwiseOpNames()) {
             n.push_back(std::move(name));
         }
@@ -253,6 +253,14 @@ SpmdInfo InferRule(const RuleRequest &r) {
             r, [&] { return InferEmbeddingForward(mesh, r.inputs[0], r.inputs[1], opt); },
             [&](const TensorSpec &out) { return InferEmbeddingReverse(mesh, r.inputs[0], r.inputs[1], out, opt); },
             [&](const TensorSpec &dy) { return InferEmbeddingGrad(mesh, r.inputs[0], r.inputs[1], dy, opt); });
+    }
+    if (op == "embedding_bag") {
+        ExpectInputs(r, 2, 2, "ids, weight");
+        AttrsOf<std::monostate>(r);
+        return ByDirection(
+            r, [&] { return InferEmbeddingBagForward(mesh, r.inputs[0], r.inputs[1], opt); },
+            [&](const TensorSpec &out) { return InferEmbeddingBagReverse(mesh, r.inputs[0], r.inputs[1], out, opt); },
+            [&](const TensorSpec &dy) { return InferEmbeddingBagGrad(mesh, r.inputs[0], r.inputs[1], dy, opt); });
     }
     if (op == "softmax" || op == "log_softmax") {
         ExpectInputs(r, 1, 1, "x");

@@ -279,6 +279,36 @@ private:
     DistTensor ids_, weight_;
 };
 
+class EmbeddingBagFunction final : public Function {
+public:
+    std::string name() const override { return "EmbeddingBagBackward"; }
+
+protected:
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return {dist::EmbeddingBagForward(in[0], in[1])};
+    }
+    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
+        if (needs_input_grad(1)) { // the table's gradient needs the ids (and the table's layout)
+            ids_ = in[0];
+            weight_ = in[1];
+        }
+    }
+    std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
+        std::vector<Grad> grads(2);
+        if (needs_input_grad(1)) {
+            grads[1] = dist::EmbeddingBagBackward(g[0], ids_, weight_, GradSinkFor(1));
+        }
+        return grads;
+    }
+    void ReleaseSaved() override {
+        ids_ = DistTensor();
+        weight_ = DistTensor();
+    }
+
+private:
+    DistTensor ids_, weight_;
+};
+
 class CrossEntropyFunction final : public Function {
 public:
     explicit CrossEntropyFunction(dist::CrossEntropyOptions options) : options_(options) {}
@@ -363,6 +393,10 @@ Variable Outer(const Variable& x, const Variable& y) {
 Variable Embedding(const Variable& ids, const Variable& weight) {
     SHARDLINE_CHECK(!ids.requires_grad(), "autograd::Embedding", "ids have no gradient; got ids requiring grad");
     return One(Function::Apply(std::make_shared<EmbeddingFunction>(), {ids, weight}));
+}
+Variable EmbeddingBag(const Variable& ids, const Variable& weight) {
+    SHARDLINE_CHECK(!ids.requires_grad(), "autograd::EmbeddingBag", "ids have no gradient; got ids requiring grad");
+    return One(Function::Apply(std::make_shared<EmbeddingBagFunction>(), {ids, weight}));
 }
 Variable CrossEntropy(const Variable& logits, const Variable& labels, const dist::CrossEntropyOptions& options) {
     SHARDLINE_CHECK(!labels.requires_grad(), "autograd::CrossEntropy",

@@ -12,4 +12,24 @@ void Synchronize(Device device) {
 #endif
 }
 
+DeviceMemoryStats GetDeviceMemoryStats(Device device) {
+    DeviceMemoryStats stats;
+#if SHARDLINE_HAVE_CUDA
+    if (device.is_cuda()) {
+        detail::CudaPoolCounters(device.index, &stats.allocated, &stats.peak_allocated, &stats.reserved,
+                                 &stats.peak_reserved);
+    }
+#endif
+    return stats;
+}
+
+void ResetPeakDeviceMemory(Device device) {
+#if SHARDLINE_HAVE_CUDA
+    if (device.is_cuda()) {
+        detail::CudaResetPoolPeaks(device.index);
+    }
+#endif
+    (void)device;
+}
+
 } // namespace shardline

@@ -31,7 +31,8 @@ void* CudaAllocate(std::size_t bytes, int device);
 /// cudaFreeAsync on the context stream; logs instead of throwing.
 void CudaFree(void* ptr, int device) noexcept;
 /// Copies bytes between any two devices (either side may be the CPU). Ordered on the context stream of the CUDA
-/// side; synchronous when the destination is the CPU.
+/// side; synchronous when the destination is the CPU. Host to device never waits for the stream's queued work when the
+/// source is pageable (up to 64 MiB it goes through pinned staging blocks, pinned_staging.h).
 void CudaMemcpy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 /// Fills `numel` elements of dtype on the device with RandomValueAt(args, GlobalIndexOf(args, i)), rounded to the
 /// dtype exactly as the CPU does (double → float → half, round to nearest even).
@@ -44,6 +45,11 @@ void CudaCast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std:
 void CudaStridedCopy(const void* src, void* dst, DType dtype, const StridedCopyDesc& desc, int device);
 /// Waits for the context stream.
 void CudaSynchronize(int device);
+/// The default pool's used and reserved bytes, now and at their peaks (cudaMemPoolAttr*Mem{Current,High}).
+void CudaPoolCounters(int device, std::uint64_t* used, std::uint64_t* used_high, std::uint64_t* reserved,
+                      std::uint64_t* reserved_high);
+/// Resets the pool's high-water marks.
+void CudaResetPoolPeaks(int device);
 
 } // namespace shardline::detail
 #endif

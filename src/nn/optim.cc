@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <vector>
+
 #include <shardline/core/error.h>
 #include <shardline/kernels/optim.h>
 #include <shardline/nn/optim.h>
@@ -39,7 +42,38 @@ Tensor Optimizer::GradOf(Slot &s, const char *op) const {
     if (g.dtype() == s.master.dtype()) {
         return g.local();
     }
+    // A cast per step, which the kernels need (they take the master's dtype). Only a gradient the caller chose gets
+    // here: a half main grad allocated for a half parameter, or a set_grad in another dtype. The main grads the
+    // optimizer or a GradSync allocate for half parameters are fp32, the master's dtype (the README job's bf16 model).
     return g.local().To(s.master.dtype());
+}
+
+std::vector<std::vector<Optimizer::Update>> Optimizer::PendingUpdates(const char *op) {
+    std::vector<std::vector<Update>> groups;
+    for (auto &s : slots_) {
+        Tensor g = GradOf(s, op);
+        if (!g.defined()) {
+            continue;
+        }
+        const Device device = s.master.device();
+        auto group = std::find_if(groups.begin(), groups.end(), [&](const std::vector<Update> &u) {
+            return u.front().slot->master.device() == device;
+        });
+        if (group == groups.end()) {
+            group = groups.emplace(groups.end());
+        }
+        group->push_back({.slot = &s, .grad = std::move(g), .model = s.param.local()});
+    }
+    return groups;
+}
+
+void Optimizer::CountStep(const std::vector<std::vector<Update>> &updates) {
+    for (const auto &group : updates) {
+        for (const Update &u : group) {
+            ++u.slot->step;
+        }
+    }
+    ++steps_;
 }
 
 SGD::SGD(std::vector<Variable> parameters, const SgdOptions &options)
@@ -53,25 +87,26 @@ SGD::SGD(std::vector<Variable> parameters, const SgdOptions &options)
 }
 
 void SGD::Step() {
-    for (auto &s : slots_) {
-        Tensor g = GradOf(s, "SGD::Step");
-        if (!g.defined()) {
-            continue;
+    std::vector<std::vector<Update>> updates = PendingUpdates("SGD::Step");
+    for (auto &group : updates) {
+        std::vector<kernels::SgdStepTensor> tensors;
+        tensors.reserve(group.size());
+        for (Update &u : group) {
+            Slot &s = *u.slot;
+            tensors.push_back({.param = s.master,
+                               .grad = u.grad,
+                               .momentum_buffer = options_.momentum != 0.0 ? &s.state0 : nullptr,
+                               .first_step = s.step == 0,
+                               .model_param = s.half ? &u.model : nullptr});
         }
-        Tensor model = s.param.local();
-        kernels::SgdStep({.param = s.master,
-                          .grad = g,
-                          .momentum_buffer = options_.momentum != 0.0 ? &s.state0 : nullptr,
-                          .lr = lr_,
-                          .momentum = options_.momentum,
-                          .dampening = options_.dampening,
-                          .weight_decay = options_.weight_decay,
-                          .nesterov = options_.nesterov,
-                          .first_step = s.step == 0,
-                          .model_param = s.half ? &model : nullptr});
-        ++s.step;
+        kernels::SgdStepMulti({.tensors = tensors,
+                               .lr = lr_,
+                               .momentum = options_.momentum,
+                               .dampening = options_.dampening,
+                               .weight_decay = options_.weight_decay,
+                               .nesterov = options_.nesterov});
     }
-    ++steps_;
+    CountStep(updates);
 }
 
 AdamW::AdamW(std::vector<Variable> parameters, const AdamWOptions &options)
@@ -84,26 +119,27 @@ AdamW::AdamW(std::vector<Variable> parameters, const AdamWOptions &options)
 }
 
 void AdamW::Step() {
-    ++steps_;
-    for (auto &s : slots_) {
-        Tensor g = GradOf(s, "AdamW::Step");
-        if (!g.defined()) {
-            continue;
+    std::vector<std::vector<Update>> updates = PendingUpdates("AdamW::Step");
+    for (auto &group : updates) {
+        std::vector<kernels::AdamWStepTensor> tensors;
+        tensors.reserve(group.size());
+        for (Update &u : group) {
+            Slot &s = *u.slot;
+            tensors.push_back({.param = s.master,
+                               .grad = u.grad,
+                               .exp_avg = s.state0,
+                               .exp_avg_sq = s.state1,
+                               .step = s.step + 1, // torch: state["step"] += 1 before the update
+                               .model_param = s.half ? &u.model : nullptr});
         }
-        ++s.step;
-        Tensor model = s.param.local();
-        kernels::AdamWStep({.param = s.master,
-                            .grad = g,
-                            .exp_avg = s.state0,
-                            .exp_avg_sq = s.state1,
-                            .lr = lr_,
-                            .beta1 = options_.beta1,
-                            .beta2 = options_.beta2,
-                            .eps = options_.eps,
-                            .weight_decay = options_.weight_decay,
-                            .step = s.step,
-                            .model_param = s.half ? &model : nullptr});
+        kernels::AdamWStepMulti({.tensors = tensors,
+                                 .lr = lr_,
+                                 .beta1 = options_.beta1,
+                                 .beta2 = options_.beta2,
+                                 .eps = options_.eps,
+                                 .weight_decay = options_.weight_decay});
     }
+    CountStep(updates);
 }
 
 } // namespace shardline::nn

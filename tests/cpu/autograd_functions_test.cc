@@ -323,6 +323,37 @@ TEST(AutogradEmbeddingTest, UnusedRowsGetZeroGradient) {
     }
 }
 
+TEST(AutogradEmbeddingBagTest, GradientSumsEachBagsDoutIntoTheRowsOfItsIds) {
+    // ids [3, 4]: bags of 3 along dim 0, row 1 in several bags and twice in one, rows 0 and 6 unused:
+    // dW[v] = Σ_{(t, n) : ids[t, n] == v} dout[n].
+    ExpectGradientsMatch([](const auto &v) { return EmbeddingBag(v[0], v[1]); },
+                         {Ids({1, 3, 1, 5, 1, 2, 4, 1, 5, 1, 3, 2}, {3, 4}), Data({7, 5}, "w")}, {false, true});
+}
+
+TEST(AutogradEmbeddingBagTest, EqualsTheSumOverDimZeroOfTheLookup) {
+    // The fused op against the composition it replaces (float64: the same sums in the same order on the CPU).
+    const Tensor ids = Ids({0, 2, 4, 4, 1, 0, 3, 3, 2, 4, 0, 1}, {3, 2, 2});
+    const Tensor w = Data({5, 3}, "w");
+    const Tensor r = Data({2, 2, 3}, "dout");
+    const DistTensor dout = DistTensor::Local(r);
+    Variable fused_w(w.Clone(), true);
+    Variable fused = EmbeddingBag(Variable(ids), fused_w);
+    fused.Backward(&dout);
+    Variable composed_w(w.Clone(), true);
+    Variable composed = Sum(Embedding(Variable(ids), composed_w), {0});
+    composed.Backward(&dout);
+    EXPECT_EQ(fused.shape(), (Shape{2, 2, 3}));
+    EXPECT_EQ(fused.local().ToDoubleVector(), composed.local().ToDoubleVector());
+    EXPECT_EQ(fused_w.grad().local().ToDoubleVector(), composed_w.grad().local().ToDoubleVector());
+}
+
+TEST(AutogradEmbeddingBagTest, AFrozenTableRecordsNoGraph) {
+    Variable out = EmbeddingBag(Variable(Ids({0, 1, 2, 1}, {2, 2})), Variable(Data({3, 4}, "w")));
+    EXPECT_EQ(out.shape(), (Shape{2, 4}));
+    EXPECT_FALSE(out.requires_grad());
+    EXPECT_EQ(out.grad_fn(), nullptr);
+}
+
 class AutogradCrossEntropyTest : public ::testing::TestWithParam<dist::LossReduction> {};
 
 TEST_P(AutogradCrossEntropyTest, LogitsGradient) {

@@ -1,6 +1,7 @@
 // SGD and AdamW on nn::Linear parameters over several steps, against a float64 re-implementation of torch.optim's
 // formulas fed with the gradients the optimizer saw. Each step's gradients come from a real backward
-// (gelu(x·Wᵀ + b) with a random output gradient), so they change with the parameters.
+// (gelu(x·Wᵀ + b) with a random output gradient), so they change with the parameters. A counting kernel provider shows
+// that a step is one multi-tensor kernel call over the gradients themselves, with each parameter's own step count.
 
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,9 @@
 #include <shardline/autograd/engine.h>
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
+#include <shardline/kernels/dispatcher.h>
+#include <shardline/kernels/ops.h>
+#include <shardline/kernels/optim.h>
 #include <shardline/nn/linear.h>
 #include <shardline/nn/optim.h>
 
@@ -173,6 +177,129 @@ TEST(OptimizerErrorTest, NesterovNeedsMomentumWithoutDampening) {
     SGD sgd(layer.Parameters(), {.lr = 0.1, .momentum = 0.0, .nesterov = true});
     Backpropagate(layer, DType::kFloat32, 0);
     EXPECT_THROW(sgd.Step(), Error);
+}
+
+// ---- which kernels a step calls ------------------------------------------------------------------------------------
+
+constexpr std::string_view kCounting = "optim-counting";
+
+struct OptimKernelCalls {
+    int sgd = 0;
+    int sgd_multi = 0;
+    int adamw = 0;
+    int adamw_multi = 0;
+    std::vector<const void *> grads; ///< the last Multi call's gradients, entry by entry
+    std::vector<std::int64_t> steps; ///< its AdamW step counts
+    std::vector<bool> first_steps;   ///< its SGD first_step flags
+};
+OptimKernelCalls g_calls;
+kernels::SgdStepOp::Fn g_sgd = nullptr;
+kernels::SgdStepMultiOp::Fn g_sgd_multi = nullptr;
+kernels::AdamWStepOp::Fn g_adamw = nullptr;
+kernels::AdamWStepMultiOp::Fn g_adamw_multi = nullptr;
+
+void CountSgd(const kernels::SgdStepArgs &args) {
+    ++g_calls.sgd;
+    g_sgd(args);
+}
+void CountSgdMulti(const kernels::SgdStepMultiArgs &args) {
+    ++g_calls.sgd_multi;
+    g_calls.grads.clear();
+    g_calls.first_steps.clear();
+    for (const kernels::SgdStepTensor &t : args.tensors) {
+        g_calls.grads.push_back(t.grad.data());
+        g_calls.first_steps.push_back(t.first_step);
+    }
+    g_sgd_multi(args);
+}
+void CountAdamW(const kernels::AdamWStepArgs &args) {
+    ++g_calls.adamw;
+    g_adamw(args);
+}
+void CountAdamWMulti(const kernels::AdamWStepMultiArgs &args) {
+    ++g_calls.adamw_multi;
+    g_calls.grads.clear();
+    g_calls.steps.clear();
+    for (const kernels::AdamWStepTensor &t : args.tensors) {
+        g_calls.grads.push_back(t.grad.data());
+        g_calls.steps.push_back(t.step);
+    }
+    g_adamw_multi(args);
+}
+
+/// Serves the four optimizer ops on the CPU through counting wrappers around the default kernels.
+class OptimizerKernelCallsTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        kernels::ResetProviderSelection();
+        g_sgd = kernels::OpTable<kernels::SgdStepOp>::Resolve(DeviceType::kCPU).fn;
+        g_sgd_multi = kernels::OpTable<kernels::SgdStepMultiOp>::Resolve(DeviceType::kCPU).fn;
+        g_adamw = kernels::OpTable<kernels::AdamWStepOp>::Resolve(DeviceType::kCPU).fn;
+        g_adamw_multi = kernels::OpTable<kernels::AdamWStepMultiOp>::Resolve(DeviceType::kCPU).fn;
+        kernels::Register<kernels::SgdStepOp>(DeviceType::kCPU, kCounting, &CountSgd);
+        kernels::Register<kernels::SgdStepMultiOp>(DeviceType::kCPU, kCounting, &CountSgdMulti);
+        kernels::Register<kernels::AdamWStepOp>(DeviceType::kCPU, kCounting, &CountAdamW);
+        kernels::Register<kernels::AdamWStepMultiOp>(DeviceType::kCPU, kCounting, &CountAdamWMulti);
+        for (const std::string_view op : {kernels::SgdStepOp::kName, kernels::SgdStepMultiOp::kName,
+                                          kernels::AdamWStepOp::kName, kernels::AdamWStepMultiOp::kName}) {
+            kernels::SetOpProvider(op, kCounting);
+        }
+        g_calls = {};
+    }
+    void TearDown() override {
+        kernels::UnregisterProviderEverywhere(kCounting);
+        kernels::ResetProviderSelection();
+    }
+};
+
+TEST_F(OptimizerKernelCallsTest, AdamWStepIsOneMultiCallOverTheGradientsWithEachParametersOwnStep) {
+    Linear layer({.in_features = 5, .out_features = 3}, {.seed = 11, .name = "lin"});
+    AdamW adamw(layer.Parameters(), {.lr = 1e-2});
+    // The bias has no gradient in step 1: it is left out of that call, and its step count lags the weight's after.
+    const std::vector<std::vector<std::int64_t>> steps = {{1, 1}, {2}, {3, 2}};
+    for (int step = 0; step < 3; ++step) {
+        SCOPED_TRACE(fmt::format("step {}", step));
+        layer.bias.set_requires_grad(step != 1);
+        adamw.ZeroGrad();
+        Backpropagate(layer, DType::kFloat32, step);
+        adamw.Step();
+        EXPECT_EQ(g_calls.adamw_multi, step + 1);
+        EXPECT_EQ(g_calls.adamw, 0);
+        EXPECT_EQ(g_calls.steps, steps[static_cast<std::size_t>(step)]);
+        // The gradients themselves: no copy or cast on the way.
+        std::vector<const void *> grads = {layer.weight.grad().local().data()};
+        if (step != 1) {
+            grads.push_back(layer.bias.grad().local().data());
+        }
+        EXPECT_EQ(g_calls.grads, grads);
+    }
+    EXPECT_EQ(adamw.steps(), 3);
+}
+
+TEST_F(OptimizerKernelCallsTest, SgdStepIsOneMultiCallWithEachParametersFirstStep) {
+    Linear layer({.in_features = 5, .out_features = 3}, {.seed = 11, .name = "lin"});
+    SGD sgd(layer.Parameters(), {.lr = 0.05, .momentum = 0.9});
+    // The bias joins at step 1: its momentum buffer starts then (first_step), the weight's at step 0.
+    const std::vector<std::vector<bool>> first = {{true}, {false, true}, {false, false}};
+    for (int step = 0; step < 3; ++step) {
+        SCOPED_TRACE(fmt::format("step {}", step));
+        layer.bias.set_requires_grad(step >= 1);
+        sgd.ZeroGrad();
+        Backpropagate(layer, DType::kFloat32, step);
+        sgd.Step();
+        EXPECT_EQ(g_calls.sgd_multi, step + 1);
+        EXPECT_EQ(g_calls.sgd, 0);
+        EXPECT_EQ(g_calls.first_steps, first[static_cast<std::size_t>(step)]);
+        EXPECT_EQ(g_calls.grads.front(), layer.weight.grad().local().data());
+    }
+}
+
+TEST_F(OptimizerKernelCallsTest, AStepWithoutGradientsCallsNoKernel) {
+    Linear layer({.in_features = 5, .out_features = 3}, {.seed = 11, .name = "lin"});
+    AdamW adamw(layer.Parameters(), {.lr = 1e-2});
+    adamw.Step(); // no backward yet
+    EXPECT_EQ(g_calls.adamw_multi, 0);
+    EXPECT_EQ(adamw.steps(), 1);
 }
 
 TEST(OptimizerErrorTest, ParametersMustBeLeaves) {

@@ -102,5 +102,37 @@ TEST_F(CudaMemoryPoolTest, SteadyStateLoopDoesNotGrowThePoolOrTheDeviceFootprint
         << "cudaMemGetInfo's free memory moved during the loop: the allocator went to the driver";
 }
 
+TEST_F(CudaMemoryPoolTest, DeviceMemoryStatsAreThePoolsCounters) {
+    ResetPeakDeviceMemory(Gpu());
+    const PoolState before = Read();
+    const DeviceMemoryStats at_start = GetDeviceMemoryStats(Gpu());
+    EXPECT_EQ(at_start.allocated, before.used_current);
+    EXPECT_EQ(at_start.reserved, before.reserved_current);
+    EXPECT_EQ(at_start.peak_allocated, at_start.allocated) << "ResetPeakDeviceMemory did not restart the peak";
+    constexpr std::uint64_t kBytes = 96ull << 20;
+    {
+        Tensor big = Tensor::Empty(Shape{static_cast<std::int64_t>(kBytes / 4)}, DType::kFloat32, Gpu());
+        big.Fill(3.0);
+        const PoolState with = Read();
+        const DeviceMemoryStats s = GetDeviceMemoryStats(Gpu());
+        EXPECT_EQ(s.allocated, with.used_current);
+        EXPECT_GE(s.allocated, at_start.allocated + kBytes);
+        EXPECT_GE(s.reserved, s.allocated);
+    }
+    Read(); // the free has executed
+    const DeviceMemoryStats after = GetDeviceMemoryStats(Gpu());
+    EXPECT_EQ(after.allocated, at_start.allocated) << "the tensor's memory did not go back to the pool";
+    EXPECT_GE(after.peak_allocated, at_start.allocated + kBytes) << "the peak forgot the 96 MiB tensor";
+    EXPECT_GE(after.peak_reserved, after.peak_allocated);
+    ResetPeakDeviceMemory(Gpu());
+    EXPECT_EQ(GetDeviceMemoryStats(Gpu()).peak_allocated, after.allocated);
+}
+
+TEST(DeviceMemoryStatsTest, TheCpuHasNone) {
+    const DeviceMemoryStats s = GetDeviceMemoryStats(Device::CPU());
+    EXPECT_EQ(s.allocated + s.peak_allocated + s.reserved + s.peak_reserved, 0u);
+    ResetPeakDeviceMemory(Device::CPU()); // a no-op, not an error
+}
+
 } // namespace
 } // namespace shardline::testing

@@ -1,7 +1,8 @@
-// Vocab-parallel cross-entropy and embedding through autograd on a tp mesh, against the same Functions on local
-// Variables (the dense reference, itself checked against finite differences in tests/cpu/autograd_functions_test.cc).
-// Every rank builds the same full tensors from one seed; the distributed loss and gradients are gathered and compared
-// (fp32, rtol 1e-5), and the communicator counters show the communication the rules give.
+// Vocab-parallel cross-entropy, embedding and embedding bag through autograd on a tp mesh, against the same Functions
+// on local Variables (the dense reference, itself checked against finite differences in
+// tests/cpu/autograd_functions_test.cc). Every rank builds the same full tensors from one seed; the distributed loss
+// and gradients are gathered and compared (fp32, rtol 1e-5), and the communicator counters show the communication the
+// rules give.
 
 #include <cstdint>
 #include <string>
@@ -180,6 +181,103 @@ TEST(VocabParallelEmbeddingTest, PartialLookupThenAllReduceMatchesDense) {
 
     Variable dense_table(table_full.Clone(), true);
     Variable dense_out = autograd::Embedding(Variable(ids_full), dense_table);
+    const DistTensor dense_dout = DistTensor::Local(dout_full);
+    dense_out.Backward(&dense_dout);
+    EXPECT_TRUE(CloseValues(out.value().FullTensor(), dense_out.local(), kRtol)) << "out";
+    EXPECT_TRUE(CloseValues(table.grad().FullTensor(), dense_table.grad().local(), kRtol)) << "dTable";
+}
+
+/// A tp mesh dim sharding dim 0 of a rank-2 table.
+spmd::Layout ShardRows() { return spmd::Layout(std::vector<std::vector<int>>{{0}, {}}); }
+
+struct BagCase {
+    std::int64_t rows_per_rank = 3; ///< V = rows_per_rank·tp + extra
+    std::int64_t extra = 0;         ///< > 0: uneven shards (torch.chunk: the last ones short)
+    bool main_grad = false;         ///< accumulate into a preallocated float32 main grad (twice: 2·dTable)
+};
+
+class VocabParallelEmbeddingBagTest : public ::testing::TestWithParam<BagCase> {};
+
+TEST_P(VocabParallelEmbeddingBagTest, PartialBagSumThenAllReduceMatchesDense) {
+    // table [V, 5] S(0) on tp, ids [T=6, 4, 2] replicated: each rank sums the rows it holds over every bag -> [4, 2, 5]
+    // Partial(sum) -> Redistribute to replicated: one all-reduce forward. Backward: dOut is replicated and each rank
+    // sums it into its own rows: no communication, dTable S(0).
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const BagCase c = GetParam();
+    const int w = World().size();
+    DeviceMesh mesh(World(), {w}, {"tp"});
+    const std::int64_t vocab = c.rows_per_rank * w + c.extra;
+    const Tensor table_full = NormalFull({vocab, 5}, "table");
+    const Tensor ids_full = IdsFull({6, 4, 2}, vocab, "ids");
+    const Tensor dout_full = NormalFull({4, 2, 5}, "dout");
+
+    Variable table(DistTensor::FromFull(table_full, ShardRows(), mesh), true);
+    if (c.main_grad) {
+        table.AllocateMainGrad(DType::kFloat32);
+    }
+    Variable ids(DistTensor::FromFull(ids_full, spmd::Layout::Replicated(3), mesh));
+    mesh.group(0).ResetCounts();
+    Variable partial = autograd::EmbeddingBag(ids, table);
+    EXPECT_EQ(partial.value().layout().IsPartial(), w > 1) << partial.value().ToString();
+    EXPECT_EQ(partial.shape(), (Shape{4, 2, 5}));
+    Variable out = autograd::Redistribute(partial, spmd::Layout::Replicated(3));
+    EXPECT_EQ(mesh.group(0).Counts().Calls(CollectiveKind::kAllReduce), w > 1 ? 1 : 0);
+    EXPECT_EQ(mesh.group(0).Counts().TotalCalls(), w > 1 ? 1 : 0);
+    mesh.group(0).ResetCounts();
+    const DistTensor dout = DistTensor::FromFull(dout_full, spmd::Layout::Replicated(3), mesh);
+    out.Backward(&dout, /*retain_graph=*/c.main_grad);
+    if (c.main_grad) {
+        out.Backward(&dout); // a second micro-batch accumulates into the main grad
+    }
+    EXPECT_EQ(mesh.group(0).Counts().TotalCalls(), 0);
+    EXPECT_EQ(table.grad().layout().ToString(), table.value().layout().ToString());
+
+    // The dense reference: the fused op on local Variables (checked against finite differences and against
+    // Sum(Embedding) in tests/cpu/autograd_functions_test.cc).
+    Variable dense_table(table_full.Clone(), true);
+    Variable dense_out = autograd::EmbeddingBag(Variable(ids_full), dense_table);
+    const DistTensor dense_dout = DistTensor::Local(dout_full);
+    dense_out.Backward(&dense_dout);
+    Tensor want_grad = dense_table.grad().local();
+    if (c.main_grad) {
+        want_grad = kernels::Scale(want_grad, 2.0);
+    }
+    EXPECT_TRUE(CloseValues(out.value().FullTensor(), dense_out.local(), kRtol)) << "out";
+    EXPECT_TRUE(CloseValues(table.grad().FullTensor(), want_grad, kRtol)) << "dTable";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shards, VocabParallelEmbeddingBagTest,
+                         ::testing::Values(BagCase{}, BagCase{.rows_per_rank = 2, .extra = 1},
+                                           BagCase{.main_grad = true}),
+                         [](const auto &info) {
+                             return std::string(info.param.extra > 0 ? "UnevenShards" : "EvenShards") +
+                                    (info.param.main_grad ? "_MainGrad" : "");
+                         });
+
+TEST(VocabParallelEmbeddingBagTest, BagShardedIdsGiveAPartialSumAndAPartialTableGrad) {
+    // ids [T = 2·tp, 3] S(0) on tp (each rank holds some positions of every bag), table [7, 4] replicated: each rank
+    // sums its positions -> Partial(sum) -> one all-reduce. Backward: each rank's rows get its positions' dOut ->
+    // dTable Partial(sum), which the replicated table's gradient layout reduces: one all-reduce.
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const int w = World().size();
+    DeviceMesh mesh(World(), {w}, {"tp"});
+    const Tensor table_full = NormalFull({7, 4}, "table");
+    const Tensor ids_full = IdsFull({2 * w, 3}, 7, "ids");
+    const Tensor dout_full = NormalFull({3, 4}, "dout");
+
+    Variable table(DistTensor::FromFull(table_full, spmd::Layout::Replicated(2), mesh), true);
+    Variable ids(DistTensor::FromFull(ids_full, ShardRows(), mesh));
+    mesh.group(0).ResetCounts();
+    Variable out = autograd::Redistribute(autograd::EmbeddingBag(ids, table), spmd::Layout::Replicated(2));
+    EXPECT_EQ(mesh.group(0).Counts().Calls(CollectiveKind::kAllReduce), w > 1 ? 1 : 0);
+    mesh.group(0).ResetCounts();
+    const DistTensor dout = DistTensor::FromFull(dout_full, spmd::Layout::Replicated(2), mesh);
+    out.Backward(&dout);
+    EXPECT_EQ(mesh.group(0).Counts().Calls(CollectiveKind::kAllReduce), w > 1 ? 1 : 0);
+    EXPECT_EQ(mesh.group(0).Counts().TotalCalls(), w > 1 ? 1 : 0);
+
+    Variable dense_table(table_full.Clone(), true);
+    Variable dense_out = autograd::EmbeddingBag(Variable(ids_full), dense_table);
     const DistTensor dense_dout = DistTensor::Local(dout_full);
     dense_out.Backward(&dense_dout);
     EXPECT_TRUE(CloseValues(out.value().FullTensor(), dense_out.local(), kRtol)) << "out";

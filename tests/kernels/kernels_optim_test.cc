@@ -16,6 +16,7 @@
 #include <shardline/kernels/optim.h>
 
 #include "helpers.h"
+#include "optim_reference.h"
 
 namespace shardline::testing {
 namespace {
@@ -27,64 +28,10 @@ using kernels::SgdStepArgs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-struct SgdConfig {
-    double lr;
-    double momentum;
-    double dampening;
-    double weight_decay;
-    bool nesterov;
-};
-
-/// torch.optim.SGD's _single_tensor_sgd for one step, in float64.
-void RefSgdStep(Values &p, Values &buf, const Values &grad, const SgdConfig &c, bool first_step) {
-    for (std::size_t i = 0; i < p.size(); ++i) {
-        double d = grad[i];
-        if (c.weight_decay != 0) {
-            d += c.weight_decay * p[i];
-        }
-        if (c.momentum != 0) {
-            buf[i] = first_step ? d : c.momentum * buf[i] + (1 - c.dampening) * d;
-            d = c.nesterov ? d + c.momentum * buf[i] : buf[i];
-        }
-        p[i] -= c.lr * d;
-    }
-}
-
-struct AdamWConfig {
-    double lr;
-    double beta1;
-    double beta2;
-    double eps;
-    double weight_decay;
-};
-
-/// torch.optim.AdamW's _single_tensor_adamw (amsgrad off) for step t, in float64.
-void RefAdamWStep(Values &p, Values &m, Values &v, const Values &grad, const AdamWConfig &c, std::int64_t t) {
-    const double bias_correction1 = 1 - std::pow(c.beta1, static_cast<double>(t));
-    const double bias_correction2 = 1 - std::pow(c.beta2, static_cast<double>(t));
-    for (std::size_t i = 0; i < p.size(); ++i) {
-        p[i] *= 1 - c.lr * c.weight_decay;
-        m[i] += (grad[i] - m[i]) * (1 - c.beta1); // exp_avg.lerp_(grad, 1 - beta1)
-        v[i] = v[i] * c.beta2 + (1 - c.beta2) * grad[i] * grad[i];
-        const double denom = std::sqrt(v[i]) / std::sqrt(bias_correction2) + c.eps;
-        p[i] -= c.lr / bias_correction1 * m[i] / denom;
-    }
-}
-
-// On CUDA n % 4 != 0 and n < 4 take the scalar kernel, multiples of 4 the 16-byte one; one shard spans many blocks.
+// On CUDA an aligned shard takes 16-byte vectors for its multiple of 4 elements and scalars for the rest (n < 4: all);
+// a misaligned one takes scalars; (1 << 20) + 4 elements span 17 blocks of 64 Ki.
 const std::vector<Shape> kShapes = {{1}, {7}, {3, 33}, {64}, {1025}, {(1 << 20) + 4}};
 constexpr int kSteps = 5;
-
-/// A copy of t on its device, aligned as allocated (CUDA's vectorised kernel) or one element off (the scalar kernel).
-MisalignedTensor Place(const Tensor &t, bool misaligned) {
-    if (misaligned) {
-        return MisalignedCopy(t, 1);
-    }
-    MisalignedTensor m;
-    m.backing = t.Clone();
-    m.view = m.backing;
-    return m;
-}
 
 /// The case's dtype is the model copy's on CUDA (float32, float16, bfloat16: a float32 master refreshes it) and the
 /// master's on the CPU (float32 or float64: its model copy is the other one).

@@ -702,6 +702,10 @@ std::vector<RoundTripCase> RoundTripCases() {
         R"j("op":"embedding","inputs":[{"name":"ids","shape":[4,5],"dims_mapping":[0,-1]},
            {"name":"weight","shape":[16,8],"dims_mapping":[1,-1]}])j",
         R"j({"shape":[4,5,8],"dims_mapping":[0,-1,-1]})j");
+    add("embedding_bag", m2,
+        R"j("op":"embedding_bag","inputs":[{"name":"ids","shape":[4,5],"dims_mapping":[-1,0]},
+           {"name":"weight","shape":[16,8],"dims_mapping":[1,-1]}])j",
+        R"j({"shape":[5,8],"dims_mapping":[0,-1]})j");
     add("softmax", m2,
         R"j("op":"softmax","attrs":{"axis":-1},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]}])j",
         R"j({"shape":[8,6],"dims_mapping":[0,-1]})j");

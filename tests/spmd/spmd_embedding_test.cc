@@ -61,5 +61,63 @@ TEST(EmbeddingTest, GradIsVocabShardedAndPartialOverDp) {
     EXPECT_EQ(S(info.Output("weight_grad")), "[1,-1] partial{0}");
 }
 
+// ---- embedding_bag: ids [bag, ...], the bag dim summed away
+// ----------------------------------------------------------
+
+// ids tb[-1,-1], weight vh[0,-1] (vocab parallel) -> bh[-1,-1] partial{0}
+TEST(EmbeddingBagTest, VocabParallelTableGivesPartialOutput) {
+    const SpmdInfo info = InferEmbeddingBagForward(kTp, T({32, 8}, "[-1,-1]"), T({1000, 64}, "[0,-1]"));
+    EXPECT_EQ(S(info.outputs[0]), "[-1,-1] partial{0}");
+    EXPECT_EQ(info.outputs[0].shape, (std::vector<int64_t>{8, 64}));
+}
+
+// dp x tp, the char-LM's layout: ids tb[-1,0], weight vh[-1,-1] -> bh[0,-1]
+TEST(EmbeddingBagTest, BatchShardedIdsAndReplicatedTable) {
+    const SpmdInfo info = InferEmbeddingBagForward(kDpTp, T({32, 8}, "[-1,0]"), T({1000, 64}, "[-1,-1]"));
+    EXPECT_EQ(S(info.inputs[0]), "[-1,0]");
+    EXPECT_EQ(S(info.outputs[0]), "[0,-1]");
+}
+
+// ids sharded on the bag dim: each rank sums its part of every bag -> tb[0,-1] gives bh[-1,-1] partial{0}
+TEST(EmbeddingBagTest, BagShardedIdsGivePartialOutput) {
+    const SpmdInfo info = InferEmbeddingBagForward(kTp, T({32, 8}, "[0,-1]"), T({1000, 64}, "[-1,-1]"));
+    EXPECT_EQ(S(info.inputs[0]), "[0,-1]");
+    EXPECT_EQ(S(info.outputs[0]), "[-1,-1] partial{0}");
+}
+
+// weight vh[-1,0] -> bh[-1,0]; more trailing id dims: tab -> abh
+TEST(EmbeddingBagTest, HiddenShardedTableAndTrailingIdDims) {
+    EXPECT_EQ(S(InferEmbeddingBagForward(kTp, T({4, 2, 8}, "[-1,-1,-1]"), T({1000, 64}, "[-1,0]")).outputs[0]),
+              "[-1,-1,0]");
+}
+
+TEST(EmbeddingBagTest, IdsNeedABagDimAndTheTableTwoDims) {
+    EXPECT_THROW(InferEmbeddingBagForward(kTp, T({}, "[]"), T({10, 4}, "[-1,-1]")), SpmdError);
+    EXPECT_THROW(InferEmbeddingBagForward(kTp, T({4, 2}, "[-1,-1]"), T({10}, "[-1]")), SpmdError);
+}
+
+// reverse: bh partial{0} -> weight vocab sharded
+TEST(EmbeddingBagTest, ReverseFromPartialShardsVocab) {
+    const SpmdInfo info = InferEmbeddingBagReverse(kTp, T({32, 8}, "[-1,-1]"), T({1000, 64}, "[-1,-1]"),
+                                                   T({8, 64}, "[-1,-1] partial{0}"));
+    EXPECT_EQ(S(info.inputs[1]), "[0,-1]");
+}
+
+// grad: vocab parallel on tp, batch on dp: weight_grad [1,-1] partial{0}; out_grad stays batch sharded
+TEST(EmbeddingBagTest, GradIsVocabShardedAndPartialOverDp) {
+    const SpmdInfo info =
+        InferEmbeddingBagGrad(kDpTp, T({32, 8}, "[-1,0]"), T({1000, 64}, "[1,-1]"), T({8, 64}, "[0,-1]"));
+    EXPECT_EQ(S(info.Input("out_grad")), "[0,-1]");
+    EXPECT_EQ(info.output_names, std::vector<std::string>{"weight_grad"});
+    EXPECT_EQ(S(info.Output("weight_grad")), "[1,-1] partial{0}");
+}
+
+// grad with bag-sharded ids: each rank's positions give a partial table gradient
+TEST(EmbeddingBagTest, GradOfBagShardedIdsIsPartial) {
+    const SpmdInfo info =
+        InferEmbeddingBagGrad(kTp, T({32, 8}, "[0,-1]"), T({1000, 64}, "[-1,-1]"), T({8, 64}, "[-1,-1]"));
+    EXPECT_EQ(S(info.Output("weight_grad")), "[-1,-1] partial{0}");
+}
+
 } // namespace
 } // namespace shardline::spmd

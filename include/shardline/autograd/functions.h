@@ -67,6 +67,11 @@ Variable Matmul(const Variable& a, const Variable& b);
 Variable Outer(const Variable& x, const Variable& y);
 /// weight[ids] (ids int64, no gradient).
 Variable Embedding(const Variable& ids, const Variable& weight);
+/// Σ_t weight[ids[t, ...]]: torch.nn.EmbeddingBag(mode="sum") with bags along ids' dim 0 (ids int64 [T, ...], no
+/// gradient; out [..., H]). One fused gather-sum: neither the forward nor the backward makes the [T, ..., H] lookup
+/// that Sum(Embedding(ids, weight), {0}) would. Layouts as Embedding's (dist::EmbeddingBagForward); saves the ids
+/// only when the table needs a gradient.
+Variable EmbeddingBag(const Variable& ids, const Variable& weight);
 /// Cross-entropy of logits [..., C] against int64 labels [...] (no gradient for labels).
 Variable CrossEntropy(const Variable& logits, const Variable& labels, const dist::CrossEntropyOptions& options = {});
 /// The same value in another layout (the planner's collectives); backward moves the gradient back.

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 #include <shardline/config.h>
 #include <shardline/core/device.h>
@@ -94,5 +95,19 @@ private:
 
 /// Waits for all work queued on the device's compute stream (no-op on the CPU).
 void Synchronize(Device device);
+
+/// The device memory of the device's stream-ordered pool, which every shardline tensor comes from (as does any other
+/// code that calls cudaMallocAsync without a pool); the cuBLASLt workspace and NCCL's buffers are not in it. The
+/// counters move as the queued frees execute. All zeros on the CPU.
+struct DeviceMemoryStats {
+    std::uint64_t allocated = 0; ///< held by live allocations now (torch.cuda.memory_allocated)
+    std::uint64_t peak_allocated =
+        0;                      ///< the most held at once since start or ResetPeakDeviceMemory (max_memory_allocated)
+    std::uint64_t reserved = 0; ///< taken from the driver by the pool now (torch.cuda.memory_reserved)
+    std::uint64_t peak_reserved = 0; ///< the most taken at once (max_memory_reserved)
+};
+DeviceMemoryStats GetDeviceMemoryStats(Device device);
+/// Starts the peaks over from the current values (torch.cuda.reset_peak_memory_stats); no-op on the CPU.
+void ResetPeakDeviceMemory(Device device);
 
 } // namespace shardline

@@ -84,7 +84,9 @@ public:
     Tensor Transpose(int dim0, int dim1) const;
     /// This tensor if contiguous, else a contiguous copy on the same device.
     Tensor Contiguous() const;
-    /// A deep copy on `device` (same dtype). Synchronous when the destination is the CPU.
+    /// A deep copy on `device` (same dtype). Synchronous when the destination is the CPU. From the CPU to a GPU the
+    /// copy is queued on the device's stream and the host does not wait for the work queued before it (a training
+    /// loop's next batch uploads while the GPU runs); this tensor may be changed or freed as soon as the call returns.
     Tensor To(Device device) const;
     /// A copy converted to `dtype` on the same device. To int64: truncation toward zero; on the CPU a NaN, an infinity
     /// or a value out of the int64 range is a DTypeError, on CUDA it saturates (NaN gives INT64_MIN). From int64:

@@ -119,6 +119,14 @@ std::vector<Grad> OuterBackward(const OuterBackwardArgs& args);
 DistTensor EmbeddingForward(const DistTensor& ids, const DistTensor& weight);
 Grad EmbeddingBackward(const DistTensor& dout, const DistTensor& ids, const DistTensor& weight,
                        const GradSink& weight_sink = {});
+/// out[..., :] = Σ_t weight[ids[t, ...], :] (torch.nn.EmbeddingBag, mode sum, bags along ids' dim 0), without the
+/// [T, ..., H] lookup. Layouts by the embedding_bag rule: as EmbeddingForward's (a vocab-sharded table gives a
+/// Partial(sum) output), and ids sharded on their bag dim give a Partial(sum) output too.
+DistTensor EmbeddingBagForward(const DistTensor& ids, const DistTensor& weight);
+/// dweight[v] = Σ_{ids[t, n] == v} dout[n] in the grad rule's layout (the table's, Partial over the mesh dims that
+/// shard the ids), accumulated into the sink's buffer where it has that layout.
+Grad EmbeddingBagBackward(const DistTensor& dout, const DistTensor& ids, const DistTensor& weight,
+                          const GradSink& weight_sink = {});
 
 // ---- cross-entropy -------------------------------------------------------------------------------------------------
 enum class LossReduction { kNone, kMean, kSum };

@@ -47,4 +47,42 @@ struct EmbeddingBackwardOp {
 /// added in warp order, so that a frequent id's long run is summed in parallel.
 void EmbeddingBackward(const EmbeddingBackwardArgs& args);
 
+// EmbeddingBag, mode sum (torch.nn.EmbeddingBag(mode="sum") with equal-length bags): the lookup of ids [T, ...] summed
+// over the bag dim 0 without the [T, ..., H] intermediate. Same vocab-parallel range as EmbeddingForward: ids outside
+// this rank's rows add nothing (a bag of only such ids gives a zero row).
+
+struct EmbeddingBagForwardArgs {
+    const Tensor& ids;            ///< [T, ...] int64: bag dim 0 (T ids per output row), any trailing dims
+    const Tensor& weight;         ///< [V_local, H]
+    Tensor& out;                  ///< [..., H] (ids' shape without dim 0, + H), weight's dtype, overwritten
+    std::int64_t vocab_start = 0; ///< global id of weight's first row (>= 0)
+};
+struct EmbeddingBagForwardOp {
+    static constexpr std::string_view kName = "EmbeddingBagForward";
+    using Fn = void (*)(const EmbeddingBagForwardArgs&);
+};
+/// out[n, :] = Σ_{t < T : vocab_start <= ids[t, n] < vocab_start + V_local} weight[ids[t, n] - vocab_start, :], n over
+/// the flattened trailing dims of ids. Summed over t in increasing order and rounded once into out: on the CPU in
+/// fp64, on CUDA in fp32 (each thread owns up to 16 bytes of one output row: coalesced, vectorised, no atomics), so
+/// the result is bitwise reproducible. T = 0 gives zeros.
+void EmbeddingBagForward(const EmbeddingBagForwardArgs& args);
+Tensor EmbeddingBagForward(const Tensor& ids, const Tensor& weight, std::int64_t vocab_start = 0);
+
+struct EmbeddingBagBackwardArgs {
+    const Tensor& ids;  ///< [T, ...] int64
+    const Tensor& dout; ///< [..., H] (ids' shape without dim 0, + H)
+    Tensor& dweight;    ///< [V_local, H]: dout's dtype, or float32 when accumulating a main grad
+    std::int64_t vocab_start = 0;
+    bool accumulate = false; ///< dweight += instead of =
+};
+struct EmbeddingBagBackwardOp {
+    static constexpr std::string_view kName = "EmbeddingBagBackward";
+    using Fn = void (*)(const EmbeddingBagBackwardArgs&);
+};
+/// dweight[v, :] (+)= Σ_{(t, n) : ids[t, n] - vocab_start == v} dout[n, :]: EmbeddingBackward of the broadcast
+/// gradient dout[n] at every position (t, n), without materialising it. The same kernels as EmbeddingBackward (position
+/// i = t·N + n reads dout row i mod N), so the same determinism: each row's terms in increasing position order, one
+/// rounding into dweight.
+void EmbeddingBagBackward(const EmbeddingBagBackwardArgs& args);
+
 } // namespace shardline::kernels

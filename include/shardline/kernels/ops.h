@@ -19,8 +19,9 @@ inline void UnregisterProviderEverywhere(std::string_view provider) {
     UnregisterProvider<GemmOp, LinearForwardOp, LinearBackwardOp, LinearBackwardInputOp, LinearBackwardWeightOp,
                        LinearBackwardBiasOp, MatmulForwardOp, MatmulBackwardInputOp, MatmulBackwardOtherOp,
                        OuterForwardOp, OuterBackwardOp, GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp, BiasAddOp,
-                       EmbeddingForwardOp, EmbeddingBackwardOp, CrossEntropyRowMaxOp, CrossEntropyStatsOp,
-                       CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp, AdamWStepOp>(provider);
+                       EmbeddingForwardOp, EmbeddingBackwardOp, EmbeddingBagForwardOp, EmbeddingBagBackwardOp,
+                       CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp,
+                       AdamWStepOp, SgdStepMultiOp, AdamWStepMultiOp>(provider);
 }
 
 } // namespace shardline::kernels

@@ -3,7 +3,8 @@
 // Optimizers on local shards (every rank updates its own shard; a replicated parameter gets the same update on every
 // rank because its gradient is the same). Half-precision parameters keep fp32 master weights and read fp32 main
 // grads (Variable::AllocateMainGrad, which the optimizer sets up when missing); the updated master is cast back into
-// the parameter.
+// the parameter. A step updates every parameter of a device in one multi-tensor kernel call (kernels::SgdStepMulti /
+// AdamWStepMulti: few launches on CUDA, as torch's fused optimizers), bit for bit the per-parameter update.
 
 #include <cstdint>
 #include <vector>
@@ -40,6 +41,18 @@ protected:
     };
     /// The local gradient of slot `s` (fp32 for half params), or an undefined tensor when it has none.
     Tensor GradOf(Slot& s, const char* op) const;
+    /// One parameter to update in this step: its slot, its gradient in the master's dtype and its model copy (the
+    /// parameter's local tensor, refreshed from the master when the parameter is half).
+    struct Update {
+        Slot* slot = nullptr;
+        Tensor grad;
+        Tensor model;
+    };
+    /// This step's updates (the slots with a gradient, in order), one group per device: each group is one Multi
+    /// kernel call. Every gradient is read first, so a Partial one throws before anything is updated.
+    std::vector<std::vector<Update>> PendingUpdates(const char* op);
+    /// After the kernels: one more step for every updated slot and for steps().
+    void CountStep(const std::vector<std::vector<Update>>& updates);
     std::vector<Slot> slots_;
     double lr_ = 0.0;
     std::int64_t steps_ = 0;

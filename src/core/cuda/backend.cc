@@ -11,6 +11,7 @@
 #include "../cuda_backend.h"
 #include "context_internal.h"
 #include "core_kernels.h"
+#include "pinned_staging.h"
 
 // Log lines are formatted by fmt::format and given to spdlog as finished strings: spdlog's own formatting overloads
 // instantiate fmt 9's float formatter in this file, which g++ 13 -O3 flags with a false -Warray-bounds.
@@ -110,8 +111,12 @@ void CudaMemcpy(void *dst, Device dst_device, const void *src, Device src_device
     }
     if (src_device.is_cpu()) {
         CudaContext &ctx = CudaContext::Get(dst_device.index);
+        const bool pinned = IsPinnedHost(src);
+        if (!pinned && StagedHostToDevice(dst, src, bytes, dst_device.index, ctx.stream())) {
+            return; // queued behind the stream's work, which the host does not wait for
+        }
         SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx.stream()));
-        if (IsPinnedHost(src)) {
+        if (pinned) {
             // The caller may free or overwrite src as soon as we return.
             SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(ctx.stream()));
         }
@@ -176,6 +181,32 @@ void CudaStridedCopy(const void *src, void *dst, DType dtype, const StridedCopyD
 void CudaSynchronize(int device) {
     CudaContext &ctx = CudaContext::Get(device);
     SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(ctx.stream()));
+}
+
+namespace {
+cudaMemPool_t DefaultPool(int device) {
+    CudaContext::Get(device); // the pool's release threshold is set there
+    cudaMemPool_t pool = nullptr;
+    SHARDLINE_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+    return pool;
+}
+} // namespace
+
+void CudaPoolCounters(int device, std::uint64_t *used, std::uint64_t *used_high, std::uint64_t *reserved,
+                      std::uint64_t *reserved_high) {
+    cudaMemPool_t pool = DefaultPool(device);
+    SHARDLINE_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, used));
+    SHARDLINE_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, used_high));
+    SHARDLINE_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, reserved));
+    SHARDLINE_CHECK_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, reserved_high));
+}
+
+void CudaResetPoolPeaks(int device) {
+    cudaMemPool_t pool = DefaultPool(device);
+    // Only zero may be written to the high-water marks; they then restart from the current values.
+    std::uint64_t zero = 0;
+    SHARDLINE_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    SHARDLINE_CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
 }
 
 } // namespace shardline::detail

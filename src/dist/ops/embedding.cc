@@ -1,6 +1,7 @@
-// Embedding lookup on DistTensors. A vocab-sharded table (weight S(0)) gives a Partial(sum) output: each rank looks
-// up the ids in its row range and writes zeros for the others (Megatron's VocabParallelEmbedding before its
-// all-reduce, which the caller's redistribution to Replicate performs).
+// Embedding lookup and bag sum on DistTensors. A vocab-sharded table (weight S(0)) gives a Partial(sum) output: each
+// rank looks up the ids in its row range and writes zeros for the others (Megatron's VocabParallelEmbedding before its
+// all-reduce, which the caller's redistribution to Replicate performs). The bag sum follows the same path under its
+// own rule (embedding_bag), with its own kernels.
 
 #include <shardline/dist/ops.h>
 #include <shardline/kernels/embedding.h>
@@ -8,38 +9,66 @@
 #include "ops_util.h"
 
 namespace shardline::dist {
+namespace {
 
-DistTensor EmbeddingForward(const DistTensor &ids, const DistTensor &weight) {
-    constexpr const char *kOp = "dist::EmbeddingForward";
-    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&ids, &weight});
-    auto run = [](const Tensor &il, const Tensor &wl, std::int64_t vocab_start) {
-        Shape shape = il.shape();
-        shape.push_back(wl.size(1));
-        Tensor out = Tensor::Empty(shape, wl.dtype(), wl.device());
-        kernels::EmbeddingForward({.ids = il, .weight = wl, .out = out, .vocab_start = vocab_start});
-        return out;
-    };
+/// The two lookups on DistTensors, which differ only in their rule and their kernels.
+struct Lookup {
+    const char *forward_op;  ///< for messages
+    const char *backward_op; ///< for messages
+    const char *rule;        ///< the SPMD rule
+    Tensor (*forward)(const Tensor &ids, const Tensor &weight, std::int64_t vocab_start);
+    void (*backward)(const Tensor &ids, const Tensor &dout, Tensor &dweight, std::int64_t vocab_start, bool accumulate);
+};
+
+const Lookup kEmbedding{
+    .forward_op = "dist::EmbeddingForward",
+    .backward_op = "dist::EmbeddingBackward",
+    .rule = "embedding",
+    .forward = [](const Tensor &ids, const Tensor &weight,
+                  std::int64_t vocab_start) { return kernels::EmbeddingForward(ids, weight, vocab_start); },
+    .backward =
+        [](const Tensor &ids, const Tensor &dout, Tensor &dweight, std::int64_t vocab_start, bool accumulate) {
+            kernels::EmbeddingBackward(
+                {.ids = ids, .dout = dout, .dweight = dweight, .vocab_start = vocab_start, .accumulate = accumulate});
+        },
+};
+
+const Lookup kEmbeddingBag{
+    .forward_op = "dist::EmbeddingBagForward",
+    .backward_op = "dist::EmbeddingBagBackward",
+    .rule = "embedding_bag",
+    .forward = [](const Tensor &ids, const Tensor &weight,
+                  std::int64_t vocab_start) { return kernels::EmbeddingBagForward(ids, weight, vocab_start); },
+    .backward =
+        [](const Tensor &ids, const Tensor &dout, Tensor &dweight, std::int64_t vocab_start, bool accumulate) {
+            kernels::EmbeddingBagBackward(
+                {.ids = ids, .dout = dout, .dweight = dweight, .vocab_start = vocab_start, .accumulate = accumulate});
+        },
+};
+
+DistTensor LookupForward(const Lookup &lookup, const DistTensor &ids, const DistTensor &weight) {
+    comm::DeviceMesh *mesh = detail::CommonMesh(lookup.forward_op, {&ids, &weight});
     if (mesh == nullptr) {
-        return DistTensor::Local(run(ids.local(), weight.local(), 0));
+        return DistTensor::Local(lookup.forward(ids.local(), weight.local(), 0));
     }
-    const auto rule = LookupRule(kOp, *mesh, {.op = "embedding", .inputs = {ids.spec(), weight.spec()}});
+    const auto rule = LookupRule(lookup.forward_op, *mesh, {.op = lookup.rule, .inputs = {ids.spec(), weight.spec()}});
     const DistTensor iu = detail::Prepare(ids, rule->info.inputs[0], rule->input_plans[0]);
     const DistTensor wu = detail::Prepare(weight, rule->info.inputs[1], rule->input_plans[1]);
-    return detail::Shard(run(iu.local(), wu.local(), detail::LocalOffset(wu, 0)), rule->info.outputs[0], mesh);
+    return detail::Shard(lookup.forward(iu.local(), wu.local(), detail::LocalOffset(wu, 0)), rule->info.outputs[0],
+                         mesh);
 }
 
-Grad EmbeddingBackward(const DistTensor &dout, const DistTensor &ids, const DistTensor &weight,
-                       const GradSink &weight_sink) {
-    constexpr const char *kOp = "dist::EmbeddingBackward";
-    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &ids, &weight});
+Grad LookupBackward(const Lookup &lookup, const DistTensor &dout, const DistTensor &ids, const DistTensor &weight,
+                    const GradSink &weight_sink) {
+    comm::DeviceMesh *mesh = detail::CommonMesh(lookup.backward_op, {&dout, &ids, &weight});
     DistTensor iu = ids;
     DistTensor wu = weight;
     DistTensor du = dout;
     const spmd::TensorSpec *wspec = nullptr;
     std::shared_ptr<const spmd::CachedRule> rule;
     if (mesh != nullptr) {
-        rule = LookupRule(kOp, *mesh,
-                          {.op = "embedding",
+        rule = LookupRule(lookup.backward_op, *mesh,
+                          {.op = lookup.rule,
                            .direction = spmd::RuleDirection::kGrad,
                            .inputs = {ids.spec(), weight.spec()},
                            .out_grad = dout.spec()});
@@ -51,16 +80,34 @@ Grad EmbeddingBackward(const DistTensor &dout, const DistTensor &ids, const Dist
     const std::int64_t vocab_start = detail::LocalOffset(wu, 0);
     Grad grad;
     if (Tensor *sink = weight_sink.BufferFor(mesh, wspec != nullptr ? wspec->layout : spmd::Layout())) {
-        kernels::EmbeddingBackward(
-            {.ids = iu.local(), .dout = du.local(), .dweight = *sink, .vocab_start = vocab_start, .accumulate = true});
+        lookup.backward(iu.local(), du.local(), *sink, vocab_start, /*accumulate=*/true);
         grad.accumulated = true;
         return grad;
     }
     Tensor dw = Tensor::Empty(wu.local().shape(), du.dtype(), du.device());
-    kernels::EmbeddingBackward(
-        {.ids = iu.local(), .dout = du.local(), .dweight = dw, .vocab_start = vocab_start, .accumulate = false});
+    lookup.backward(iu.local(), du.local(), dw, vocab_start, /*accumulate=*/false);
     grad.value = mesh == nullptr ? DistTensor::Local(std::move(dw)) : detail::Shard(std::move(dw), *wspec, mesh);
     return grad;
+}
+
+} // namespace
+
+DistTensor EmbeddingForward(const DistTensor &ids, const DistTensor &weight) {
+    return LookupForward(kEmbedding, ids, weight);
+}
+
+Grad EmbeddingBackward(const DistTensor &dout, const DistTensor &ids, const DistTensor &weight,
+                       const GradSink &weight_sink) {
+    return LookupBackward(kEmbedding, dout, ids, weight, weight_sink);
+}
+
+DistTensor EmbeddingBagForward(const DistTensor &ids, const DistTensor &weight) {
+    return LookupForward(kEmbeddingBag, ids, weight);
+}
+
+Grad EmbeddingBagBackward(const DistTensor &dout, const DistTensor &ids, const DistTensor &weight,
+                          const GradSink &weight_sink) {
+    return LookupBackward(kEmbeddingBag, dout, ids, weight, weight_sink);
 }
 
 } // namespace shardline::dist

@@ -24,6 +24,10 @@ void BiasAdd(const BiasAddArgs &args);
 /// embedding.cc: row copies; the backward sums in fp64 in position order and rounds once.
 void EmbeddingForward(const EmbeddingForwardArgs &args);
 void EmbeddingBackward(const EmbeddingBackwardArgs &args);
+/// The bag sums: the forward in fp64 over t in increasing order; the backward is EmbeddingBackward's loop with
+/// position t·N + n reading dout row n.
+void EmbeddingBagForward(const EmbeddingBagForwardArgs &args);
+void EmbeddingBagBackward(const EmbeddingBagBackwardArgs &args);
 /// cross_entropy.cc: fp64 math, one rounding to each output.
 void CrossEntropyRowMax(const CrossEntropyRowMaxArgs &args);
 void CrossEntropyStats(const CrossEntropyStatsArgs &args);
@@ -32,5 +36,8 @@ void CrossEntropyBackward(const CrossEntropyBackwardArgs &args);
 /// optim.cc: fp64 math per element, states stored in the master's dtype.
 void SgdStep(const SgdStepArgs &args);
 void AdamWStep(const AdamWStepArgs &args);
+/// The single-tensor steps on each entry in turn.
+void SgdStepMulti(const SgdStepMultiArgs &args);
+void AdamWStepMulti(const AdamWStepMultiArgs &args);
 
 } // namespace shardline::kernels::cpu

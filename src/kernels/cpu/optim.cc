@@ -1,5 +1,6 @@
 // CPU optimizer steps. Each element's update runs in fp64 from the stored (rounded) state, then param and the state
 // are stored in the master's dtype (float32 or float64) and model_param, if any, gets the new param rounded to its own.
+// The Multi ops are the single-tensor ones entry after entry (one implementation of the math).
 
 #include <cmath>
 #include <cstdint>
@@ -76,6 +77,41 @@ void AdamWStep(const AdamWStepArgs &args) {
             }
         }
     });
+}
+
+void SgdStepMulti(const SgdStepMultiArgs &args) {
+    for (const SgdStepTensor &t : args.tensors) {
+        if (t.param.numel() > 0) {
+            SgdStep({.param = t.param,
+                     .grad = t.grad,
+                     .momentum_buffer = t.momentum_buffer,
+                     .lr = args.lr,
+                     .momentum = args.momentum,
+                     .dampening = args.dampening,
+                     .weight_decay = args.weight_decay,
+                     .nesterov = args.nesterov,
+                     .first_step = t.first_step,
+                     .model_param = t.model_param});
+        }
+    }
+}
+
+void AdamWStepMulti(const AdamWStepMultiArgs &args) {
+    for (const AdamWStepTensor &t : args.tensors) {
+        if (t.param.numel() > 0) {
+            AdamWStep({.param = t.param,
+                       .grad = t.grad,
+                       .exp_avg = t.exp_avg,
+                       .exp_avg_sq = t.exp_avg_sq,
+                       .lr = args.lr,
+                       .beta1 = args.beta1,
+                       .beta2 = args.beta2,
+                       .eps = args.eps,
+                       .weight_decay = args.weight_decay,
+                       .step = t.step,
+                       .model_param = t.model_param});
+        }
+    }
 }
 
 } // namespace shardline::kernels::cpu

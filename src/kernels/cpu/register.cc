@@ -18,12 +18,16 @@ void RegisterCpuKernels() {
     Register<BiasAddOp>(kCpu, kDefaultProvider, &cpu::BiasAdd);
     Register<EmbeddingForwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingForward);
     Register<EmbeddingBackwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBackward);
+    Register<EmbeddingBagForwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBagForward);
+    Register<EmbeddingBagBackwardOp>(kCpu, kDefaultProvider, &cpu::EmbeddingBagBackward);
     Register<CrossEntropyRowMaxOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyRowMax);
     Register<CrossEntropyStatsOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyStats);
     Register<CrossEntropyLossOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyLoss);
     Register<CrossEntropyBackwardOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyBackward);
     Register<SgdStepOp>(kCpu, kDefaultProvider, &cpu::SgdStep);
     Register<AdamWStepOp>(kCpu, kDefaultProvider, &cpu::AdamWStep);
+    Register<SgdStepMultiOp>(kCpu, kDefaultProvider, &cpu::SgdStepMulti);
+    Register<AdamWStepMultiOp>(kCpu, kDefaultProvider, &cpu::AdamWStepMulti);
 }
 
 } // namespace shardline::kernels::detail

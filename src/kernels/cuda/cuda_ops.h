@@ -23,12 +23,16 @@ void CudaBiasAdd(const BiasAddArgs &args);
 // training_ops.cc
 void CudaEmbeddingForward(const EmbeddingForwardArgs &args);
 void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args);
+void CudaEmbeddingBagForward(const EmbeddingBagForwardArgs &args);
+void CudaEmbeddingBagBackward(const EmbeddingBagBackwardArgs &args);
 void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args);
 void CudaCrossEntropyStats(const CrossEntropyStatsArgs &args);
 void CudaCrossEntropyLoss(const CrossEntropyLossArgs &args);
 void CudaCrossEntropyBackward(const CrossEntropyBackwardArgs &args);
 void CudaSgdStep(const SgdStepArgs &args);
 void CudaAdamWStep(const AdamWStepArgs &args);
+void CudaSgdStepMulti(const SgdStepMultiArgs &args);
+void CudaAdamWStepMulti(const AdamWStepMultiArgs &args);
 
 // provider "default", linear_backward.cc: the grads together, the separate bias grad on a side stream
 void CudaLinearBackward(const LinearBackwardArgs &args);

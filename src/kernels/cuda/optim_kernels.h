@@ -2,9 +2,12 @@
 
 // Launchers for the optimizer steps (optim_kernels.cu). Declarations only: host code includes this without nvcc. The
 // master parameter, its gradient and states are float32; the model copy, when not null, is float32, float16 or
-// bfloat16. One launch per step: 4-float vectors when every pointer and n allow, scalars otherwise.
+// bfloat16. A launcher takes a list of tensors with shared hyper-parameters (the single-tensor ops pass a list of
+// one) and updates them in few launches (multi_tensor_apply.cuh): 4-float vectors where a tensor's pointers allow,
+// scalars otherwise, the same fp32 math per element either way.
 
 #include <cstdint>
+#include <span>
 
 #include <cuda_runtime_api.h>
 
@@ -19,11 +22,19 @@ struct SgdHyper {
     float weight_decay = 0;
     bool use_momentum = false;
     bool nesterov = false;
-    bool first_step = false;
 };
-/// torch.optim.SGD on n elements (momentum_buffer may be null without momentum; model may be null).
-cudaError_t LaunchSgdStep(float *param, const float *grad, float *momentum_buffer, void *model, DType model_dtype,
-                          std::int64_t n, const SgdHyper &hyper, cudaStream_t stream);
+/// One tensor of an SGD step (momentum_buffer may be null without momentum; model may be null).
+struct SgdTensor {
+    float *param = nullptr;
+    const float *grad = nullptr;
+    float *momentum_buffer = nullptr;
+    void *model = nullptr;
+    DType model_dtype = DType::kFloat32;
+    std::int64_t n = 0;
+    bool first_step = false; ///< buf = g (the buffer is not read)
+};
+/// torch.optim.SGD on every tensor.
+cudaError_t LaunchSgdStep(std::span<const SgdTensor> tensors, const SgdHyper &hyper, cudaStream_t stream);
 
 struct AdamWHyper {
     float decay = 1; ///< 1 - lr·weight_decay
@@ -33,12 +44,21 @@ struct AdamWHyper {
     /// (and the CPU kernel) do not.
     float one_minus_beta1 = 0.1f;
     float one_minus_beta2 = 0.001f;
-    float step_size = 0;             ///< lr / (1 - beta1^t)
-    float bias_correction2_sqrt = 1; ///< sqrt(1 - beta2^t)
     float eps = 1e-8f;
 };
-/// torch.optim.AdamW on n elements (model may be null).
-cudaError_t LaunchAdamWStep(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, void *model,
-                            DType model_dtype, std::int64_t n, const AdamWHyper &hyper, cudaStream_t stream);
+/// One tensor of an AdamW step, with its own bias corrections (its own step count t), computed in fp64 on the host.
+struct AdamWTensor {
+    float *param = nullptr;
+    const float *grad = nullptr;
+    float *exp_avg = nullptr;
+    float *exp_avg_sq = nullptr;
+    void *model = nullptr;
+    DType model_dtype = DType::kFloat32;
+    std::int64_t n = 0;
+    float step_size = 0;             ///< lr / (1 - beta1^t)
+    float bias_correction2_sqrt = 1; ///< sqrt(1 - beta2^t)
+};
+/// torch.optim.AdamW on every tensor.
+cudaError_t LaunchAdamWStep(std::span<const AdamWTensor> tensors, const AdamWHyper &hyper, cudaStream_t stream);
 
 } // namespace shardline::kernels::cuda

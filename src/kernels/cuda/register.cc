@@ -30,12 +30,16 @@ void RegisterCudaKernels() {
     // default: embedding (deterministic sorted backward), cross-entropy stages, optimizer steps.
     Register<EmbeddingForwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingForward);
     Register<EmbeddingBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBackward);
+    Register<EmbeddingBagForwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBagForward);
+    Register<EmbeddingBagBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaEmbeddingBagBackward);
     Register<CrossEntropyRowMaxOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyRowMax);
     Register<CrossEntropyStatsOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyStats);
     Register<CrossEntropyLossOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyLoss);
     Register<CrossEntropyBackwardOp>(kCuda, kDefaultProvider, &cuda::CudaCrossEntropyBackward);
     Register<SgdStepOp>(kCuda, kDefaultProvider, &cuda::CudaSgdStep);
     Register<AdamWStepOp>(kCuda, kDefaultProvider, &cuda::CudaAdamWStep);
+    Register<SgdStepMultiOp>(kCuda, kDefaultProvider, &cuda::CudaSgdStepMulti);
+    Register<AdamWStepMultiOp>(kCuda, kDefaultProvider, &cuda::CudaAdamWStepMulti);
     // legacy: cublasGemmStridedBatchedEx + separate epilogue kernels; plain bias-grad kernel. Linear, Matmul and
     // Outer reach it through their compositions over Gemm.
     Register<GemmOp>(kCuda, kLegacyProvider, &cuda::LegacyCudaGemm);

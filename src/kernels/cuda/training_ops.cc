@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string_view>
+#include <vector>
 
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
@@ -25,6 +27,54 @@ const std::int64_t *I64(const Tensor &t) { return static_cast<const std::int64_t
 /// logits [..., c] as n rows of c (the wrappers guarantee c > 0).
 std::int64_t RowsOf(const Tensor &logits) { return logits.numel() / logits.shape().back(); }
 
+CudaContext &ContextOf(const Tensor &t) { return CudaContext::Get(t.device().index); }
+
+// The optimizer steps' hyper-parameters in fp32, each rounded once from the double (1 - dampening, 1 - beta too).
+template <class Args> SgdHyper SgdHyperOf(const Args &args) {
+    return {.lr = static_cast<float>(args.lr),
+            .momentum = static_cast<float>(args.momentum),
+            .one_minus_dampening = static_cast<float>(1.0 - args.dampening),
+            .weight_decay = static_cast<float>(args.weight_decay),
+            .use_momentum = args.momentum != 0.0,
+            .nesterov = args.nesterov};
+}
+
+SgdTensor SgdTensorOf(Tensor &param, const Tensor &grad, Tensor *momentum_buffer, bool first_step, Tensor *model_param,
+                      double momentum) {
+    return {.param = F32(param),
+            .grad = F32(grad),
+            .momentum_buffer = momentum != 0.0 ? F32(*momentum_buffer) : nullptr,
+            .model = model_param != nullptr ? model_param->data() : nullptr,
+            .model_dtype = model_param != nullptr ? model_param->dtype() : DType::kFloat32,
+            .n = param.numel(),
+            .first_step = first_step};
+}
+
+template <class Args> AdamWHyper AdamWHyperOf(const Args &args) {
+    return {.decay = static_cast<float>(1.0 - args.lr * args.weight_decay),
+            .beta1 = static_cast<float>(args.beta1),
+            .beta2 = static_cast<float>(args.beta2),
+            .one_minus_beta1 = static_cast<float>(1.0 - args.beta1),
+            .one_minus_beta2 = static_cast<float>(1.0 - args.beta2),
+            .eps = static_cast<float>(args.eps)};
+}
+
+/// The bias corrections of step t in fp64 on the host, as torch computes them (Python floats), then rounded once.
+template <class Args>
+AdamWTensor AdamWTensorOf(Tensor &param, const Tensor &grad, Tensor &exp_avg, Tensor &exp_avg_sq, Tensor *model_param,
+                          std::int64_t step, const Args &args) {
+    const double t = static_cast<double>(step);
+    return {.param = F32(param),
+            .grad = F32(grad),
+            .exp_avg = F32(exp_avg),
+            .exp_avg_sq = F32(exp_avg_sq),
+            .model = model_param != nullptr ? model_param->data() : nullptr,
+            .model_dtype = model_param != nullptr ? model_param->dtype() : DType::kFloat32,
+            .n = param.numel(),
+            .step_size = static_cast<float>(args.lr / (1.0 - std::pow(args.beta1, t))),
+            .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(args.beta2, t)))};
+}
+
 } // namespace
 
 void CudaEmbeddingForward(const EmbeddingForwardArgs &args) {
@@ -34,23 +84,49 @@ void CudaEmbeddingForward(const EmbeddingForwardArgs &args) {
                                                 args.out.data(), ctx.stream()));
 }
 
-void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args) {
-    constexpr std::string_view kOp = EmbeddingBackwardOp::kName;
-    const std::int64_t n = args.ids.numel();
-    const std::int64_t rows = args.dweight.size(0);
-    // The deterministic backward radix-sorts 32-bit (row, position) keys.
+void CudaEmbeddingBagForward(const EmbeddingBagForwardArgs &args) {
+    CudaContext &ctx = CudaContext::Get(args.out.device().index);
+    const std::int64_t bag = args.ids.size(0);
+    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBagForward(
+        I64(args.ids), bag, bag == 0 ? 0 : args.ids.numel() / bag, args.vocab_start, args.weight.data(),
+        args.weight.size(0), args.weight.size(1), args.weight.dtype(), args.out.data(), ctx.stream()));
+}
+
+namespace {
+
+/// The sorted segment-sum backward shared by EmbeddingBackward and EmbeddingBagBackward: position i of ids reads dout
+/// row i mod dout_rows.
+void SortedEmbeddingBackward(std::string_view op, const Tensor &ids, const Tensor &dout, std::int64_t dout_rows,
+                             Tensor &dweight, std::int64_t vocab_start, bool accumulate) {
+    const std::int64_t n = ids.numel();
+    const std::int64_t rows = dweight.size(0);
+    // The deterministic backward radix-sorts 32-bit (row, dout row) keys and values.
     constexpr std::int64_t kLimit = (std::int64_t{1} << 31) - 1;
-    SHARDLINE_CHECK_AS(ShapeError, n < kLimit && rows < kLimit, kOp,
+    SHARDLINE_CHECK_AS(ShapeError, n < kLimit && rows < kLimit, op,
                        "the CUDA kernel takes fewer than 2^31 - 1 ids and table rows, got ids {} and dweight {}",
-                       args.ids.ToString(), args.dweight.ToString());
-    CudaContext &ctx = CudaContext::Get(args.dweight.device().index);
+                       ids.ToString(), dweight.ToString());
+    CudaContext &ctx = CudaContext::Get(dweight.device().index);
     std::size_t bytes = 0;
     SHARDLINE_CHECK_CUDA(EmbeddingBackwardWorkspace(n, rows, &bytes));
-    // Stream-ordered scratch from the device's pool; freed (stream-ordered) after the kernels are queued.
-    const std::shared_ptr<Storage> workspace = Storage::Allocate(bytes, args.dweight.device());
-    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBackward(
-        I64(args.ids), n, args.vocab_start, args.dout.data(), args.dout.dtype(), args.dweight.data(),
-        args.dweight.dtype(), rows, args.dweight.size(1), args.accumulate, workspace->data(), bytes, ctx.stream()));
+    // Stream-ordered scratch from the device's pool (O(ids), never O(dout)); freed (stream-ordered) after the kernels
+    // are queued, so the pool hands the same bytes to the next step.
+    const std::shared_ptr<Storage> workspace = Storage::Allocate(bytes, dweight.device());
+    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBackward(I64(ids), n, vocab_start, dout.data(), dout_rows, dout.dtype(),
+                                                 dweight.data(), dweight.dtype(), rows, dweight.size(1), accumulate,
+                                                 workspace->data(), bytes, ctx.stream()));
+}
+
+} // namespace
+
+void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args) {
+    SortedEmbeddingBackward(EmbeddingBackwardOp::kName, args.ids, args.dout, args.ids.numel(), args.dweight,
+                            args.vocab_start, args.accumulate);
+}
+
+void CudaEmbeddingBagBackward(const EmbeddingBagBackwardArgs &args) {
+    // The wrapper has settled T = 0 and N = 0 (no ids): here every bag is non-empty and N = numel / T > 0.
+    SortedEmbeddingBackward(EmbeddingBagBackwardOp::kName, args.ids, args.dout, args.ids.numel() / args.ids.size(0),
+                            args.dweight, args.vocab_start, args.accumulate);
 }
 
 void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args) {
@@ -80,39 +156,36 @@ void CudaCrossEntropyBackward(const CrossEntropyBackwardArgs &args) {
         static_cast<float>(args.scale), args.dlogits.data(), ctx.stream()));
 }
 
+// The optimizer steps: the single-tensor ops are lists of one for the same launchers as the Multi ops.
+
 void CudaSgdStep(const SgdStepArgs &args) {
-    CudaContext &ctx = CudaContext::Get(args.param.device().index);
-    const bool use_momentum = args.momentum != 0.0;
-    const SgdHyper hyper{.lr = static_cast<float>(args.lr),
-                         .momentum = static_cast<float>(args.momentum),
-                         .one_minus_dampening = static_cast<float>(1.0 - args.dampening),
-                         .weight_decay = static_cast<float>(args.weight_decay),
-                         .use_momentum = use_momentum,
-                         .nesterov = args.nesterov,
-                         .first_step = args.first_step};
-    SHARDLINE_CHECK_CUDA(LaunchSgdStep(F32(args.param), F32(args.grad),
-                                       use_momentum ? F32(*args.momentum_buffer) : nullptr,
-                                       args.model_param != nullptr ? args.model_param->data() : nullptr,
-                                       args.model_param != nullptr ? args.model_param->dtype() : DType::kFloat32,
-                                       args.param.numel(), hyper, ctx.stream()));
+    const SgdTensor tensor =
+        SgdTensorOf(args.param, args.grad, args.momentum_buffer, args.first_step, args.model_param, args.momentum);
+    SHARDLINE_CHECK_CUDA(LaunchSgdStep({&tensor, 1}, SgdHyperOf(args), ContextOf(args.param).stream()));
+}
+
+void CudaSgdStepMulti(const SgdStepMultiArgs &args) {
+    std::vector<SgdTensor> tensors;
+    tensors.reserve(args.tensors.size());
+    for (const SgdStepTensor &t : args.tensors) {
+        tensors.push_back(SgdTensorOf(t.param, t.grad, t.momentum_buffer, t.first_step, t.model_param, args.momentum));
+    }
+    SHARDLINE_CHECK_CUDA(LaunchSgdStep(tensors, SgdHyperOf(args), ContextOf(args.tensors[0].param).stream()));
 }
 
 void CudaAdamWStep(const AdamWStepArgs &args) {
-    CudaContext &ctx = CudaContext::Get(args.param.device().index);
-    // The bias corrections in fp64 on the host, as torch computes them (Python floats), then rounded once.
-    const double t = static_cast<double>(args.step);
-    const AdamWHyper hyper{.decay = static_cast<float>(1.0 - args.lr * args.weight_decay),
-                           .beta1 = static_cast<float>(args.beta1),
-                           .beta2 = static_cast<float>(args.beta2),
-                           .one_minus_beta1 = static_cast<float>(1.0 - args.beta1),
-                           .one_minus_beta2 = static_cast<float>(1.0 - args.beta2),
-                           .step_size = static_cast<float>(args.lr / (1.0 - std::pow(args.beta1, t))),
-                           .bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(args.beta2, t))),
-                           .eps = static_cast<float>(args.eps)};
-    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(F32(args.param), F32(args.grad), F32(args.exp_avg), F32(args.exp_avg_sq),
-                                         args.model_param != nullptr ? args.model_param->data() : nullptr,
-                                         args.model_param != nullptr ? args.model_param->dtype() : DType::kFloat32,
-                                         args.param.numel(), hyper, ctx.stream()));
+    const AdamWTensor tensor =
+        AdamWTensorOf(args.param, args.grad, args.exp_avg, args.exp_avg_sq, args.model_param, args.step, args);
+    SHARDLINE_CHECK_CUDA(LaunchAdamWStep({&tensor, 1}, AdamWHyperOf(args), ContextOf(args.param).stream()));
+}
+
+void CudaAdamWStepMulti(const AdamWStepMultiArgs &args) {
+    std::vector<AdamWTensor> tensors;
+    tensors.reserve(args.tensors.size());
+    for (const AdamWStepTensor &t : args.tensors) {
+        tensors.push_back(AdamWTensorOf(t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.model_param, t.step, args));
+    }
+    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(tensors, AdamWHyperOf(args), ContextOf(args.tensors[0].param).stream()));
 }
 
 } // namespace shardline::kernels::cuda

@@ -104,6 +104,16 @@ SpmdInfo InferEmbeddingReverse(const ProcessMesh &mesh, const TensorSpec &ids, c
 SpmdInfo InferEmbeddingGrad(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
                             const TensorSpec &out_grad, const RuleOptions &options = {});
 
+// ---- embedding_bag: out[..., h] = Σ_t weight[ids[t, ...], h]; ids [bag, ...], weight [vocab, hidden]. -------------
+/// The embedding rule with the bag dim summed away: a vocab-sharded table, or ids sharded on their bag dim, give a
+/// P(sum) output; the gradient of the table is Partial(sum) over the mesh dims that shard the ids.
+SpmdInfo InferEmbeddingBagForward(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                                  const RuleOptions &options = {});
+SpmdInfo InferEmbeddingBagReverse(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                                  const TensorSpec &out, const RuleOptions &options = {});
+SpmdInfo InferEmbeddingBagGrad(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                               const TensorSpec &out_grad, const RuleOptions &options = {});
+
 // ---- softmax / log_softmax along an axis. ---------------------------------------------------------------------
 struct SoftmaxAttrs {
     int axis = -1;

@@ -1073,7 +1073,8 @@ int Main(const Options& o) {
         }
         std::fflush(stdout);
     }
-    // How the library tuned each GEMM it met (heuristic's first pick vs the kept candidate; BGRADB decisions).
+    // How the library tuned each GEMM it met (heuristic's first pick vs the kept candidate; fused-or-apart decisions of
+    // the measured epilogues, BGRADB here).
     for (const GemmPlanInfo& info : GemmPlanInfos()) {
         run.Emit(json{{"kind", "plan"},
                       {"key", info.key},
@@ -1084,18 +1085,18 @@ int Main(const Options& o) {
                       {"chosen", info.chosen},
                       {"chosen_us", info.chosen_us},
                       {"first_us", info.first_us},
-                      {"bgradb_separate", info.bgradb_separate},
-                      {"bgradb_fused_us", info.bgradb_fused_us},
-                      {"bgradb_separate_us", info.bgradb_separate_us},
+                      {"epilogue_separate", info.epilogue_separate},
+                      {"epilogue_fused_us", info.epilogue_fused_us},
+                      {"epilogue_separate_us", info.epilogue_separate_us},
                       {"chosen_small_workspace", info.chosen_small_workspace}});
     }
     const GemmPlanStats stats = GetGemmPlanStats();
     std::printf(
-        "# plans: %llu built, %llu heuristic queries, %llu tuned, %llu from the tuning file; BGRADB fused %llu, "
-        "separate %llu; gate failures: %d\n",
+        "# plans: %llu built, %llu heuristic queries, %llu tuned, %llu from the tuning file; measured epilogues "
+        "fused %llu, separate %llu; gate failures: %d\n",
         static_cast<unsigned long long>(stats.plans_built), static_cast<unsigned long long>(stats.heuristic_queries),
         static_cast<unsigned long long>(stats.tuned), static_cast<unsigned long long>(stats.file_hits),
-        static_cast<unsigned long long>(stats.bgradb_fused), static_cast<unsigned long long>(stats.bgradb_separate),
+        static_cast<unsigned long long>(stats.epilogue_fused), static_cast<unsigned long long>(stats.epilogue_separate),
         failures);
     return failures == 0 ? 0 : 1;
 }

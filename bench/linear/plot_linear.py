@@ -187,13 +187,16 @@ def main():
               f"heuristic's first pick ({small} from the 1 MiB-workspace query); first pick / kept time:")
         for g, key in changed[:15]:
             print(f"- {g:.3f}x  {key}")
-        bg = [p for p in plans.values() if "epilogue=bgradb" in p["key"] and p["usable"] and p["bgradb_fused_us"] > 0]
-        sep = [p for p in bg if p["bgradb_separate"]]
+        # Results before the epilogue decision was generalised name its fields bgradb_*.
+        def field(p, name):
+            return p.get(f"epilogue_{name}", p.get(f"bgradb_{name}", 0))
+        bg = [p for p in plans.values() if "epilogue=bgradb" in p["key"] and p["usable"] and field(p, "fused_us") > 0]
+        sep = [p for p in bg if field(p, "separate")]
         print(f"\n### BGRADB: {len(bg)} wgrad+bias-grad plans; fused kept on {len(bg) - len(sep)}, separate column sum "
               f"on {len(sep)}")
         for p in sorted(bg, key=lambda p: p["key"]):
-            print(f"- {'separate' if p['bgradb_separate'] else 'fused   '} fused {p['bgradb_fused_us']:.1f} µs, "
-                  f"GEMM + column sum {p['bgradb_separate_us']:.1f} µs  ({p['key']})")
+            print(f"- {'separate' if field(p, 'separate') else 'fused   '} fused {field(p, 'fused_us'):.1f} µs, "
+                  f"GEMM + column sum {field(p, 'separate_us'):.1f} µs  ({p['key']})")
 
     print("\n### host cost (2000 back-to-back calls, no synchronisation; M=1, K=N=256, bf16)")
     print("| impl | what | µs per call | ops | µs per op | device µs per call |")

@@ -42,30 +42,31 @@ protected:
             .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}};
         const detail::ParamGradRequest breq{
             .needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}};
-        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, wreq, breq, dy.dtype(), dy.device());
+        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, {wreq, breq}, dy.dtype(), dy.device());
+        Tensor& dweight = params.grads[0];
+        Tensor& dbias = params.grads[1];
         Tensor dx;
         if (needs_input_grad(0)) {
             dx = Tensor::Empty(x_shape_, dy.dtype(), dy.device());
         }
         // The kernel takes dbias in dweight's dtype only: a float32 main grad for one of them and not the other gets
         // its own column sum.
-        const bool bias_apart =
-            params.dweight.defined() && params.dbias.defined() && params.dweight.dtype() != params.dbias.dtype();
+        const bool bias_apart = dweight.defined() && dbias.defined() && dweight.dtype() != dbias.dtype();
         kernels::LinearBackward({.dy = dy,
                                  .x = needs_input_grad(1) ? &x_ : nullptr,
                                  .weight = needs_input_grad(0) ? &weight_ : nullptr,
                                  .dx = needs_input_grad(0) ? &dx : nullptr,
-                                 .dweight = params.dweight.defined() ? &params.dweight : nullptr,
-                                 .dbias = params.dbias.defined() && !bias_apart ? &params.dbias : nullptr,
+                                 .dweight = dweight.defined() ? &dweight : nullptr,
+                                 .dbias = dbias.defined() && !bias_apart ? &dbias : nullptr,
                                  .accumulate = params.accumulate});
         if (bias_apart) {
-            kernels::LinearBackwardBias({.dy = dy, .dbias = params.dbias, .accumulate = params.accumulate});
+            kernels::LinearBackwardBias({.dy = dy, .dbias = dbias, .accumulate = params.accumulate});
         }
         if (needs_input_grad(0)) {
             grads[0].value = DistTensor::Local(std::move(dx));
         }
-        grads[1] = params.WeightGrad(nullptr, wreq, {});
-        grads[2] = params.BiasGrad(nullptr, breq, {});
+        grads[1] = params.GradOf(0, nullptr, wreq, {});
+        grads[2] = params.GradOf(1, nullptr, breq, {});
         return grads;
     }
     void ReleaseSaved() override {

@@ -2,22 +2,16 @@
 // functional::{Column,Row}ParallelLinear{Forward,Backward} on this rank's shards, which move the tensors by the linear
 // rule's plans, run the split kernels and issue the collectives (DESIGN.md §6). What is decided here is autograd's
 // part only: which gradients are needed (needs_input_grad), what to save for them, where the parameter gradients go
-// (a main grad or a new tensor, param_grads.h), and the layouts the Variables carry.
-//
-// Layouts: the layer computes on x moved to its input layout (PlaceTp); mesh dims other than tp (e.g. dp) may
-// shard x's leading dims and are independent replicas of the layer for the functional core. So y keeps those shards,
-// dx comes back in x's layout, and dweight/dbias are Partial(sum) over them (each rank summed its own rows) until a
-// GradSync or the engine reduces them.
+// (a main grad or a new tensor, param_grads.h), and the layouts the Variables carry (parallel_layers.h).
 
+#include <memory>
 #include <string_view>
-#include <type_traits>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <utility>
 
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
 
+#include "parallel_layers.h"
 #include "param_grads.h"
 
 namespace shardline::autograd {
@@ -30,49 +24,8 @@ using functional::RowParallelLinearOptions;
 using functional::TensorParallelGroup;
 using functional::View;
 
-/// `layout` without Partials, with tp taken off every dim and every mesh dim off the feature (last) dim, then tp
-/// placed as the minor shard of dim 0 and/or on the feature dim. The layer's input layout (column + sequence parallel:
-/// tp on dim 0; row + input_is_parallel: tp on the features) and its output layout (row + sequence parallel: tp on dim
-/// 0; column without gather_output: tp on the features) are both this of x's layout: the leading dims keep their
-/// shards over the other mesh dims (e.g. dp).
-spmd::Layout PlaceTp(const spmd::Layout &x, int tp_dim, bool tp_on_seq, bool tp_on_features) {
-    std::vector<std::vector<int>> dims = x.DimsMeshDims();
-    for (auto &d : dims) {
-        std::erase(d, tp_dim);
-    }
-    dims.back().clear();
-    if (tp_on_seq) {
-        dims.front().push_back(tp_dim);
-    }
-    if (tp_on_features) {
-        dims.back().push_back(tp_dim);
-    }
-    return spmd::Layout(std::move(dims));
-}
-
-/// A parameter gradient's layout: the parameter's, Partial(sum) over every mesh dim other than tp that shards the
-/// input's rows.
-spmd::Layout ParamGradLayout(const spmd::Layout &param, const spmd::Layout &input, int tp_dim) {
-    std::map<int, spmd::ReduceOp> partial;
-    for (int t = 0; t + 1 < input.TensorRank(); ++t) {
-        for (int d : input.MeshDims(t)) {
-            if (d != tp_dim) {
-                partial[d] = spmd::ReduceOp::kSum;
-            }
-        }
-    }
-    return param.WithPartial(std::move(partial));
-}
-
-template <class Options> constexpr bool kIsColumn = std::is_same_v<Options, ColumnParallelLinearOptions>;
-
-/// The layouts of one layer call, decided before the Function runs.
-struct LayerLayouts {
-    spmd::Layout x;      ///< the input as the layer computes on it (and dx)
-    spmd::Layout y;      ///< the output (and dy)
-    spmd::Layout weight; ///< dweight: the weight's layout with the rows' Partials
-    spmd::Layout bias;   ///< dbias
-};
+using detail::kIsColumn;
+using detail::LayerLayouts;
 
 template <class Options> class ParallelLinearFunction final : public Function {
 public:
@@ -86,19 +39,7 @@ protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
         const Tensor &x = in[0].local();
         const std::int64_t tp = tp_.size();
-        Shape y_shape = x.shape();
-        y_shape.back() = options_.out_features;
-        if constexpr (kIsColumn<Options>) {
-            if (options_.sequence_parallel) {
-                y_shape.front() *= tp;
-            }
-            if (!options_.gather_output) {
-                y_shape.back() /= tp;
-            }
-        } else if (options_.sequence_parallel) {
-            y_shape.front() /= tp;
-        }
-        Tensor y = Tensor::Empty(y_shape, x.dtype(), x.device());
+        Tensor y = Tensor::Empty(detail::LayerOutputShape(x.shape(), options_, tp), x.dtype(), x.device());
         const Tensor bias = in[2].defined() ? in[2].local() : Tensor();
         if constexpr (kIsColumn<Options>) {
             // Sequence parallel: the all-gathered input is kept for dweight instead of being gathered again.
@@ -154,7 +95,9 @@ protected:
         };
         const detail::ParamGradRequest wreq = request(1, weight_local_shape_, layouts_.weight);
         const detail::ParamGradRequest breq = request(2, bias_local_shape_, layouts_.bias);
-        const detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, wreq, breq, dy.dtype(), dy.device());
+        const detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, {wreq, breq}, dy.dtype(), dy.device());
+        const Tensor &dweight = params.grads[0];
+        const Tensor &dbias = params.grads[1];
         Tensor dx;
         if (needs_input_grad(0)) {
             dx = Tensor::Empty(x_local_shape_, dy.dtype(), dy.device());
@@ -168,8 +111,8 @@ protected:
                                                       .x_total = View(x_total_),
                                                       .weight = View(weight_),
                                                       .dx = View(dx),
-                                                      .dweight = View(params.dweight),
-                                                      .dbias = View(params.dbias),
+                                                      .dweight = View(dweight),
+                                                      .dbias = View(dbias),
                                                       .param_grads = mode},
                                                      tp_);
         } else {
@@ -178,16 +121,16 @@ protected:
                                                    .x = View(x_),
                                                    .weight = View(weight_),
                                                    .dx = View(dx),
-                                                   .dweight = View(params.dweight),
-                                                   .dbias = View(params.dbias),
+                                                   .dweight = View(dweight),
+                                                   .dbias = View(dbias),
                                                    .param_grads = mode},
                                                   tp_);
         }
         if (needs_input_grad(0)) {
             grads[0].value = DistTensor::FromTrustedShard(std::move(dx), x_global_, layouts_.x, mesh_);
         }
-        grads[1] = params.WeightGrad(mesh_, wreq, weight_global_);
-        grads[2] = params.BiasGrad(mesh_, breq, bias_global_);
+        grads[1] = params.GradOf(0, mesh_, wreq, weight_global_);
+        grads[2] = params.GradOf(1, mesh_, breq, bias_global_);
         return grads;
     }
 
@@ -210,80 +153,17 @@ private:
     Shape bias_global_, bias_local_shape_;
 };
 
-/// A parameter must be on the layer's mesh, of its global shape, in the layout the layer keeps it in.
-void CheckParameter(std::string_view op, std::string_view what, const Variable &p, comm::DeviceMesh &mesh,
-                    const Shape &shape, const spmd::Layout &layout) {
-    SHARDLINE_CHECK(p.defined(), op, "{} is undefined", what);
-    const DistTensor &v = p.value();
-    SHARDLINE_CHECK(!v.is_local() && &v.mesh() == &mesh, op, "{} must be on the tensor-parallel group's mesh, got {}",
-                    what, v.ToString());
-    SHARDLINE_CHECK_AS(ShapeError, v.global_shape() == shape, op, "{} must be {}, got {}", what, ShapeToString(shape),
-                       v.ToString());
-    SHARDLINE_CHECK(dist::SameLayout(mesh, v.layout(), layout), op, "{} must have layout {} on the mesh, got {}", what,
-                    layout.ToString(), v.ToString());
-}
-
-/// Sequence parallelism splits dim 0 over tp within every chunk the other mesh dims make of it; the ranks' shapes
-/// agree only when every chunk divides evenly. Checked on every rank alike, before any collective.
-void CheckEvenRows(std::string_view op, const Shape &x_global, const spmd::Layout &rows_layout,
-                   const comm::DeviceMesh &mesh) {
-    std::int64_t parts = 1;
-    for (int d : rows_layout.MeshDims(0)) {
-        parts *= mesh.shape()[static_cast<std::size_t>(d)];
-    }
-    SHARDLINE_CHECK_AS(ShapeError, x_global.front() % parts == 0, op,
-                       "sequence_parallel: the sequence length x.shape[0] ({}) must be divisible by the {} ranks that "
-                       "shard it (mesh dims [{}] of mesh [{}])",
-                       x_global.front(), parts, fmt::join(rows_layout.MeshDims(0), ", "),
-                       fmt::join(mesh.shape(), ", "));
-}
-
 template <class Options>
 Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Variable &weight, const Variable &bias,
                              const Options &options, const TensorParallelGroup &tp) {
     tp.size(); // a null mesh or a bad tp_dim raises here
     comm::DeviceMesh &mesh = *tp.mesh;
     const int t = tp.tp_dim;
-    constexpr bool kColumn = kIsColumn<Options>;
-    const bool sp = options.sequence_parallel;
-
-    SHARDLINE_CHECK(x.defined(), op, "x is undefined");
-    SHARDLINE_CHECK(!x.value().is_local() && &x.value().mesh() == &mesh, op,
-                    "x must be on the tensor-parallel group's mesh, got {}", x.value().ToString());
-    SHARDLINE_CHECK_AS(ShapeError, x.shape().size() >= 2 && x.shape().back() == options.in_features, op,
-                       "x must be [s, ..., in_features] = [s, ..., {}], got {}", options.in_features,
-                       x.value().ToString());
-    const spmd::Layout weight_layout = kColumn ? spmd::Layout(std::vector<std::vector<int>>{{t}, {}})
-                                               : spmd::Layout(std::vector<std::vector<int>>{{}, {t}});
-    const spmd::Layout bias_layout =
-        kColumn ? spmd::Layout(std::vector<std::vector<int>>{{t}}) : spmd::Layout::Replicated(1);
-    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, weight_layout);
-    if (options.adds_bias()) {
-        CheckParameter(op, "bias", bias, mesh, {options.out_features}, bias_layout);
-    }
-
-    bool tp_on_features = false;
-    if constexpr (!kColumn) {
-        tp_on_features = options.input_is_parallel;
-    }
-    LayerLayouts layouts;
-    layouts.x = PlaceTp(x.value().layout(), t, kColumn && sp, tp_on_features);
-    Variable input = x;
-    if (dist::SameLayout(mesh, x.value().layout(), layouts.x)) {
-        layouts.x = x.value().layout(); // dx returns in exactly x's layout
-    } else {
-        input = Redistribute(x, layouts.x);
-    }
-    bool gathered = false;
-    if constexpr (kColumn) {
-        gathered = options.gather_output;
-    }
-    layouts.y = PlaceTp(layouts.x, t, !kColumn && sp, kColumn && !gathered);
-    if (sp) {
-        CheckEvenRows(op, x.shape(), kColumn ? layouts.x : layouts.y, mesh);
-    }
-    layouts.weight = ParamGradLayout(weight_layout, layouts.x, t);
-    layouts.bias = ParamGradLayout(bias_layout, layouts.x, t);
+    detail::CheckLayerInput(op, x, mesh, options.in_features);
+    detail::CheckLayerParameters(op, weight, bias, options, mesh, t);
+    const spmd::Layout input_layout = detail::LayerInputLayout(mesh, x.value().layout(), options, t);
+    LayerLayouts layouts = detail::LayerLayoutsFor(op, x.shape(), input_layout, options, mesh, t);
+    const Variable input = input_layout == x.value().layout() ? x : Redistribute(x, input_layout);
 
     Options call = options;
     call.bias = options.adds_bias();

@@ -21,34 +21,33 @@ dist::Grad ToGrad(const Tensor &buffer, bool in_sink, comm::DeviceMesh *mesh, co
 
 } // namespace
 
-ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const ParamGradRequest &weight, const ParamGradRequest &bias,
-                                DType dtype, Device device) {
+ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamGradRequest> &requests, DType dtype,
+                                Device device) {
     ParamGradTargets t;
-    Tensor *wsink = weight.needed ? weight.sink.BufferFor(mesh, weight.layout) : nullptr;
-    Tensor *bsink = bias.needed ? bias.sink.BufferFor(mesh, bias.layout) : nullptr;
-    t.weight_in_sink = wsink != nullptr;
-    t.bias_in_sink = bsink != nullptr;
-    t.accumulate = t.weight_in_sink || t.bias_in_sink;
-    auto fresh = [&](const ParamGradRequest &r) {
-        return t.accumulate ? Tensor::Zeros(r.local_shape, dtype, device) : Tensor::Empty(r.local_shape, dtype, device);
-    };
-    if (weight.needed) {
-        t.dweight = wsink != nullptr ? *wsink : fresh(weight);
+    std::vector<Tensor *> sinks;
+    for (const ParamGradRequest &r : requests) {
+        Tensor *sink = r.needed ? r.sink.BufferFor(mesh, r.layout) : nullptr;
+        sinks.push_back(sink);
+        t.in_sink.push_back(sink != nullptr);
+        t.accumulate = t.accumulate || sink != nullptr;
     }
-    if (bias.needed) {
-        t.dbias = bsink != nullptr ? *bsink : fresh(bias);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        const ParamGradRequest &r = requests[i];
+        if (!r.needed) {
+            t.grads.emplace_back();
+        } else if (sinks[i] != nullptr) {
+            t.grads.push_back(*sinks[i]);
+        } else {
+            t.grads.push_back(t.accumulate ? Tensor::Zeros(r.local_shape, dtype, device)
+                                           : Tensor::Empty(r.local_shape, dtype, device));
+        }
     }
     return t;
 }
 
-dist::Grad ParamGradTargets::WeightGrad(comm::DeviceMesh *mesh, const ParamGradRequest &request,
-                                        const Shape &global_shape) const {
-    return ToGrad(dweight, weight_in_sink, mesh, request, global_shape);
-}
-
-dist::Grad ParamGradTargets::BiasGrad(comm::DeviceMesh *mesh, const ParamGradRequest &request,
-                                      const Shape &global_shape) const {
-    return ToGrad(dbias, bias_in_sink, mesh, request, global_shape);
+dist::Grad ParamGradTargets::GradOf(std::size_t i, comm::DeviceMesh *mesh, const ParamGradRequest &request,
+                                    const Shape &global_shape) const {
+    return ToGrad(grads[i], in_sink[i], mesh, request, global_shape);
 }
 
 } // namespace shardline::autograd::detail

@@ -1,10 +1,12 @@
 #pragma once
 
-// Private to src/autograd: where the parameter gradients of a Linear-like backward (dweight, dbias) are computed. A
-// leaf with a main-grad buffer (AllocateMainGrad, or a GradSync bucket) takes its gradient straight from the kernel
-// (beta = 1) when the gradient comes out in the buffer's layout; otherwise the Function returns a new tensor and the
-// engine moves and accumulates it. The kernels take one accumulate flag for both, so when only one of them goes into a
-// buffer the other starts from zeros.
+// Private to src/autograd: where the parameter gradients of a Linear-like backward (dweight, dbias; a ParallelMLP's
+// four) are computed. A leaf with a main-grad buffer (AllocateMainGrad, or a GradSync bucket) takes its gradient
+// straight from the kernel (beta = 1) when the gradient comes out in the buffer's layout; otherwise the Function
+// returns a new tensor and the engine moves and accumulates it. The kernels take one accumulate flag for all, so when
+// only some of them go into a buffer the others start from zeros.
+
+#include <vector>
 
 #include <shardline/autograd/variable.h>
 #include <shardline/comm/device_mesh.h>
@@ -22,22 +24,22 @@ struct ParamGradRequest {
     spmd::Layout layout{}; ///< the layout it comes out in (Partial where rows were summed locally); local: unused
 };
 
-/// Where the kernels write dweight and dbias.
+/// Where the kernels write the parameter gradients of one backward, in the order of the requests.
 struct ParamGradTargets {
-    Tensor dweight; ///< undefined when not needed
-    Tensor dbias;
-    bool weight_in_sink = false;
-    bool bias_in_sink = false;
-    bool accumulate = false; ///< beta = 1 for both (a new buffer then holds zeros)
+    std::vector<Tensor> grads; ///< undefined where not needed
+    std::vector<bool> in_sink; ///< the gradient is the leaf's main-grad buffer itself
+    bool accumulate = false;   ///< beta = 1 for all (a new buffer then holds zeros)
 
-    /// The Grad a Function returns for dweight / dbias: accumulated into the sink, or the new tensor as a gradient of
+    /// The Grad a Function returns for gradient i: accumulated into the sink, or the new tensor as a gradient of
     /// `global_shape` in the request's layout (a local tensor when mesh is null).
-    dist::Grad WeightGrad(comm::DeviceMesh *mesh, const ParamGradRequest &request, const Shape &global_shape) const;
-    dist::Grad BiasGrad(comm::DeviceMesh *mesh, const ParamGradRequest &request, const Shape &global_shape) const;
+    dist::Grad GradOf(std::size_t i, comm::DeviceMesh *mesh, const ParamGradRequest &request,
+                      const Shape &global_shape) const;
 };
 
-/// The targets of a backward computing `weight` and `bias` in `dtype` on `device` (mesh null: local tensors).
-ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const ParamGradRequest &weight, const ParamGradRequest &bias,
-                                DType dtype, Device device);
+/// The targets of a backward computing the requested parameter gradients in `dtype` on `device` (mesh null: local
+/// tensors). The kernels take one accumulate flag per call, so when any gradient goes into its main grad, every other
+/// one starts from zeros.
+ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamGradRequest> &requests, DType dtype,
+                                Device device);
 
 } // namespace shardline::autograd::detail

@@ -293,6 +293,17 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
         check.Shaped(args.x_total, "x_total", WithLast(global, k), "[s, ..., in_features]");
         check.SameDType(args.x_total, "x_total", dtype, "x");
     }
+    if (args.activation != kernels::LinearActivation::kNone) {
+        SHARDLINE_CHECK(!options.gather_output, check.op(),
+                        "activation gelu_tanh applies to this rank's output features (the row layer's parallel "
+                        "input): not with gather_output");
+        check.Required(args.pre_activation, "pre_activation", 2, " with activation gelu_tanh");
+        check.Shaped(args.pre_activation, "pre_activation", WithLast(global, n / tp), "[s, ..., out_features/tp]");
+        check.SameDType(args.pre_activation, "pre_activation", dtype, "x");
+    } else {
+        SHARDLINE_CHECK(!args.pre_activation.present(), check.op(),
+                        "pre_activation is given but activation is none (set activation = gelu_tanh)");
+    }
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 
@@ -389,6 +400,28 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
         check.Required(args.x, "x", 2, " for dweight");
     }
     CheckBackwardOperands(check, options, tp, args, dtype, WithLast(global, k_local), x_formula);
+    if (args.input_activation != kernels::LinearActivation::kNone) {
+        SHARDLINE_CHECK(options.input_is_parallel, check.op(),
+                        "input_activation needs input_is_parallel (the activation's output, this layer's input, is "
+                        "the column layer's output split on in_features)");
+        if (args.dx.present()) {
+            check.Required(args.pre_activation, "pre_activation", 2, " with input_activation gelu_tanh and dx");
+        }
+        if (check.Optional(args.pre_activation, "pre_activation", 2)) {
+            check.Shaped(args.pre_activation, "pre_activation", WithLast(global, k_local), x_formula);
+            check.SameDType(args.pre_activation, "pre_activation", dtype, "dy");
+        }
+    } else {
+        SHARDLINE_CHECK(!args.pre_activation.present(), check.op(),
+                        "pre_activation is given but input_activation is none (set input_activation = gelu_tanh)");
+        SHARDLINE_CHECK(!args.pre_activation_dbias.present(), check.op(),
+                        "pre_activation_dbias (the column layer's bias grad) needs input_activation = gelu_tanh");
+    }
+    if (check.Optional(args.pre_activation_dbias, "pre_activation_dbias", 1)) {
+        SHARDLINE_CHECK(args.dx.present(), check.op(), "pre_activation_dbias is Σ_rows dx: dx must be given too");
+        check.Shaped(args.pre_activation_dbias, "pre_activation_dbias", {k_local}, "[in_features/tp]");
+        check.GradDType(args.pre_activation_dbias, "pre_activation_dbias", dtype, args.param_grads);
+    }
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 

@@ -195,6 +195,8 @@ struct ForwardTensors {
     Tensor bias{}; ///< undefined without a bias
     Tensor y{};
     Tensor x_total{}; ///< undefined unless the caller keeps the gathered input
+    kernels::LinearActivation activation = kernels::LinearActivation::kNone; ///< column, without gather_output
+    Tensor pre_activation{};                                                 ///< with an activation
 };
 
 ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors &t) {
@@ -215,9 +217,20 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
     const spmd::TensorSpec &y_rule = rule.info.outputs[0];
     const spmd::RedistributePlan &y_plan = rule.output_plans[0];
     const bool bias_after = t.bias.defined() && rule.info.bias_after_reduction;
+    const bool activation = t.activation != kernels::LinearActivation::kNone;
+    // The activation reads the finished local output (its bias added, nothing left to move): checked per call, as the
+    // column layer without gather_output always gives it.
+    SHARDLINE_CHECK(!activation || (!bias_after && y_plan.steps.empty()), "ColumnParallelLinearForward",
+                    "an activation needs the local output with its bias (internal: the rule moves y or adds the bias "
+                    "after a reduction)");
     Tensor y_local = y_plan.steps.empty() ? t.y : OutputBuffer(t.y, call.LocalShape(plan.y_shape, y_rule.layout));
-    kernels::LinearForward(kernels::LinearForwardArgs{
-        .x = x_used, .weight = t.weight, .bias = t.bias.defined() && !bias_after ? &t.bias : nullptr, .y = y_local});
+    Tensor pre_activation = t.pre_activation;
+    kernels::LinearForward(kernels::LinearForwardArgs{.x = x_used,
+                                                      .weight = t.weight,
+                                                      .bias = t.bias.defined() && !bias_after ? &t.bias : nullptr,
+                                                      .y = y_local,
+                                                      .activation = t.activation,
+                                                      .pre_activation = activation ? &pre_activation : nullptr});
     // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
     Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan), t.y);
     if (bias_after) {
@@ -236,6 +249,9 @@ struct BackwardTensors {
     Tensor dweight{};
     Tensor dbias{};
     GradMode mode = GradMode::kOverwrite;
+    kernels::LinearActivation input_activation = kernels::LinearActivation::kNone; ///< row, input_is_parallel
+    Tensor pre_activation{};                                                       ///< with dx and an activation
+    Tensor pre_activation_dbias{};                                                 ///< undefined: not wanted
 };
 
 BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTensors &t) {
@@ -243,6 +259,7 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     const bool want_dx = t.dx.defined();
     const bool want_dw = t.dweight.defined();
     const bool want_db = t.dbias.defined();
+    const bool want_pre_db = t.pre_activation_dbias.defined(); // checked: only with dx
     if (!want_dx && !want_dw && !want_db) {
         return {};
     }
@@ -268,6 +285,10 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     if (want_dx) {
         dx_local = dx_plan.steps.empty() ? t.dx : OutputBuffer(t.dx, call.LocalShape(plan.x_shape, dx_rule.layout));
     }
+    // The activation's gradient applies to the finished local dx (input_is_parallel: nothing moves it).
+    const bool activation = want_dx && t.input_activation != kernels::LinearActivation::kNone;
+    SHARDLINE_CHECK(!activation || dx_plan.steps.empty(), "RowParallelLinearBackward",
+                    "an input activation needs dx in the input's layout (internal: the rule moves dx)");
 
     // One LinearBackward for what is wanted, so the kernels decide per shape whether the bias grad rides in the wgrad
     // GEMM or runs beside it. Parameter gradients stay in their parameters' layouts (checked when the plan was built):
@@ -277,13 +298,18 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     const bool bias_apart = want_db && want_dw && t.dbias.dtype() != t.dweight.dtype();
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
-    kernels::LinearBackward(kernels::LinearBackwardArgs{.dy = dy_used,
-                                                        .x = want_dw ? &x_used : nullptr,
-                                                        .weight = want_dx ? &t.weight : nullptr,
-                                                        .dx = want_dx ? &dx_local : nullptr,
-                                                        .dweight = want_dw ? &dweight : nullptr,
-                                                        .dbias = want_db && !bias_apart ? &dbias : nullptr,
-                                                        .accumulate = accumulate});
+    Tensor pre_dbias = t.pre_activation_dbias;
+    kernels::LinearBackward(kernels::LinearBackwardArgs{
+        .dy = dy_used,
+        .x = want_dw ? &x_used : nullptr,
+        .weight = want_dx ? &t.weight : nullptr,
+        .dx = want_dx ? &dx_local : nullptr,
+        .dweight = want_dw ? &dweight : nullptr,
+        .dbias = want_db && !bias_apart ? &dbias : nullptr,
+        .accumulate = accumulate,
+        .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
+        .pre_activation = activation ? &t.pre_activation : nullptr,
+        .pre_activation_dbias = want_pre_db ? &pre_dbias : nullptr});
     if (bias_apart) {
         kernels::LinearBackwardBias(
             kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
@@ -310,7 +336,9 @@ ForwardInfo ColumnParallelLinearForward(const ColumnParallelLinearOptions &optio
                                      .weight = call.Wrap(args.weight),
                                      .bias = call.Wrap(args.bias),
                                      .y = call.Wrap(args.y),
-                                     .x_total = call.Wrap(args.x_total)});
+                                     .x_total = call.Wrap(args.x_total),
+                                     .activation = args.activation,
+                                     .pre_activation = call.Wrap(args.pre_activation)});
 }
 
 BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &options,
@@ -358,7 +386,10 @@ BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
                                        .dx = call.Wrap(args.dx),
                                        .dweight = call.Wrap(args.dweight),
                                        .dbias = call.Wrap(args.dbias),
-                                       .mode = args.param_grads});
+                                       .mode = args.param_grads,
+                                       .input_activation = args.input_activation,
+                                       .pre_activation = args.dx.present() ? call.Wrap(args.pre_activation) : Tensor(),
+                                       .pre_activation_dbias = call.Wrap(args.pre_activation_dbias)});
 }
 
 } // namespace shardline::functional

@@ -18,8 +18,30 @@ std::string_view GemmEpilogueName(GemmEpilogue epilogue) {
         return "bgradb";
     case GemmEpilogue::kDGeluBGrad:
         return "dgelu_bgrad";
+    case GemmEpilogue::kDGelu:
+        return "dgelu";
     }
     return "unknown";
+}
+
+bool GemmUsesBias(const GemmParams& p) {
+    switch (p.epilogue) {
+    case GemmEpilogue::kBias:
+    case GemmEpilogue::kBGradB:
+    case GemmEpilogue::kDGeluBGrad:
+        return true;
+    case GemmEpilogue::kGeluAuxBias:
+        return p.bias != nullptr;
+    case GemmEpilogue::kNone:
+    case GemmEpilogue::kDGelu:
+        break;
+    }
+    return false;
+}
+
+bool GemmEpilogueHasAux(GemmEpilogue epilogue) {
+    return epilogue == GemmEpilogue::kGeluAuxBias || epilogue == GemmEpilogue::kDGeluBGrad ||
+           epilogue == GemmEpilogue::kDGelu;
 }
 
 void ValidateGemmParams(const GemmParams& p, std::string_view op) {
@@ -62,6 +84,10 @@ void ValidateGemmParams(const GemmParams& p, std::string_view op) {
     case GemmEpilogue::kDGeluBGrad:
         SHARDLINE_CHECK(p.bias != nullptr && p.aux != nullptr && p.ldaux >= p.m, op,
                         "epilogue dgelu_bgrad needs bias-grad and aux pointers with ldaux >= m ({})", p.m);
+        break;
+    case GemmEpilogue::kDGelu:
+        SHARDLINE_CHECK(p.aux != nullptr && p.ldaux >= p.m, op,
+                        "epilogue dgelu needs an aux pointer with ldaux >= m ({}), got ldaux={}", p.m, p.ldaux);
         break;
     }
 }

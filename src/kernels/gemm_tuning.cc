@@ -96,10 +96,10 @@ nlohmann::json RecordToJson(const GemmTuningRecord& r) {
                         {"chosen", r.chosen},
                         {"chosen_us", r.chosen_us},
                         {"first_us", r.first_us}};
-    if (r.key.find("epilogue=bgradb") != std::string::npos) {
-        j["bgradb"] = r.bgradb_separate ? "separate" : "fused";
-        j["bgradb_fused_us"] = r.bgradb_fused_us;
-        j["bgradb_separate_us"] = r.bgradb_separate_us;
+    if (r.epilogue_separate || r.epilogue_fused_us != 0.0 || r.epilogue_separate_us != 0.0) {
+        j["epilogue"] = r.epilogue_separate ? "separate" : "fused";
+        j["epilogue_fused_us"] = r.epilogue_fused_us;
+        j["epilogue_separate_us"] = r.epilogue_separate_us;
     }
     return j;
 }
@@ -141,15 +141,18 @@ GemmTuningRecord RecordFromJson(const nlohmann::json& j, std::string_view source
     r.chosen = number("chosen", 0);
     r.chosen_us = number("chosen_us", 0.0);
     r.first_us = number("first_us", 0.0);
-    if (j.contains("bgradb")) {
-        const nlohmann::json& mode = j.at("bgradb");
+    // The epilogue decision; files written before other epilogues were measured name it "bgradb" (BGRADB keys only).
+    const bool legacy = !j.contains("epilogue") && j.contains("bgradb");
+    const char* mode_field = legacy ? "bgradb" : "epilogue";
+    if (j.contains(mode_field)) {
+        const nlohmann::json& mode = j.at(mode_field);
         SHARDLINE_CHECK(mode == "fused" || mode == "separate", kOp,
-                        "{}: record {}: \"bgradb\" must be \"fused\" or \"separate\", got {}", source, index,
+                        "{}: record {}: \"{}\" must be \"fused\" or \"separate\", got {}", source, index, mode_field,
                         mode.dump());
-        r.bgradb_separate = mode == "separate";
+        r.epilogue_separate = mode == "separate";
     }
-    r.bgradb_fused_us = number("bgradb_fused_us", 0.0);
-    r.bgradb_separate_us = number("bgradb_separate_us", 0.0);
+    r.epilogue_fused_us = number(legacy ? "bgradb_fused_us" : "epilogue_fused_us", 0.0);
+    r.epilogue_separate_us = number(legacy ? "bgradb_separate_us" : "epilogue_separate_us", 0.0);
     return r;
 }
 
@@ -208,8 +211,8 @@ GemmPlanStats GetGemmPlanStats() {
                          .tuned = c.tuned.load(),
                          .file_hits = c.file_hits.load(),
                          .file_rejected = c.file_rejected.load(),
-                         .bgradb_fused = c.bgradb_fused.load(),
-                         .bgradb_separate = c.bgradb_separate.load()};
+                         .epilogue_fused = c.epilogue_fused.load(),
+                         .epilogue_separate = c.epilogue_separate.load()};
 }
 
 void ResetGemmPlanStats() {
@@ -219,8 +222,8 @@ void ResetGemmPlanStats() {
     c.tuned = 0;
     c.file_hits = 0;
     c.file_rejected = 0;
-    c.bgradb_fused = 0;
-    c.bgradb_separate = 0;
+    c.epilogue_fused = 0;
+    c.epilogue_separate = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -259,9 +262,8 @@ std::uint16_t GemmAlignmentClass(const void* ptr, std::int64_t batch, std::int64
 }
 
 GemmPlanKey MakeGemmPlanKey(const GemmParams& p, bool tf32, std::uint64_t workspace) {
-    const bool epilogue = p.epilogue != GemmEpilogue::kNone;
-    const bool has_aux = p.epilogue == GemmEpilogue::kGeluAuxBias || p.epilogue == GemmEpilogue::kDGeluBGrad;
-    const bool has_bias = epilogue && p.bias != nullptr;
+    const bool has_aux = GemmEpilogueHasAux(p.epilogue);
+    const bool has_bias = GemmUsesBias(p);
     GemmPlanKey key;
     key.device = p.device.index;
     key.tf32 = tf32 && p.a_type == DType::kFloat32;

@@ -79,9 +79,9 @@ struct GemmTuningRecord {
     int chosen = 0;
     double chosen_us = 0.0;
     double first_us = 0.0;
-    bool bgradb_separate = false;
-    double bgradb_fused_us = 0.0;
-    double bgradb_separate_us = 0.0;
+    bool epilogue_separate = false; ///< a measured epilogue runs apart (gemm_tuning.h)
+    double epilogue_fused_us = 0.0;
+    double epilogue_separate_us = 0.0;
 
     bool operator==(const GemmTuningRecord&) const = default;
 };

@@ -21,8 +21,8 @@ struct GemmStatCounters {
     std::atomic<std::uint64_t> tuned{0};
     std::atomic<std::uint64_t> file_hits{0};
     std::atomic<std::uint64_t> file_rejected{0};
-    std::atomic<std::uint64_t> bgradb_fused{0};
-    std::atomic<std::uint64_t> bgradb_separate{0};
+    std::atomic<std::uint64_t> epilogue_fused{0};
+    std::atomic<std::uint64_t> epilogue_separate{0};
 };
 GemmStatCounters& GemmCounters();
 

@@ -71,7 +71,17 @@ void CheckBias(const Tensor& bias, const Tensor& like, std::int64_t out_features
 void DefaultLinearForward(const LinearForwardArgs& args) { Gemm(detail::LinearForwardGemm(args)); }
 
 void DefaultLinearBackwardInput(const LinearBackwardInputArgs& args) {
-    Gemm(detail::LinearDgradGemm(args.dy, args.weight, args.dx));
+    const bool gelu = args.input_activation == LinearActivation::kGeluTanh;
+    Tensor* pre_dbias = args.pre_activation_dbias;
+    // The previous layer's bias grad rides in the dgrad GEMM (DGELU_BGRAD) only when it is overwritten in dx's dtype:
+    // the epilogue writes a vector of D's type. Where fusing measures slower, the CUDA Gemm runs the DGELU GEMM and the
+    // column sum itself (gemm_tuning.h).
+    const bool fused_bias = pre_dbias != nullptr && detail::DgradCanFuseBiasGrad(args.dx, *pre_dbias, args.accumulate);
+    Gemm(detail::LinearDgradGemm(args.dy, args.weight, args.dx, gelu ? args.pre_activation : nullptr,
+                                 fused_bias ? pre_dbias : nullptr));
+    if (pre_dbias != nullptr && !fused_bias) {
+        LinearBackwardBias(LinearBackwardBiasArgs{.dy = args.dx, .dbias = *pre_dbias, .accumulate = args.accumulate});
+    }
 }
 
 void DefaultLinearBackwardWeight(const LinearBackwardWeightArgs& args) {
@@ -145,6 +155,32 @@ void CheckBackwardInput(const Tensor& dy, const Tensor& weight, const Tensor& dx
     CheckShapeWithLast(dx, dy.shape(), weight.size(1), op, "dx");
 }
 
+/// The activation a dgrad undoes: pre_activation given exactly with input_activation, of dx's shape, device and dtype;
+/// pre_activation_dbias [in] only with an activation, in dx's dtype or float32.
+void CheckInputActivation(const Tensor& dx, LinearActivation activation, const Tensor* pre_activation,
+                          const Tensor* pre_activation_dbias, std::string_view op) {
+    if (activation == LinearActivation::kNone) {
+        SHARDLINE_CHECK(pre_activation == nullptr, op,
+                        "pre_activation is given but input_activation is none (set input_activation = gelu_tanh)");
+        SHARDLINE_CHECK(pre_activation_dbias == nullptr, op,
+                        "pre_activation_dbias (the bias grad of the layer before the activation) needs "
+                        "input_activation = gelu_tanh");
+        return;
+    }
+    SHARDLINE_CHECK(pre_activation != nullptr, op, "input_activation gelu_tanh needs the pre_activation tensor");
+    CheckLike(*pre_activation, "pre_activation", dx, "dx", op);
+    CheckShape(*pre_activation, dx.shape(), op, "pre_activation");
+    if (pre_activation_dbias != nullptr) {
+        const Tensor& db = *pre_activation_dbias;
+        CheckTensor(db, op, "pre_activation_dbias");
+        CheckSameDevice(db, "pre_activation_dbias", dx, "dx", op);
+        SHARDLINE_CHECK_AS(DTypeError, db.dtype() == dx.dtype() || db.dtype() == DType::kFloat32, op,
+                           "pre_activation_dbias must have dx's dtype {} or float32, got {}", DTypeName(dx.dtype()),
+                           db.ToString());
+        CheckDims(db, {dx.shape().back()}, op, "pre_activation_dbias");
+    }
+}
+
 void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweight, bool accumulate,
                          std::string_view op) {
     CheckTensor(dy, op, "dy");
@@ -182,8 +218,14 @@ void CheckBackwardBias(const Tensor& dy, const Tensor& dbias, std::string_view o
 } // namespace
 
 void LinearBackwardInput(const LinearBackwardInputArgs& args) {
-    CheckBackwardInput(args.dy, args.weight, args.dx, LinearBackwardInputOp::kName);
+    constexpr std::string_view kOp = LinearBackwardInputOp::kName;
+    CheckBackwardInput(args.dy, args.weight, args.dx, kOp);
+    CheckInputActivation(args.dx, args.input_activation, args.pre_activation, args.pre_activation_dbias, kOp);
     if (args.dx.numel() == 0) {
+        // No rows: the previous layer's bias grad is a sum over nothing.
+        if (args.pre_activation_dbias != nullptr && !args.accumulate) {
+            args.pre_activation_dbias->Fill(0.0);
+        }
         return;
     }
     Dispatch<LinearBackwardInputOp>(args.dx.device().type, args);
@@ -256,6 +298,10 @@ void LinearBackward(const LinearBackwardArgs& args) {
     if (args.dx != nullptr) {
         SHARDLINE_CHECK(args.weight != nullptr, kOp, "dx needs the weight");
         CheckBackwardInput(args.dy, *args.weight, *args.dx, kOp);
+        CheckInputActivation(*args.dx, args.input_activation, args.pre_activation, args.pre_activation_dbias, kOp);
+    } else {
+        SHARDLINE_CHECK(args.pre_activation_dbias == nullptr, kOp,
+                        "pre_activation_dbias is Σ_rows dx: it needs dx (and the weight)");
     }
     if (args.dweight != nullptr) {
         SHARDLINE_CHECK(args.x != nullptr, kOp, "dweight needs the input x");
@@ -275,11 +321,10 @@ void LinearBackward(const LinearBackwardArgs& args) {
     if (args.dy.numel() == 0) {
         // No rows: dx is empty; the parameter grads are sums over nothing.
         if (!args.accumulate) {
-            if (args.dweight != nullptr) {
-                args.dweight->Fill(0.0);
-            }
-            if (args.dbias != nullptr) {
-                args.dbias->Fill(0.0);
+            for (Tensor* grad : {args.dweight, args.dbias, args.pre_activation_dbias}) {
+                if (grad != nullptr) {
+                    grad->Fill(0.0);
+                }
             }
         }
         return;
@@ -320,12 +365,22 @@ GemmParams LinearForwardGemm(const LinearForwardArgs& args) {
                       .device = args.y.device()};
 }
 
-GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx) {
+bool DgradCanFuseBiasGrad(const Tensor& dx, const Tensor& pre_activation_dbias, bool accumulate) {
+    return !accumulate && pre_activation_dbias.dtype() == dx.dtype();
+}
+
+GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx, const Tensor* pre_activation,
+                           Tensor* fused_pre_dbias) {
     const std::int64_t in = weight.size(1);
     const std::int64_t out = weight.size(0);
     const std::int64_t rows = Rows(dy, LinearBackwardInputOp::kName, "dy");
     // Row-major dX[M,in] = dY[M,out]·W[out,in]. Column-major dXᶜ[in,M] = Wᶜ[in,out]·dYᶜ[out,M]: W viewed [in,out]
-    // (ld in) and dY viewed [out,M] (ld out), no transposes.
+    // (ld in) and dY viewed [out,M] (ld out), no transposes. The pre-activation [M,in] is laid out as dX (aux ld in),
+    // and DGELU_BGRAD's bias[i] = Σ_j Dᶜ[i, j] sums dX over its rows: the previous layer's bias grad [in].
+    GemmEpilogue epilogue = GemmEpilogue::kNone;
+    if (pre_activation != nullptr) {
+        epilogue = fused_pre_dbias != nullptr ? GemmEpilogue::kDGeluBGrad : GemmEpilogue::kDGelu;
+    }
     return GemmParams{.m = in,
                       .n = rows,
                       .k = out,
@@ -338,6 +393,11 @@ GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx) {
                       .c = dx.data(),
                       .ldc = in,
                       .c_type = dx.dtype(),
+                      .epilogue = epilogue,
+                      .bias = epilogue == GemmEpilogue::kDGeluBGrad ? fused_pre_dbias->data() : nullptr,
+                      .bias_type = epilogue == GemmEpilogue::kDGeluBGrad ? fused_pre_dbias->dtype() : dx.dtype(),
+                      .aux = pre_activation != nullptr ? pre_activation->data() : nullptr,
+                      .ldaux = pre_activation != nullptr ? in : 0,
                       .device = dx.device()};
 }
 
@@ -371,7 +431,13 @@ GemmParams LinearWgradGemm(const Tensor& dy, const Tensor& x, Tensor& dweight, T
 
 void CompositeLinearBackward(const LinearBackwardArgs& args) {
     if (args.dx != nullptr) {
-        LinearBackwardInput(LinearBackwardInputArgs{.dy = args.dy, .weight = *args.weight, .dx = *args.dx});
+        LinearBackwardInput(LinearBackwardInputArgs{.dy = args.dy,
+                                                    .weight = *args.weight,
+                                                    .dx = *args.dx,
+                                                    .input_activation = args.input_activation,
+                                                    .pre_activation = args.pre_activation,
+                                                    .pre_activation_dbias = args.pre_activation_dbias,
+                                                    .accumulate = args.accumulate});
     }
     if (args.dweight != nullptr) {
         LinearBackwardWeight(LinearBackwardWeightArgs{

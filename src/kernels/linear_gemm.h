@@ -11,8 +11,13 @@ namespace shardline::kernels::detail {
 
 /// Y = X·Wᵀ (+ bias / GELU epilogue) of LinearForward.
 GemmParams LinearForwardGemm(const LinearForwardArgs& args);
-/// dX = dY·W.
-GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx);
+/// dX = dY·W; with a pre-activation (x = gelu_tanh(pre_activation)) dX ⊙= gelu_tanh'(pre_activation) (DGELU), and
+/// with `fused_pre_dbias` also fused_pre_dbias = Σ_rows dX (DGELU_BGRAD; see DgradCanFuseBiasGrad).
+GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx, const Tensor* pre_activation = nullptr,
+                           Tensor* fused_pre_dbias = nullptr);
+/// Whether the previous layer's bias grad may ride in the dgrad GEMM's DGELU_BGRAD epilogue: the epilogue writes (it
+/// cannot accumulate) a vector of D's dtype.
+bool DgradCanFuseBiasGrad(const Tensor& dx, const Tensor& pre_activation_dbias, bool accumulate);
 /// dW (+)= dYᵀ·X; with `fused_dbias`, the BGRADB epilogue also writes db = Σ_rows dY (accumulate must be false).
 GemmParams LinearWgradGemm(const Tensor& dy, const Tensor& x, Tensor& dweight, Tensor* fused_dbias, bool accumulate);
 /// LinearBackward as the split ops (LinearBackwardInput, LinearBackwardWeight, LinearBackwardBias), each dispatched:

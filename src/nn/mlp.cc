@@ -1,11 +1,14 @@
+#include <string>
+
 #include <shardline/autograd/functions.h>
+#include <shardline/core/error.h>
 #include <shardline/nn/mlp.h>
 
 namespace shardline::nn {
 
 ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallelGroup &tp,
                          const ParameterOptions &param)
-    : options_(options) {
+    : options_(options), tp_(tp) {
     ParameterOptions p = param;
     const std::string name = p.name.empty() ? "mlp" : p.name;
     p.name = name + ".fc1";
@@ -27,6 +30,13 @@ ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallel
 }
 
 Variable ParallelMLP::Forward(const Variable &x) const {
+    if (options_.gelu_fusion && options_.approximation == kernels::GeluApproximation::kTanh) {
+        SHARDLINE_CHECK_AS(ShapeError, x.defined() && !x.shape().empty() && x.shape().back() == options_.hidden,
+                           "ParallelMLP", "the input must be [..., hidden] = [..., {}], got {}", options_.hidden,
+                           x.defined() ? ShapeToString(x.shape()) : std::string("undefined"));
+        return autograd::ParallelMLP(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias, fc1->options(), fc2->options(),
+                                     tp_);
+    }
     Variable h = fc1->Forward(x).output;
     h = autograd::Gelu(h, options_.approximation);
     return fc2->Forward(h).output;

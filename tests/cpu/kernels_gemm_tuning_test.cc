@@ -150,6 +150,16 @@ TEST(GemmPlanKeyTest, EveryFieldThatChangesThePlanChangesTheKeyString) {
         p.aux = p.c;
         p.ldaux = 8192;
     });
+    vary([](GemmParams& p) {
+        p.epilogue = GemmEpilogue::kDGeluBGrad;
+        p.aux = p.c;
+        p.ldaux = 8192;
+    });
+    vary([](GemmParams& p) {
+        p.epilogue = GemmEpilogue::kDGelu;
+        p.aux = p.c;
+        p.ldaux = 8192;
+    });
     vary([](GemmParams& p) { p.beta = 1.0; });
     vary([](GemmParams& p) { p.a = reinterpret_cast<const char*>(p.a) + 2; });
     vary([](GemmParams& p) { p.b = reinterpret_cast<const char*>(p.b) + 4; });
@@ -217,16 +227,36 @@ TEST(GemmTuningTableTest, JsonRoundTripKeepsEveryField) {
     GemmTuningTable table;
     table.Upsert(SampleRecord("key one", 1));
     GemmTuningRecord bgrad = SampleRecord("nt m=1 n=2 k=3 epilogue=bgradb(bf16)", 0x0123456789abcdefULL);
-    bgrad.bgradb_separate = true;
-    bgrad.bgradb_fused_us = 50.5;
-    bgrad.bgradb_separate_us = 40.0;
+    bgrad.epilogue_separate = true;
+    bgrad.epilogue_fused_us = 50.5;
+    bgrad.epilogue_separate_us = 40.0;
     table.Upsert(bgrad);
+    GemmTuningRecord dgelu = SampleRecord("nn m=1 n=2 k=3 epilogue=dgelu_bgrad(bf16)", 7);
+    dgelu.epilogue_fused_us = 30.0;
+    dgelu.epilogue_separate_us = 45.25;
+    table.Upsert(dgelu);
     const GemmTuningTable back = GemmTuningTable::Parse(table.ToJson());
-    ASSERT_EQ(back.size(), 2u);
+    ASSERT_EQ(back.size(), 3u);
     EXPECT_EQ(back.records()[0], table.records()[0]);
     EXPECT_EQ(back.records()[1], table.records()[1]);
+    EXPECT_EQ(back.records()[2], table.records()[2]);
     EXPECT_THAT(table.ToJson(), HasSubstr("\"0x0123456789abcdef\""));
-    EXPECT_THAT(table.ToJson(), HasSubstr("\"bgradb\": \"separate\""));
+    EXPECT_THAT(table.ToJson(), HasSubstr("\"epilogue\": \"separate\""));
+    EXPECT_THAT(table.ToJson(), HasSubstr("\"epilogue\": \"fused\""));
+}
+
+TEST(GemmTuningTableTest, RecordsOfTheFormerBGradBFieldsAreRead) {
+    // Files written before every measured epilogue shared the "epilogue" fields name the BGRADB decision "bgradb".
+    const GemmTuningTable table = GemmTuningTable::Parse(
+        R"json({"format": "shardline-gemm-tuning", "version": 1, "records": [{"gpu": "g", "cublaslt": 1,
+            "key": "nt m=1 n=2 k=3 epilogue=bgradb(bf16)", "bgradb": "separate", "bgradb_fused_us": 50.5,
+            "bgradb_separate_us": 40.0, "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"]}]})json");
+    ASSERT_EQ(table.size(), 1u);
+    const GemmTuningRecord& r = table.records()[0];
+    EXPECT_TRUE(r.epilogue_separate);
+    EXPECT_EQ(r.epilogue_fused_us, 50.5);
+    EXPECT_EQ(r.epilogue_separate_us, 40.0);
+    EXPECT_THAT(table.ToJson(), HasSubstr("\"epilogue\": \"separate\""));
 }
 
 TEST(GemmTuningTableTest, RecordsAreKeyedByGpuLibraryVersionAndKey) {
@@ -271,9 +301,12 @@ TEST(GemmTuningTableTest, MalformedFilesAreRefusedWithTheReason) {
     EXPECT_THAT(error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k",
                                  "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","zz"]}]})"),
                 HasSubstr("got 'zz'"));
+    EXPECT_THAT(error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k", "epilogue": "maybe",
+                                 "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"]}]})"),
+                HasSubstr("\"epilogue\" must be \"fused\" or \"separate\""));
     EXPECT_THAT(error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k", "bgradb": "maybe",
                                  "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"]}]})"),
-                HasSubstr("\"fused\" or \"separate\""));
+                HasSubstr("\"bgradb\" must be \"fused\" or \"separate\""));
     EXPECT_EQ(error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k",
                               "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"]}]})"),
               "accepted");

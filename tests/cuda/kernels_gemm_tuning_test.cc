@@ -1,8 +1,10 @@
-// GEMM tuning on the GPU: tuned plans (timed top-k candidates, the per-shape BGRADB decision) against float64
-// references, the tuning-cache file (a process starts tuned: no heuristic query, no timing, the same bits), a record
-// cuBLASLt refuses, plans first built inside a CUDA-graph capture, and tuning switched off.
+// GEMM tuning on the GPU: tuned plans (timed top-k candidates, the per-shape fused-or-apart decision of BGRADB and the
+// GELU epilogues) against float64 references, the tuning-cache file (a process starts tuned: no heuristic query, no
+// timing, the same bits; both paths of every measured epilogue forced through it), a record cuBLASLt refuses, plans
+// first built inside a CUDA-graph capture, and tuning switched off.
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -142,9 +144,9 @@ TEST_P(CudaGemmTuningTest, TunedPlansMatchFloat64) {
         if (info.key.find("epilogue=bgradb") != std::string::npos && info.usable) {
             ++bgradb_plans;
             EXPECT_TRUE(info.tuned) << info.key;
-            EXPECT_GT(info.bgradb_fused_us, 0.0) << info.key;
-            EXPECT_GT(info.bgradb_separate_us, 0.0) << info.key;
-            EXPECT_EQ(info.bgradb_separate, !(info.bgradb_fused_us < 0.99 * info.bgradb_separate_us)) << info.key;
+            EXPECT_GT(info.epilogue_fused_us, 0.0) << info.key;
+            EXPECT_GT(info.epilogue_separate_us, 0.0) << info.key;
+            EXPECT_EQ(info.epilogue_separate, !(info.epilogue_fused_us < 0.99 * info.epilogue_separate_us)) << info.key;
         }
         if (info.tuned && info.usable) {
             EXPECT_GE(info.candidates, 1) << info.key;
@@ -153,7 +155,8 @@ TEST_P(CudaGemmTuningTest, TunedPlansMatchFloat64) {
         }
     }
     EXPECT_GT(bgradb_plans, 0u);
-    EXPECT_EQ(stats.bgradb_fused + stats.bgradb_separate, bgradb_plans);
+    // BGRADB is the only measured epilogue of a layer with a plain bias (the bias epilogue is always fused).
+    EXPECT_EQ(stats.epilogue_fused + stats.epilogue_separate, bgradb_plans);
 }
 
 TEST_P(CudaGemmTuningTest, AccumulatingIntoAMainGradIsTunedWithoutAddingTwice) {
@@ -208,7 +211,7 @@ TEST_P(CudaGemmTuningTest, TuningFileStartsAProcessTunedWithoutHeuristicQueries)
     EXPECT_EQ(from_file.tuned, 0u) << "a cache hit was timed again";
     EXPECT_EQ(from_file.file_hits, from_file.plans_built);
     EXPECT_EQ(from_file.file_rejected, 0u);
-    EXPECT_EQ(from_file.bgradb_fused + from_file.bgradb_separate, tuned.bgradb_fused + tuned.bgradb_separate);
+    EXPECT_EQ(from_file.epilogue_fused + from_file.epilogue_separate, tuned.epilogue_fused + tuned.epilogue_separate);
     // The same algorithms and the same BGRADB decision: the same bits.
     EXPECT_EQ(HostBytes(second.y), HostBytes(first.y));
     EXPECT_EQ(HostBytes(second.dx), HostBytes(first.dx));
@@ -258,7 +261,7 @@ TEST_P(CudaGemmTuningTest, BothBiasGradPathsFromTheFileMatchFloat64) {
         GemmTuningTable forced;
         for (kernels::GemmTuningRecord r : tuned.records()) {
             if (r.key.find("epilogue=bgradb") != std::string::npos) {
-                r.bgradb_separate = separate;
+                r.epilogue_separate = separate;
             }
             forced.Upsert(r);
         }
@@ -267,8 +270,103 @@ TEST_P(CudaGemmTuningTest, BothBiasGradPathsFromTheFileMatchFloat64) {
         Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
         ExpectMatchesFloat64(layer, RunLayer(layer));
         const GemmPlanStats stats = GetGemmPlanStats();
-        EXPECT_EQ(stats.bgradb_separate, separate ? 1u : 0u);
-        EXPECT_EQ(stats.bgradb_fused, separate ? 0u : 1u);
+        EXPECT_EQ(stats.epilogue_separate, separate ? 1u : 0u);
+        EXPECT_EQ(stats.epilogue_fused, separate ? 0u : 1u);
+    }
+}
+
+/// The GELU epilogues of one layer: forward y = gelu(x·Wᵀ + b) saving the pre-activation (GELU_AUX_BIAS), and a dgrad
+/// after a GELU, dx = (dy·W) ⊙ gelu'(pre_in) with the previous bias grad Σ_rows dx (DGELU_BGRAD, or DGELU + column
+/// sum).
+struct GeluOutputs {
+    Tensor y, pre, dx, pre_db;
+};
+GeluOutputs RunGeluLayer(const Layer& l, const Tensor& pre_in) {
+    GeluOutputs o{RandomGpu({l.m, l.out}, l.dtype, 999, "poison_y", 100.0),
+                  RandomGpu({l.m, l.out}, l.dtype, 999, "poison_pre", 100.0),
+                  RandomGpu({l.m, l.in}, l.dtype, 999, "poison_dx", 100.0),
+                  RandomGpu({l.in}, l.dtype, 999, "poison_pre_db", 100.0)};
+    LinearForward(LinearForwardArgs{.x = l.x,
+                                    .weight = l.w,
+                                    .bias = &l.b,
+                                    .y = o.y,
+                                    .activation = kernels::LinearActivation::kGeluTanh,
+                                    .pre_activation = &o.pre});
+    LinearBackward(LinearBackwardArgs{.dy = l.dy,
+                                      .weight = &l.w,
+                                      .dx = &o.dx,
+                                      .input_activation = kernels::LinearActivation::kGeluTanh,
+                                      .pre_activation = &pre_in,
+                                      .pre_activation_dbias = &o.pre_db});
+    Synchronize(Gpu());
+    return o;
+}
+
+void ExpectGeluLayerMatchesFloat64(const Layer& l, const Tensor& pre_in, const GeluOutputs& o) {
+    const Values bv = l.b.ToDoubleVector();
+    const Values pre = RefLinearForward(l.x.ToDoubleVector(), l.w.ToDoubleVector(), &bv, l.m, l.out, l.in);
+    Values y(pre.size());
+    for (std::size_t i = 0; i < pre.size(); ++i) {
+        y[i] = RefGeluTanh(pre[i]);
+    }
+    Values dx = RefLinearBackwardInput(l.dy.ToDoubleVector(), l.w.ToDoubleVector(), l.m, l.out, l.in);
+    const Values pre_in_v = pre_in.ToDoubleVector();
+    for (std::size_t i = 0; i < dx.size(); ++i) {
+        dx[i] *= RefGeluTanhGrad(pre_in_v[i]);
+    }
+    EXPECT_TRUE(ValuesMatch(o.pre, pre, l.dtype, kUnfusedBiasRoundings)) << "pre-activation";
+    EXPECT_TRUE(ValuesMatch(o.y, y, l.dtype, kGeluEpilogueRoundings)) << "y = gelu(pre)";
+    EXPECT_TRUE(ValuesMatch(o.dx, dx, l.dtype, kGeluEpilogueRoundings)) << "dx = dy·W ⊙ gelu'(pre_in)";
+    EXPECT_TRUE(ValuesMatch(o.pre_db, RefColumnSum(dx, l.m, l.in), l.dtype, kGeluEpilogueRoundings)) << "Σ_rows dx";
+}
+
+TEST_P(CudaGemmTuningTest, BothPathsOfTheGeluEpiloguesFromTheFileMatchFloat64) {
+    const DType dtype = GetParam();
+    TempFile file;
+    // Every leading dimension a multiple of 8: cuBLASLt may fuse GELU_AUX_BIAS, DGELU and DGELU_BGRAD.
+    const Layer layer(512, 256, 192, dtype, 28);
+    const Tensor pre_in = RandomGpu({layer.m, layer.in}, dtype, 28, "pre_in", 1.5);
+    Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+    ExpectGeluLayerMatchesFloat64(layer, pre_in, RunGeluLayer(layer, pre_in));
+    // Each measured epilogue took a decision and timed both paths.
+    int measured = 0;
+    for (const kernels::GemmPlanInfo& info : GemmPlanInfos()) {
+        const bool gelu_epilogue = info.key.find("epilogue=gelu_aux_bias") != std::string::npos ||
+                                   info.key.find("epilogue=dgelu") != std::string::npos;
+        if (gelu_epilogue && info.usable) {
+            ++measured;
+            EXPECT_GT(info.epilogue_fused_us, 0.0) << info.key;
+            EXPECT_GT(info.epilogue_separate_us, 0.0) << info.key;
+            EXPECT_EQ(info.epilogue_separate, !(info.epilogue_fused_us < 0.99 * info.epilogue_separate_us)) << info.key;
+        }
+    }
+    // GELU_AUX_BIAS, DGELU_BGRAD and DGELU (DGELU_BGRAD's apart path), where cuBLASLt has an algorithm for them.
+    std::printf("[ measured ] %d GELU epilogue plan(s) with a cuBLASLt algorithm (%s)\n", measured,
+                std::string(DTypeName(dtype)).c_str());
+    const GemmTuningTable tuned = GemmTuningTable::Load(file.path());
+    for (const bool separate : {false, true}) {
+        SCOPED_TRACE(separate ? "every GELU epilogue apart" : "every GELU epilogue fused");
+        GemmTuningTable forced;
+        for (kernels::GemmTuningRecord r : tuned.records()) {
+            if (r.key.find("epilogue=gelu_aux_bias") != std::string::npos ||
+                r.key.find("epilogue=dgelu") != std::string::npos) {
+                r.epilogue_separate = separate;
+            }
+            forced.Upsert(r);
+        }
+        std::filesystem::remove(file.path());
+        forced.Save(file.path());
+        Use(GemmTuningOptions{.enabled = true, .top_k = 8, .file = file.path()});
+        ExpectGeluLayerMatchesFloat64(layer, pre_in, RunGeluLayer(layer, pre_in));
+        const GemmPlanStats stats = GetGemmPlanStats();
+        // Apart, every measured plan of the tuned run runs apart (DGELU_BGRAD's apart plan is DGELU's); fused, none.
+        if (separate) {
+            EXPECT_EQ(stats.epilogue_separate, static_cast<std::uint64_t>(measured));
+            EXPECT_EQ(stats.epilogue_fused, 0u);
+        } else {
+            EXPECT_EQ(stats.epilogue_separate, 0u);
+        }
+        EXPECT_EQ(stats.tuned, 0u) << "every plan came from the file";
     }
 }
 
@@ -312,7 +410,7 @@ TEST_P(CudaGemmTuningTest, TuningOffTakesTheHeuristicsFirstPick) {
     const GemmPlanStats stats = GetGemmPlanStats();
     EXPECT_EQ(stats.tuned, 0u);
     EXPECT_EQ(stats.heuristic_queries, stats.plans_built);
-    EXPECT_EQ(stats.bgradb_fused, 1u) << "untuned BGRADB stays fused";
+    EXPECT_EQ(stats.epilogue_fused, 1u) << "untuned BGRADB stays fused";
     for (const kernels::GemmPlanInfo& info : GemmPlanInfos()) {
         EXPECT_FALSE(info.tuned) << info.key;
         EXPECT_EQ(info.chosen, 0) << info.key;

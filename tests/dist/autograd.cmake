@@ -12,3 +12,9 @@ shardline_add_dist_test(NAME shardline_nn_loss_curve_tests_cpu SOURCES ${CMAKE_C
 shardline_add_dist_test(NAME shardline_autograd_parallel_linear_tests_cpu
                         SOURCES ${CMAKE_CURRENT_LIST_DIR}/autograd_parallel_linear_test.cc
                         NP 1 2 4 BACKEND cpu TIMEOUT 120)
+# autograd::ParallelMLP (the GELU in fc1's GEMM epilogue, its gradient in fc2's dgrad): float64 finite differences,
+# bit-for-bit agreement with the unfused column -> Gelu -> row composition, the kernels / collectives / saved tensors of
+# every subset of needed gradients, errors before any collective.
+shardline_add_dist_test(NAME shardline_autograd_parallel_mlp_tests_cpu
+                        SOURCES ${CMAKE_CURRENT_LIST_DIR}/autograd_parallel_mlp_test.cc
+                        NP 1 2 4 BACKEND cpu TIMEOUT 120)

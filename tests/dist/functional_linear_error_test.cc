@@ -210,5 +210,81 @@ TEST(FunctionalLinearErrorTest, FlagCombinationsMegatronRejectsRaise) {
                              {"bias is given but options.bias is false"});
 }
 
+TEST(FunctionalLinearErrorTest, GeluActivationArgumentsAreChecked) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    constexpr auto kGelu = kernels::LinearActivation::kGeluTanh;
+    const DType f32 = DType::kFloat32;
+    Buffers t = ColumnBuffers(tp);
+    const ColumnParallelLinearOptions column{.in_features = kIn, .out_features = kOut};
+    const Tensor pre = Tensor::Zeros({8, kOut / tp}, f32, TestDevice());
+    const Tensor wrong_pre = Tensor::Zeros({8, kOut / tp + 1}, f32, TestDevice());
+
+    // Column forward: the activation needs the local output and a pre-activation buffer of its shape.
+    functional::ColumnParallelLinearForwardArgs args = t.ColumnArgs();
+    args.activation = kGelu;
+    ExpectColumnForwardError(m, column, args, {"pre_activation is required with activation gelu_tanh"});
+    args.pre_activation = ViewOf(wrong_pre);
+    ExpectColumnForwardError(m, column, args,
+                             {"pre_activation must be [s, ..., out_features/tp]", fmt::format("= [8, {}]", kOut / tp),
+                              fmt::format("got [8, {}]", kOut / tp + 1)});
+    const Tensor y_full = Tensor::Zeros({8, kOut}, f32, TestDevice());
+    functional::ColumnParallelLinearForwardArgs gathered = t.ColumnArgs();
+    gathered.y = ViewOf(y_full);
+    gathered.activation = kGelu;
+    gathered.pre_activation = ViewOf(pre);
+    ExpectColumnForwardError(m, {.in_features = kIn, .out_features = kOut, .gather_output = true}, gathered,
+                             {"activation gelu_tanh applies to this rank's output features", "not with gather_output"});
+    functional::ColumnParallelLinearForwardArgs no_activation = t.ColumnArgs();
+    no_activation.pre_activation = ViewOf(pre);
+    ExpectColumnForwardError(m, column, no_activation, {"pre_activation is given but activation is none"});
+
+    // Row backward: the activation's gradient needs a parallel input, the pre-activation for dx, and dx for the
+    // column layer's bias grad.
+    const RowParallelLinearOptions row{.in_features = kIn, .out_features = kOut, .input_is_parallel = true};
+    const Tensor dy = Tensor::Zeros({8, kOut}, f32, TestDevice());
+    const Tensor w = Tensor::Zeros({kOut, kIn / tp}, f32, TestDevice());
+    const Tensor x_pre = Tensor::Zeros({8, kIn / tp}, f32, TestDevice());
+    Tensor dx = Tensor::Zeros({8, kIn / tp}, f32, TestDevice());
+    Tensor pre_db = Tensor::Zeros({kIn / tp}, f32, TestDevice());
+    Tensor wrong_pre_db = Tensor::Zeros({kIn / tp + 1}, f32, TestDevice());
+    auto row_backward = [&](const RowParallelLinearOptions &options, functional::RowParallelLinearBackwardArgs a,
+                            std::vector<std::string> parts) {
+        parts.insert(parts.begin(), "RowParallelLinearBackward");
+        ExpectErrorBeforeAnyCollective(m, [&] { RowParallelLinearBackward(options, a, m.group()); }, std::move(parts));
+    };
+    row_backward(row, {.dy = ViewOf(dy), .weight = ViewOf(w), .dx = ViewOf(dx), .input_activation = kGelu},
+                 {"pre_activation is required with input_activation gelu_tanh and dx"});
+    row_backward(row,
+                 {.dy = ViewOf(dy),
+                  .weight = ViewOf(w),
+                  .input_activation = kGelu,
+                  .pre_activation = ViewOf(x_pre),
+                  .pre_activation_dbias = ViewOf(pre_db)},
+                 {"pre_activation_dbias is Σ_rows dx: dx must be given too"});
+    row_backward(row, {.dy = ViewOf(dy), .weight = ViewOf(w), .dx = ViewOf(dx), .pre_activation_dbias = ViewOf(pre_db)},
+                 {"pre_activation_dbias (the column layer's bias grad) needs input_activation = gelu_tanh"});
+    row_backward(row,
+                 {.dy = ViewOf(dy),
+                  .weight = ViewOf(w),
+                  .dx = ViewOf(dx),
+                  .input_activation = kGelu,
+                  .pre_activation = ViewOf(x_pre),
+                  .pre_activation_dbias = ViewOf(wrong_pre_db)},
+                 {"pre_activation_dbias must be [in_features/tp]", fmt::format("= [{}]", kIn / tp),
+                  fmt::format("got [{}]", kIn / tp + 1)});
+    // A replicated input: this rank's slice of it is not a GELU's output.
+    const Tensor dx_full = Tensor::Zeros({8, kIn}, f32, TestDevice());
+    const Tensor pre_full = Tensor::Zeros({8, kIn}, f32, TestDevice());
+    row_backward({.in_features = kIn, .out_features = kOut},
+                 {.dy = ViewOf(dy),
+                  .weight = ViewOf(w),
+                  .dx = ViewOf(dx_full),
+                  .input_activation = kGelu,
+                  .pre_activation = ViewOf(pre_full)},
+                 {"input_activation needs input_is_parallel"});
+}
+
 } // namespace
 } // namespace shardline

@@ -2,7 +2,8 @@
 // input, parameters and output gradient from one seed; the TP run's output and dX, dW, db are gathered to full tensors
 // (DistTensor::FullTensor) and compared with a single-rank dense float64 reference (tests/common/reference.h), and
 // every phase's collectives are asserted from the mesh groups' counters against the table of DESIGN.md §6.
-// This file: column -> row (the Megatron pair, bitwise) and ParallelMLP.
+// This file: column -> row (the Megatron pair, bitwise) and ParallelMLP, with the GELU fused into the GEMM epilogues
+// (one autograd node) and unfused (fc1 -> Gelu -> fc2), each against the dense reference and against each other.
 // BACKEND cpu (MPI, np 1/2/4) and BACKEND cuda (NCCL, np 2/4; SHARDLINE_DIST_TENSOR_TEST_CUDA adds the bf16 and fp16
 // cases) build this file, with the shared sizes, meshes, counts and comparisons of nn_test_util.h.
 
@@ -123,12 +124,14 @@ struct MlpCase {
     bool bias = true;
     bool input_grad = true;
     DType dtype = DType::kFloat32;
+    bool gelu_fusion = true; ///< the GELU in fc1's GEMM epilogue, its gradient in fc2's dgrad
 };
 
 std::string MlpCaseName(const ::testing::TestParamInfo<MlpCase> &info) {
     const MlpCase &c = info.param;
-    return fmt::format("{}_{}_{}_{}", c.sequence_parallel ? "sequenceparallel" : "tensorparallel",
-                       c.bias ? "bias" : "nobias", c.input_grad ? "xgrad" : "noxgrad", DTypeTag(c.dtype));
+    return fmt::format("{}_{}_{}_{}_{}", c.sequence_parallel ? "sequenceparallel" : "tensorparallel",
+                       c.bias ? "bias" : "nobias", c.input_grad ? "xgrad" : "noxgrad", DTypeTag(c.dtype),
+                       c.gelu_fusion ? "fused" : "unfused");
 }
 
 void PrintTo(const MlpCase &c, std::ostream *os) { *os << MlpCaseName({c, 0}); }
@@ -143,8 +146,9 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
     DeviceMesh &mesh = TpMesh();
     const std::int64_t tp = SizeOf(mesh, "tp");
     const bool sp = c.sequence_parallel;
-    nn::ParallelMLP mlp({.hidden = kHidden, .ffn_hidden = kFfn, .bias = c.bias, .sequence_parallel = sp}, Tp(mesh),
-                        WithName(Param(c.dtype), "mlp"));
+    nn::ParallelMLP mlp(
+        {.hidden = kHidden, .ffn_hidden = kFfn, .bias = c.bias, .sequence_parallel = sp, .gelu_fusion = c.gelu_fusion},
+        Tp(mesh), WithName(Param(c.dtype), "mlp"));
     const Data data = Data::kRandom;
     const PairFull full = MakePairFull(data, c.dtype, 14);
     SetPairFull(*mlp.fc1, *mlp.fc2, full, c.bias);
@@ -192,7 +196,13 @@ std::vector<MlpCase> MlpCases() {
         for (bool sp : {false, true}) {
             for (bool bias : {true, false}) {
                 for (bool input_grad : {true, false}) {
-                    cases.push_back({.sequence_parallel = sp, .bias = bias, .input_grad = input_grad, .dtype = dtype});
+                    for (bool fused : {true, false}) {
+                        cases.push_back({.sequence_parallel = sp,
+                                         .bias = bias,
+                                         .input_grad = input_grad,
+                                         .dtype = dtype,
+                                         .gelu_fusion = fused});
+                    }
                 }
             }
         }
@@ -201,6 +211,113 @@ std::vector<MlpCase> MlpCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ParallelMLPTest, ::testing::ValuesIn(MlpCases()), MlpCaseName);
+
+// ---- the fused ParallelMLP against the unfused one ----------------------------------------------------------------
+
+class ParallelMLPFusionTest : public ::testing::TestWithParam<MlpCase> {};
+
+// An ffn size whose shards are multiples of 8 at tp 1, 2 and 4: on CUDA cuBLASLt may then fuse GELU_AUX_BIAS and
+// DGELU(_BGRAD) (their aux leading dimension, ffn/tp, must divide by 8), so the fused path is really exercised.
+constexpr std::int64_t kFusionFfn = 64;
+
+struct FusionFull {
+    Tensor x, w1, b1, w2, b2, dy;
+};
+
+/// One step of a ParallelMLP (hidden kHidden, ffn kFusionFfn) on the given full tensors: y and every gradient.
+PairGot MlpStep(const MlpCase &c, bool fused, DeviceMesh &mesh, const FusionFull &full, bool main_grads) {
+    const bool sp = c.sequence_parallel;
+    nn::ParallelMLP mlp(
+        {.hidden = kHidden, .ffn_hidden = kFusionFfn, .bias = c.bias, .sequence_parallel = sp, .gelu_fusion = fused},
+        Tp(mesh), WithName(Param(c.dtype), fused ? "fused" : "unfused"));
+    SetFull(mlp.fc1->weight, full.w1);
+    SetFull(mlp.fc2->weight, full.w2);
+    if (c.bias) {
+        SetFull(mlp.fc1->bias, full.b1);
+        SetFull(mlp.fc2->bias, full.b2);
+    }
+    if (main_grads) {
+        for (Variable *p : {&mlp.fc1->weight, &mlp.fc1->bias, &mlp.fc2->weight, &mlp.fc2->bias}) {
+            if (p->defined()) {
+                p->AllocateMainGrad();
+            }
+        }
+    }
+    Variable x(DistTensor::FromFull(full.x, sp ? LayoutOf(3, {{0, {0}}}) : spmd::Layout::Replicated(3), mesh),
+               c.input_grad);
+    Variable y = mlp.Forward(x);
+    const DistTensor dy = DistTensor::FromFull(full.dy, y.value().layout(), mesh);
+    y.Backward(&dy);
+    return GatherPair(x, y, *mlp.fc1, *mlp.fc2, c.bias);
+}
+
+// The same parameters and data through the fused block (one autograd node) and the unfused one (fc1 → Gelu → fc2):
+// on the CPU bit for bit (the fused kernels compute what the separate ones do); on CUDA within twice each output's
+// bound against float64, both being within it — the half types' factors of the matrix test above, and for float32 the
+// GELU-epilogue budget of the kernel tests (4 roundings: cuBLASLt evaluates gelu and gelu' its own way). Into the
+// parameters' own gradients and into float32 main grads.
+TEST_P(ParallelMLPFusionTest, FusedMatchesTheUnfusedComposition) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const MlpCase &c = GetParam();
+    DeviceMesh &mesh = TpMesh();
+    const std::int64_t tp = SizeOf(mesh, "tp");
+    const Data data = Data::kRandom;
+    const FusionFull full{.x = MakeFull({kSeq, kBatch, kHidden}, "x", data, c.dtype, 15),
+                          .w1 = MakeFull({kFusionFfn, kHidden}, "w1", data, c.dtype, 15),
+                          .b1 = MakeFull({kFusionFfn}, "b1", data, c.dtype, 15),
+                          .w2 = MakeFull({kHidden, kFusionFfn}, "w2", data, c.dtype, 15),
+                          .b2 = MakeFull({kHidden}, "b2", data, c.dtype, 15),
+                          .dy = MakeFull({kSeq, kBatch, kHidden}, "dy", data, c.dtype, 15)};
+    for (const bool main_grads : {false, true}) {
+        SCOPED_TRACE(main_grads ? "float32 main grads" : "parameter grads");
+        const PairGot fused = MlpStep(c, true, mesh, full, main_grads);
+        const PairGot apart = MlpStep(c, false, mesh, full, main_grads);
+        struct Output {
+            const char *name;
+            const Tensor &fused;
+            const Tensor &apart;
+            double factor; ///< the matrix test's half-precision factor against float64
+        };
+        const std::vector<Output> outputs = {
+            {"y", fused.y, apart.y, HalfFactor(tp, 3)},
+            {"dX", fused.dx, apart.dx, HalfFactor(tp, 3)},
+            {"fc1 dW", fused.dw1, apart.dw1, HalfFactor(1, 2)},
+            {"fc1 db", fused.db1, apart.db1, HalfFactor(1, 2)},
+            {"fc2 dW", fused.dw2, apart.dw2, HalfFactor(1, 2)},
+            {"fc2 db", fused.db2, apart.db2, HalfFactor(c.sequence_parallel ? tp : 1)}};
+        for (const Output &o : outputs) {
+            ASSERT_EQ(o.fused.defined(), o.apart.defined()) << o.name;
+            if (!o.fused.defined()) {
+                continue;
+            }
+            if (TestDevice().is_cpu()) {
+                EXPECT_EQ(o.fused.ToDoubleVector(), o.apart.ToDoubleVector()) << o.name << ": bit for bit on the CPU";
+                continue;
+            }
+            const double rtol = testing::RelativeTolerance(c.dtype) * 2.0 * (IsHalf(c.dtype) ? o.factor : 4.0);
+            const std::string diff = testing::CompareValues(o.fused.ToDoubleVector(), o.apart.ToDoubleVector(), rtol);
+            EXPECT_TRUE(diff.empty()) << o.name << ": " << diff;
+        }
+    }
+}
+
+std::vector<MlpCase> FusionCases() {
+    std::vector<MlpCase> cases;
+    std::vector<DType> dtypes = {DType::kFloat32};
+#if SHARDLINE_DIST_TENSOR_TEST_CUDA
+    dtypes.push_back(DType::kBFloat16);
+#endif
+    for (DType dtype : dtypes) {
+        for (bool sp : {false, true}) {
+            for (bool bias : {true, false}) {
+                cases.push_back({.sequence_parallel = sp, .bias = bias, .input_grad = true, .dtype = dtype});
+            }
+        }
+    }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, ParallelMLPFusionTest, ::testing::ValuesIn(FusionCases()), MlpCaseName);
 
 } // namespace
 } // namespace shardline

@@ -517,6 +517,37 @@ TEST_P(GemmTest, DGeluBGradEpilogueScalesByGeluGradAndSumsRows) {
     }
 }
 
+TEST_P(GemmTest, DGeluEpilogueScalesByGeluGradWithoutABiasGrad) {
+    for (const EpilogueCase &s : kEpilogueCases) {
+        SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k);
+        // DGELU_BGRAD without the bias grad (the dgrad of a GELU layer whose bias grad accumulates elsewhere).
+        const Operand a = Make(s.m, s.k, 1, {.pad = s.pad}, dtype(), s.seed + 3, "a");
+        const Operand b = Make(s.k, s.n, 1, {.pad = s.pad}, dtype(), s.seed + 3, "b");
+        Operand aux = Make(s.m, s.n, 1, {.pad = s.pad, .stddev = 1.5}, dtype(), s.seed + 3, "aux");
+        Operand d = Make(s.m, s.n, 1, {.pad = s.pad, .stddev = 100.0}, dtype(), 999, "poison");
+        Tensor untouched = Poison({s.m}, dtype(), "poison_bias");
+        const Values untouched_before = untouched.ToDoubleVector();
+        GemmParams params = Params(a, false, b, false, d, s.m, s.n, s.k, 1.0, 0.0, device());
+        params.epilogue = GemmEpilogue::kDGelu;
+        params.bias = untouched.data(); // a stray bias pointer: kDGelu neither reads nor writes it
+        params.bias_type = dtype();
+        params.aux = aux.data.data();
+        params.ldaux = aux.ld;
+        Gemm(params);
+        const Values prod = Region(d, RefGemm(a, false, b, false, d, s.m, s.n, s.k, 1.0, 0.0), s.m, s.n);
+        const Values pre = Region(aux, aux.host, s.m, s.n);
+        Values want(prod.size());
+        for (std::size_t at = 0; at < prod.size(); ++at) {
+            want[at] = prod[at] * RefGeluTanhGrad(pre[at]);
+        }
+        EXPECT_TRUE(ValuesMatch(Region(d, d.data.ToDoubleVector(), s.m, s.n), want, dtype(), kGeluEpilogueRoundings))
+            << "D = A·B ⊙ gelu'(aux)";
+        EXPECT_EQ(untouched.ToDoubleVector(), untouched_before) << "kDGelu wrote the bias vector";
+        // aux (the pre-activation) is only read.
+        EXPECT_EQ(aux.data.ToDoubleVector(), aux.host);
+    }
+}
+
 TEST_P(GemmTest, LeadingDimensionTooSmallIsAShapeError) {
     const Operand a = Make(5, 4, 1, {}, dtype(), 5, "gemm.a"); // trans_a: stored k×m = 5×4
     const Operand b = Make(5, 3, 1, {}, dtype(), 5, "gemm.b");

@@ -2,7 +2,7 @@
 // references, over shapes that include M = 1, odd K and N (where cuBLASLt gets 2- or 4-byte alignment only), batch dims
 // and aligned shapes where the fused epilogues apply. The references read the inputs back (ToDoubleVector), so they
 // see the rounded inputs; outputs start as random garbage, so a kernel that skips an element or reads its output
-// fails.
+// fails. On the CPU, the fused GELU kernels give the separate kernels' values bit for bit.
 
 #include <cmath>
 #include <string>
@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/linear.h>
 
 #include "helpers.h"
@@ -20,7 +21,11 @@
 namespace shardline::testing {
 namespace {
 
+using kernels::GeluBackward;
+using kernels::GeluForward;
 using kernels::LinearActivation;
+using kernels::LinearBackward;
+using kernels::LinearBackwardArgs;
 using kernels::LinearBackwardBias;
 using kernels::LinearBackwardBiasArgs;
 using kernels::LinearBackwardInput;
@@ -352,7 +357,53 @@ TEST_P(LinearKernelsTest, BackwardBiasWithMisalignedInput) {
 SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(LinearKernelsTest, DeviceCases, DeviceDTypeName);
 
 // ---------------------------------------------------------------------------------------------------------------------
-// The CPU's float64 bias-grad accumulation and empty inputs
+// The CPU's fused GELU epilogues, float64 bias-grad accumulation and empty inputs
+
+TEST(LinearGeluCpuTest, FusedKernelsEqualTheSeparateOnesBitForBit) {
+    // On the CPU the fused forward (GEMM + bias + GELU) and backward (dgrad ⊙ gelu', the previous bias grad) give
+    // exactly the values of LinearForward(bias) → GeluForward and LinearBackwardInput → GeluBackward →
+    // LinearBackwardBias: the fused ParallelMLP trains as the unfused one did.
+    for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
+        SCOPED_TRACE(DTypeName(dtype));
+        const std::int64_t m = 37, in = 24, out = 40;
+        const Tensor x = RandomTensor({m, in}, dtype, Device::CPU(), 56, "x");
+        const Tensor w1 = RandomTensor({out, in}, dtype, Device::CPU(), 56, "w1");
+        const Tensor b1 = RandomTensor({out}, dtype, Device::CPU(), 56, "b1");
+        Tensor pre = Tensor::Empty({m, out}, dtype);
+        Tensor h = Tensor::Empty({m, out}, dtype);
+        LinearForward(LinearForwardArgs{.x = x,
+                                        .weight = w1,
+                                        .bias = &b1,
+                                        .y = h,
+                                        .activation = LinearActivation::kGeluTanh,
+                                        .pre_activation = &pre});
+        const Tensor pre_sep = LinearForward(x, w1, &b1);
+        const Tensor h_sep = GeluForward(pre_sep, kernels::GeluApproximation::kTanh);
+        EXPECT_EQ(pre.ToDoubleVector(), pre_sep.ToDoubleVector());
+        EXPECT_EQ(h.ToDoubleVector(), h_sep.ToDoubleVector());
+
+        // The next layer W2 [in, out] takes h; its dgrad undoes the GELU.
+        const Tensor w2 = RandomTensor({in, out}, dtype, Device::CPU(), 56, "w2");
+        const Tensor dy = RandomTensor({m, in}, dtype, Device::CPU(), 56, "dy");
+        for (const bool accumulate : {false, true}) {
+            Tensor dpre = Tensor::Empty({m, out}, dtype);
+            Tensor db1 = RandomTensor({out}, dtype, Device::CPU(), 57, "db1");
+            Tensor db1_sep = db1.Clone();
+            LinearBackward(LinearBackwardArgs{.dy = dy,
+                                              .weight = &w2,
+                                              .dx = &dpre,
+                                              .accumulate = accumulate,
+                                              .input_activation = LinearActivation::kGeluTanh,
+                                              .pre_activation = &pre,
+                                              .pre_activation_dbias = &db1});
+            const Tensor dh_sep = LinearBackwardInput(dy, w2);
+            const Tensor dpre_sep = GeluBackward(dh_sep, pre, kernels::GeluApproximation::kTanh);
+            LinearBackwardBias(LinearBackwardBiasArgs{.dy = dpre_sep, .dbias = db1_sep, .accumulate = accumulate});
+            EXPECT_EQ(dpre.ToDoubleVector(), dpre_sep.ToDoubleVector()) << "accumulate " << accumulate;
+            EXPECT_EQ(db1.ToDoubleVector(), db1_sep.ToDoubleVector()) << "accumulate " << accumulate;
+        }
+    }
+}
 
 TEST(LinearBiasTest, Float64GradIntoFloat32BiasIsAccumulatedInFloat64) {
     const Tensor dy = RandomTensor({300, 7}, DType::kFloat64, Device::CPU(), 3, "dy");

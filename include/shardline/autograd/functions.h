@@ -39,6 +39,19 @@ Variable RowParallelLinear(const Variable& x, const Variable& weight, const Vari
                            const functional::RowParallelLinearOptions& options,
                            const functional::TensorParallelGroup& tp);
 
+/// Megatron's ParallelMLP (TransformerEngine's LayerNormMLP without the norm) as one Function:
+/// y = gelu_tanh(x·W1ᵀ + b1)·W2ᵀ + b2 with fc1 column-parallel — bias and GELU in its GEMM epilogue — and fc2
+/// row-parallel on fc1's split output (input_is_parallel), whose dgrad GEMM applies GELU's gradient and yields fc1's
+/// bias grad (functional::ColumnParallelLinearForward with `activation`, RowParallelLinearBackward with
+/// `input_activation`). Layouts, collectives, parameter and main-grad handling as ColumnParallelLinear →
+/// RowParallelLinear; fc1 may not gather its output or skip its bias add, and fc1 and fc2 agree on sequence_parallel.
+/// The graph saves only what the requested gradients need — x (or the gathered x), the pre-activation, the activation
+/// h for fc2's dweight, and the weights — and has no separate GELU node.
+Variable ParallelMLP(const Variable& x, const Variable& fc1_weight, const Variable& fc1_bias,
+                     const Variable& fc2_weight, const Variable& fc2_bias,
+                     const functional::ColumnParallelLinearOptions& fc1,
+                     const functional::RowParallelLinearOptions& fc2, const functional::TensorParallelGroup& tp);
+
 Variable Gelu(const Variable& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh);
 /// a + alpha·b (same shape).
 Variable Add(const Variable& a, const Variable& b, double alpha = 1.0);

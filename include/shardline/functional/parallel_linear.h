@@ -26,6 +26,10 @@
 // The rule and its plans are inferred once per configuration (mesh shape, tp dim, shapes, flags, dtype) and cached;
 // a steady-state call looks them up and infers nothing (GetPlanCacheStats).
 //
+// Megatron's MLP (column → GELU → row) may run the GELU in the GEMM epilogues: the column forward with `activation`
+// (y = gelu_tanh(x·Wᵀ + b), the pre-activation kept) and the row backward with `input_activation` (dx becomes the
+// pre-activation's gradient, and `pre_activation_dbias` the column layer's bias grad), with the pair's collectives.
+//
 // Errors (shape, dtype, a null required pointer, a bad mesh dim, sizes that do not divide by tp) raise
 // shardline::Error naming the function, the values and the expectation, before any collective: when every rank
 // passes the same bad configuration, every rank raises and none waits in a collective.
@@ -38,6 +42,7 @@
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/dtype.h>
 #include <shardline/core/tensor.h>
+#include <shardline/kernels/linear.h>
 
 // cudaStream_t is `struct CUstream_st*`; declaring the struct keeps this header free of the CUDA headers, so CPU-only
 // builds and trainers compiled without CUDA take the same signatures.
@@ -143,6 +148,12 @@ struct ColumnParallelLinearForwardArgs {
     TensorView y;         ///< out: [s, ..., N/tp]; gather_output: [s, ..., N]
     TensorView x_total{}; ///< sequence_parallel, optional out: [s, ..., K] receives the all-gathered input, which the
                           ///< backward then reuses instead of gathering it again
+    /// kGeluTanh: y = gelu_tanh(x·Wᵀ + b), the GELU in the GEMM's epilogue (Megatron's ParallelMLP fc1; not with
+    /// gather_output). The row layer after it takes y as its input and undoes the GELU in its backward
+    /// (RowParallelLinearBackwardArgs::input_activation).
+    kernels::LinearActivation activation = kernels::LinearActivation::kNone;
+    TensorView
+        pre_activation{}; ///< out with an activation: [s, ..., N/tp] receives x·Wᵀ + b, which that backward needs
 };
 
 struct ColumnParallelLinearBackwardArgs {
@@ -156,8 +167,8 @@ struct ColumnParallelLinearBackwardArgs {
     GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
 };
 
-/// y = x·weightᵀ + bias on this rank's N/tp output features. Communication: sequence_parallel all-gathers x
-/// (into x_total when given), gather_output all-gathers y.
+/// y = x·weightᵀ + bias (gelu_tanh of it with activation, the pre-activation kept) on this rank's N/tp output features.
+/// Communication: sequence_parallel all-gathers x (into x_total when given), gather_output all-gathers y.
 ForwardInfo ColumnParallelLinearForward(const ColumnParallelLinearOptions &options,
                                         const ColumnParallelLinearForwardArgs &args, const TensorParallelGroup &group,
                                         const CudaExecution &cuda = {});
@@ -201,15 +212,24 @@ struct RowParallelLinearBackwardArgs {
     TensorView dx{};      ///< out, x's shape; absent: not computed (and, for a non-parallel input, not all-gathered)
     TensorView dweight{}; ///< out, [N, K/tp]; absent: not computed
     TensorView dbias{};   ///< out, [N] (options.adds_bias() only), the same on every rank; absent: not computed
-    GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
+    GradMode param_grads = GradMode::kOverwrite; ///< for dweight, dbias and pre_activation_dbias
+    /// The activation between the column layer before and this one (options.input_is_parallel only): x was
+    /// gelu_tanh(pre_activation), so dx is the pre-activation's gradient (dy·W) ⊙ gelu_tanh'(pre_activation), in the
+    /// dgrad GEMM's epilogue — the column layer's backward then takes dx as its dy.
+    kernels::LinearActivation input_activation = kernels::LinearActivation::kNone;
+    TensorView pre_activation{}; ///< x's shape: the column forward's pre_activation; required with dx
+    /// out, [K/tp]: Σ_rows dx, the column layer's dbias (in the dgrad epilogue where that measures faster), so that
+    /// its backward needs no dbias; requires dx. The compute dtype or a float32 main grad, as param_grads says.
+    TensorView pre_activation_dbias{};
 };
 
 /// y = Σ_tp x_r·weight_rᵀ (all-reduced, or reduce-scattered on dim 0 under sequence_parallel), then + bias once.
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
                                      const TensorParallelGroup &group, const CudaExecution &cuda = {});
 
-/// dx = dy_total·weight; dweight (+)= dy_totalᵀ·x; dbias (+)= Σ_rows dy_total, where dy_total is dy (all-gathered on
-/// dim 0 under sequence_parallel). A non-parallel input's dx is all-gathered to [s, ..., K].
+/// dx = dy_total·weight (⊙ gelu_tanh'(pre_activation) with input_activation); dweight (+)= dy_totalᵀ·x;
+/// dbias (+)= Σ_rows dy_total; pre_activation_dbias (+)= Σ_rows dx, where dy_total is dy (all-gathered on dim 0 under
+/// sequence_parallel). A non-parallel input's dx is all-gathered to [s, ..., K].
 BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
                                        const RowParallelLinearBackwardArgs &args, const TensorParallelGroup &group,
                                        const CudaExecution &cuda = {});

@@ -12,11 +12,14 @@ namespace shardline::kernels {
 enum class GemmEpilogue : std::uint8_t {
     kNone,
     kBias,        ///< D += bias[i] per row i of D (bias has m entries)
-    kGeluAuxBias, ///< aux = D + bias[i]; D = gelu_tanh(aux)
+    kGeluAuxBias, ///< aux = D + bias[i] (no bias: aux = D); D = gelu_tanh(aux)
     kBGradB,      ///< also bias[j] = Σ_k op(B)[k, j] (n entries): the bias grad of a wgrad GEMM
     kDGeluBGrad,  ///< D = D ⊙ gelu_tanh'(aux); bias[i] = Σ_j D[i, j] (m entries)
+    kDGelu,       ///< D = D ⊙ gelu_tanh'(aux) (no bias grad: kDGeluBGrad's when the bias grad must accumulate)
 };
 std::string_view GemmEpilogueName(GemmEpilogue epilogue);
+/// Whether the epilogue reads or writes the aux matrix (the GELU pre-activation): kGeluAuxBias, kDGeluBGrad, kDGelu.
+bool GemmEpilogueHasAux(GemmEpilogue epilogue);
 
 /// Accumulation: fp32 for fp32/fp16/bf16 inputs (TF32 tensor cores for fp32 only when the context allows it),
 /// fp64 for fp64.
@@ -54,13 +57,17 @@ struct GemmParams {
     GemmCompute compute = GemmCompute::kDefault;
 
     GemmEpilogue epilogue = GemmEpilogue::kNone;
-    void* bias = nullptr; ///< read (kBias, kGeluAuxBias) or written (kBGradB, kDGeluBGrad)
+    void* bias = nullptr; ///< read (kBias, kGeluAuxBias) or written (kBGradB, kDGeluBGrad); unused by kDGelu
     DType bias_type = DType::kFloat32;
     void* aux = nullptr; ///< GELU pre-activation, m×n column-major with leading dimension ldaux
     std::int64_t ldaux = 0;
 
     Device device;
 };
+
+/// Whether the problem's epilogue reads or writes its bias vector: kBias, kBGradB, kDGeluBGrad, and kGeluAuxBias with
+/// a bias (a stray bias pointer of another epilogue is ignored).
+bool GemmUsesBias(const GemmParams& params);
 
 struct GemmOp {
     static constexpr std::string_view kName = "Gemm";

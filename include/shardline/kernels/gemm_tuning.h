@@ -6,13 +6,18 @@
 // The first call of a plan key (the problem's shape, dtypes, layouts, epilogue, alignment and batch) asks cuBLASLt's
 // heuristic for its top-k algorithms (under the context's workspace cap, and again under a 1 MiB cap, which ranks other
 // kernels first), times each once on the call's own operands (after evicting L2 when they would fit in it) and keeps
-// the fastest (the heuristic's first pick unless another beats it by 1 % on two passes). For a BGRADB wgrad (the bias
-// grad fused in the GEMM) it also times the plain GEMM plus the separate column sum and keeps whichever is faster: the
-// bias grad is fused only where that measures faster.
+// the fastest (the heuristic's first pick unless another beats it by 1 % on two passes). For a measured epilogue it
+// also times the same work run apart and keeps whichever is faster, so an epilogue is fused only where that measures
+// faster:
+//   BGRADB (a wgrad with the bias grad)          vs the plain GEMM + the column sum of dY
+//   GELU_AUX(_BIAS) (GEMM + bias + GELU)          vs the bias GEMM into the pre-activation + a GELU kernel
+//   DGELU (a dgrad times gelu'(pre-activation))   vs the plain GEMM + a GELU-grad kernel
+//   DGELU_BGRAD (DGELU + the previous bias grad)  vs the DGELU GEMM (itself measured) + the column sum of D
+// (beta = 0 only: timing repeats the call; a bias epilogue costs the GEMM nothing and is always fused).
 //
 // The tuning-cache file (JSON, SHARDLINE_GEMM_TUNING_FILE) holds one record per (GPU name, cuBLASLt version, key):
 // the winning algorithm (cuBLASLt's opaque algo struct, which may be stored and reused with the same library
-// version), the BGRADB decision and the measured times. A key found there builds its plan from the record (checked
+// version), the epilogue decision and the measured times. A key found there builds its plan from the record (checked
 // by cuBLASLt's algorithm check) without a heuristic query and without timing; every newly tuned key is merged into
 // the file (written to a temporary file, then renamed).
 //
@@ -51,8 +56,8 @@ struct GemmPlanStats {
     std::uint64_t tuned = 0;             ///< plans whose candidates were timed
     std::uint64_t file_hits = 0;         ///< plans built from a tuning-cache record
     std::uint64_t file_rejected = 0;     ///< records found but refused by cuBLASLt's algorithm check
-    std::uint64_t bgradb_fused = 0;      ///< BGRADB plans that keep the fused epilogue
-    std::uint64_t bgradb_separate = 0;   ///< BGRADB plans that run the plain GEMM + column sum (measured faster)
+    std::uint64_t epilogue_fused = 0;    ///< measured-epilogue plans that keep the fused epilogue
+    std::uint64_t epilogue_separate = 0; ///< measured-epilogue plans that run it apart (measured faster)
 };
 GemmPlanStats GetGemmPlanStats();
 void ResetGemmPlanStats();
@@ -63,13 +68,13 @@ struct GemmPlanInfo {
     bool usable = false;  ///< false: the unfused fallback (no cuBLASLt algorithm, or not eligible)
     bool tuned = false;   ///< the algorithm was chosen by timing (or read from the tuning file)
     bool from_file = false;
-    int candidates = 0;     ///< algorithms the heuristic returned (and were timed)
-    int chosen = 0;         ///< index of the kept one in the heuristic's order (0: its first pick)
-    double chosen_us = 0.0; ///< tuning measurement of the kept algorithm (0 when untuned)
-    double first_us = 0.0;  ///< tuning measurement of the heuristic's first pick
-    bool bgradb_separate = false;
-    double bgradb_fused_us = 0.0;        ///< BGRADB keys: fused GEMM, best algorithm
-    double bgradb_separate_us = 0.0;     ///< BGRADB keys: plain GEMM + column sum
+    int candidates = 0;                  ///< algorithms the heuristic returned (and were timed)
+    int chosen = 0;                      ///< index of the kept one in the heuristic's order (0: its first pick)
+    double chosen_us = 0.0;              ///< tuning measurement of the kept algorithm (0 when untuned)
+    double first_us = 0.0;               ///< tuning measurement of the heuristic's first pick
+    bool epilogue_separate = false;      ///< a measured epilogue runs apart (measured faster)
+    double epilogue_fused_us = 0.0;      ///< measured epilogues: the fused GEMM, best algorithm (0: not measured)
+    double epilogue_separate_us = 0.0;   ///< measured epilogues: the apart GEMM + its kernels
     bool chosen_small_workspace = false; ///< the kept candidate came from the 1 MiB-workspace heuristic query
 };
 std::vector<GemmPlanInfo> GemmPlanInfos();

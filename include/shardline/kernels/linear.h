@@ -9,9 +9,14 @@
 
 namespace shardline::kernels {
 
+/// An activation fused into a Linear's GEMMs. Forward (LinearForwardArgs::activation): applied to the output. Backward
+/// (input_activation): the activation that made this layer's input, x = act(pre_activation), whose gradient the dgrad
+/// GEMM applies, so that dx is the pre-activation's gradient (Megatron's ParallelMLP: fc1 → GELU → fc2, the GELU in
+/// fc1's epilogue and its gradient in fc2's dgrad epilogue).
 enum class LinearActivation : std::uint8_t {
     kNone,
-    kGeluTanh, ///< y = gelu_tanh(x·Wᵀ + b), the pre-activation saved (cuBLASLt GELU_AUX_BIAS)
+    kGeluTanh, ///< forward y = gelu_tanh(x·Wᵀ + b), the pre-activation saved (cuBLASLt GELU_AUX_BIAS);
+               ///< backward dx = (dy·W) ⊙ gelu_tanh'(pre_activation) (cuBLASLt DGELU / DGELU_BGRAD)
 };
 
 struct LinearForwardArgs {
@@ -34,12 +39,21 @@ struct LinearBackwardInputArgs {
     const Tensor& dy;     ///< [..., out]
     const Tensor& weight; ///< [out, in]
     Tensor& dx;           ///< [..., in], overwritten
+    /// kGeluTanh: x was gelu_tanh(pre_activation); dx becomes the pre-activation's gradient (dy·W) ⊙ gelu_tanh'(pre).
+    LinearActivation input_activation = LinearActivation::kNone;
+    const Tensor* pre_activation = nullptr; ///< [..., in], dx's dtype; required with input_activation
+    /// [in] (+)= Σ_rows dx: the bias grad of the layer that made pre_activation (needs input_activation); dx's dtype,
+    /// or float32 (a main grad). Fused in the dgrad GEMM (DGELU_BGRAD) where that measures faster and it is
+    /// overwritten.
+    Tensor* pre_activation_dbias = nullptr;
+    bool accumulate = false; ///< pre_activation_dbias += instead of =
 };
 struct LinearBackwardInputOp {
     static constexpr std::string_view kName = "LinearBackwardInput";
     using Fn = void (*)(const LinearBackwardInputArgs&);
 };
-/// dx = dy·weight.
+/// dx = dy·weight; with input_activation dx = (dy·weight) ⊙ gelu_tanh'(pre_activation), and optionally
+/// pre_activation_dbias (+)= Σ_rows dx.
 void LinearBackwardInput(const LinearBackwardInputArgs& args);
 Tensor LinearBackwardInput(const Tensor& dy, const Tensor& weight);
 
@@ -73,8 +87,9 @@ Tensor LinearBackwardBias(const Tensor& dy);
 
 /// The grads a caller needs, computed together: each output that is given is computed, the others are not (the
 /// caller decides which, as with the split ops). On CUDA the bias grad, when it runs as a separate column sum (where
-/// fusing it into the wgrad GEMM measures slower, see gemm_tuning.h), runs on a side stream overlapping the GEMMs; the
-/// split ops LinearBackwardInput/Weight/Bias remain for callers that schedule the pieces themselves.
+/// fusing it into the wgrad GEMM measures slower, see gemm_tuning.h), runs on a side stream overlapping the GEMMs; so
+/// does the previous layer's bias grad (pre_activation_dbias) when it runs apart from the dgrad GEMM, overlapping the
+/// wgrad GEMM. The split ops LinearBackwardInput/Weight/Bias remain for callers that schedule the pieces themselves.
 struct LinearBackwardArgs {
     const Tensor& dy;               ///< [..., out]
     const Tensor* x = nullptr;      ///< [..., in]; needed for dweight
@@ -82,13 +97,19 @@ struct LinearBackwardArgs {
     Tensor* dx = nullptr;           ///< [..., in], overwritten
     Tensor* dweight = nullptr;      ///< [out, in] (+)=; dtype of dy, or float32 (a main grad) when accumulating
     Tensor* dbias = nullptr;        ///< [out] (+)=; dweight's dtype when both are given
-    bool accumulate = false;        ///< dweight and dbias += instead of =
+    bool accumulate = false;        ///< dweight, dbias and pre_activation_dbias += instead of =
+    /// As LinearBackwardInputArgs: x = input_activation(pre_activation), dx is the pre-activation's gradient, and
+    /// pre_activation_dbias (+)= Σ_rows dx is the previous layer's bias grad (needs dx).
+    LinearActivation input_activation = LinearActivation::kNone;
+    const Tensor* pre_activation = nullptr; ///< [..., in]; required with input_activation and dx
+    Tensor* pre_activation_dbias = nullptr; ///< [in]; dx's dtype, or float32 (a main grad)
 };
 struct LinearBackwardOp {
     static constexpr std::string_view kName = "LinearBackward";
     using Fn = void (*)(const LinearBackwardArgs&);
 };
-/// dx = dy·weight; dweight (+)= dyᵀ·x; dbias (+)= Σ_rows dy — each where given.
+/// dx = dy·weight (⊙ gelu_tanh'(pre_activation) with input_activation); dweight (+)= dyᵀ·x; dbias (+)= Σ_rows dy;
+/// pre_activation_dbias (+)= Σ_rows dx — each where given.
 void LinearBackward(const LinearBackwardArgs& args);
 
 } // namespace shardline::kernels

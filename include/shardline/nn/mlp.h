@@ -13,11 +13,17 @@ struct ParallelMLPOptions {
     bool bias = true;
     bool sequence_parallel = false;
     kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh;
+    /// The tanh GELU in fc1's GEMM epilogue and its gradient (with fc1's bias grad) in fc2's dgrad epilogue, one
+    /// autograd node for the block (autograd::ParallelMLP; Megatron's bias_gelu_fusion). false, or the erf GELU: fc1,
+    /// a separate GELU node, fc2.
+    bool gelu_fusion = true;
 };
 
 /// Megatron's ParallelMLP: ColumnParallelLinear(hidden → ffn) → GELU → RowParallelLinear(ffn → hidden). Without
 /// sequence parallelism: forward one all-reduce, backward one all-reduce of dX (if the input needs a grad). With it:
-/// all-gather + reduce-scatter forward, all-gather + reduce-scatter backward.
+/// all-gather + reduce-scatter forward, all-gather + reduce-scatter backward. With the tanh GELU (and gelu_fusion) the
+/// block is one autograd::ParallelMLP: the GELU runs in fc1's GEMM epilogue, its gradient and fc1's bias grad in fc2's
+/// dgrad GEMM, each fused where that measures faster on CUDA; fc1 and fc2 keep the parameters either way.
 class ParallelMLP : public Module {
 public:
     /// Parameters "<param.name or 'mlp'>.fc1.weight", ... .
@@ -28,6 +34,7 @@ public:
 
 private:
     ParallelMLPOptions options_;
+    TensorParallelGroup tp_;
 };
 
 } // namespace shardline::nn

@@ -51,11 +51,6 @@ void StoreBias(void *bias, DType type, std::int64_t i, double value) {
     }
 }
 
-bool UsesBias(const GemmParams &p) {
-    return p.epilogue == GemmEpilogue::kBias || p.epilogue == GemmEpilogue::kBGradB ||
-           p.epilogue == GemmEpilogue::kDGeluBGrad || (p.epilogue == GemmEpilogue::kGeluAuxBias && p.bias != nullptr);
-}
-
 /// What the CPU path supports beyond ValidateGemmParams: one float dtype for A, B and C; a float bias; and the
 /// aux/bias-grad epilogues on a single matrix (GemmParams carries no aux or bias batch stride).
 void CheckCpuParams(const GemmParams &p) {
@@ -71,13 +66,12 @@ void CheckCpuParams(const GemmParams &p) {
                        "CPU Gemm computes in the operands' precision: compute type must be default or match A ({}), "
                        "got {}",
                        DTypeName(p.a_type), p.compute == GemmCompute::kFloat32 ? "float32" : "float64");
-    if (UsesBias(p)) {
+    if (GemmUsesBias(p)) {
         SHARDLINE_CHECK_AS(DTypeError, p.bias_type == DType::kFloat32 || p.bias_type == DType::kFloat64, kOp,
                            "CPU Gemm epilogue {} needs a float32 or float64 bias, got {}", GemmEpilogueName(p.epilogue),
                            DTypeName(p.bias_type));
     }
-    const bool single_matrix_epilogue = p.epilogue == GemmEpilogue::kGeluAuxBias ||
-                                        p.epilogue == GemmEpilogue::kBGradB || p.epilogue == GemmEpilogue::kDGeluBGrad;
+    const bool single_matrix_epilogue = GemmEpilogueHasAux(p.epilogue) || p.epilogue == GemmEpilogue::kBGradB;
     SHARDLINE_CHECK_AS(ShapeError, !single_matrix_epilogue || p.batch_count == 1, kOp,
                        "epilogue {} needs batch_count 1 (no aux/bias batch stride), got batch_count {}",
                        GemmEpilogueName(p.epilogue), p.batch_count);
@@ -130,7 +124,8 @@ template <class T> void Epilogue(const GemmParams &p, const T *b, T *d) {
         return;
     }
     case GemmEpilogue::kGeluAuxBias: {
-        // aux = D + bias[i] (the pre-activation), D = gelu_tanh(aux).
+        // aux = D + bias[i] (the pre-activation), D = gelu_tanh(aux). GELU reads the stored (rounded) aux, which the
+        // backward reads too: the same values as a bias GEMM followed by GeluForward, bit for bit.
         T *aux = static_cast<T *>(p.aux);
         for (std::int64_t j = 0; j < n; ++j) {
             T *col = d + j * p.ldc;
@@ -139,7 +134,7 @@ template <class T> void Epilogue(const GemmParams &p, const T *b, T *d) {
                 const double pre =
                     static_cast<double>(col[i]) + (p.bias != nullptr ? LoadBias(p.bias, p.bias_type, i) : 0.0);
                 aux_col[i] = static_cast<T>(pre);
-                col[i] = static_cast<T>(GeluTanh(pre));
+                col[i] = static_cast<T>(GeluTanh(static_cast<double>(aux_col[i])));
             }
         }
         return;
@@ -184,6 +179,18 @@ template <class T> void Epilogue(const GemmParams &p, const T *b, T *d) {
         }
         for (std::int64_t i = 0; i < m; ++i) {
             StoreBias(p.bias, p.bias_type, i, sum[i]);
+        }
+        return;
+    }
+    case GemmEpilogue::kDGelu: {
+        // D = D ⊙ gelu_tanh'(aux).
+        const T *aux = static_cast<const T *>(p.aux);
+        for (std::int64_t j = 0; j < n; ++j) {
+            T *col = d + j * p.ldc;
+            const T *aux_col = aux + j * p.ldaux;
+            for (std::int64_t i = 0; i < m; ++i) {
+                col[i] = static_cast<T>(static_cast<double>(col[i]) * GeluTanhGrad(aux_col[i]));
+            }
         }
         return;
     }

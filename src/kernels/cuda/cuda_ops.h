@@ -36,8 +36,9 @@ void CudaAdamWStepMulti(const AdamWStepMultiArgs &args);
 
 // provider "default", linear_backward.cc: the grads together, the separate bias grad on a side stream
 void CudaLinearBackward(const LinearBackwardArgs &args);
-/// Whether the default Gemm runs this BGRADB problem fused (tuned per shape; gemm_cublaslt.cc).
-bool BGradBFused(const GemmParams &params);
+/// Whether the default Gemm runs this problem's measured epilogue (BGRADB, DGELU_BGRAD, ...) fused: tuned per shape
+/// (gemm_tuning.h); false for an epilogue that is not measured, or one cuBLASLt cannot fuse (gemm_cublaslt.cc).
+bool EpilogueRunsFused(const GemmParams &params);
 
 // provider "legacy" (seed 002's rollback path), legacy.cc
 void LegacyCudaGemm(const GemmParams &params);

@@ -54,6 +54,12 @@ __global__ void BiasGeluAuxKernel(T *d, std::int64_t m, std::int64_t n, std::int
 }
 
 template <class T>
+__global__ void GeluFromAuxKernel(T *d, std::int64_t m, std::int64_t n, std::int64_t ld, const T *__restrict__ aux,
+                                  std::int64_t ldaux) {
+    SHARDLINE_MATRIX_LOOP(m, n) { d[i + j * ld] = FromFloat<T>(GeluTanh(ToFloat(aux[i + j * ldaux]))); }
+}
+
+template <class T>
 __global__ void DGeluKernel(T *d, std::int64_t m, std::int64_t n, std::int64_t ld, const T *__restrict__ aux,
                             std::int64_t ldaux) {
     SHARDLINE_MATRIX_LOOP(m, n) {
@@ -250,6 +256,19 @@ cudaError_t LaunchBiasGeluAux(void *d, DType dtype, std::int64_t m, std::int64_t
         using B = decltype(bias_tag);
         BiasGeluAuxKernel<T, B><<<MatrixGrid(m, n), kThreads, 0, stream>>>(
             static_cast<T *>(d), m, n, ld, static_cast<const B *>(bias), static_cast<T *>(aux), ldaux);
+        return cudaGetLastError();
+    });
+}
+
+cudaError_t LaunchGeluFromAux(void *d, DType dtype, std::int64_t m, std::int64_t n, std::int64_t ld, const void *aux,
+                              std::int64_t ldaux, cudaStream_t stream) {
+    if (m <= 0 || n <= 0) {
+        return cudaSuccess;
+    }
+    return WithFloatType(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        GeluFromAuxKernel<T><<<MatrixGrid(m, n), kThreads, 0, stream>>>(static_cast<T *>(d), m, n, ld,
+                                                                        static_cast<const T *>(aux), ldaux);
         return cudaGetLastError();
     });
 }

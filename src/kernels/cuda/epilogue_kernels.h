@@ -25,6 +25,10 @@ cudaError_t LaunchBiasAdd(void *d, DType dtype, std::int64_t m, std::int64_t n, 
 /// v = d(i, j) + bias[i] (bias may be null); aux(i, j) = v; d(i, j) = gelu_tanh(v). aux has d's dtype.
 cudaError_t LaunchBiasGeluAux(void *d, DType dtype, std::int64_t m, std::int64_t n, std::int64_t ld, const void *bias,
                               DType bias_dtype, void *aux, std::int64_t ldaux, cudaStream_t stream);
+/// d(i, j) = gelu_tanh(aux(i, j)): the activation of a pre-activation that a bias GEMM wrote into aux. aux has d's
+/// dtype.
+cudaError_t LaunchGeluFromAux(void *d, DType dtype, std::int64_t m, std::int64_t n, std::int64_t ld, const void *aux,
+                              std::int64_t ldaux, cudaStream_t stream);
 /// d(i, j) *= gelu_tanh'(aux(i, j)). aux has d's dtype.
 cudaError_t LaunchDGelu(void *d, DType dtype, std::int64_t m, std::int64_t n, std::int64_t ld, const void *aux,
                         std::int64_t ldaux, cudaStream_t stream);

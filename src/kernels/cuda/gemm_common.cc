@@ -58,7 +58,7 @@ void CheckCudaGemm(const GemmParams &p, std::string_view op) {
     (void)CudaDataType(p.a_type, op);
     (void)CudaDataType(p.b_type, op);
     (void)CudaDataType(p.c_type, op);
-    const bool has_bias_vector = p.bias != nullptr && p.epilogue != GemmEpilogue::kNone;
+    const bool has_bias_vector = GemmUsesBias(p);
     if (has_bias_vector) {
         (void)CudaDataType(p.bias_type, op);
     }
@@ -193,7 +193,60 @@ void RunUnfusedEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) 
             ColumnSum(ctx, d, p.c_type, p.n, p.m, p.ldc, p.bias, p.bias_type, !first, impl);
             break;
         }
+        case GemmEpilogue::kDGelu: {
+            const char *aux = Offset(static_cast<const void *>(p.aux), b * p.ldaux * p.n, p.c_type);
+            SHARDLINE_CHECK_CUDA(LaunchDGelu(d, p.c_type, p.m, p.n, p.ldc, aux, p.ldaux, stream));
+            break;
         }
+        }
+    }
+}
+
+GemmParams ApartGemmParams(const GemmParams &p) {
+    GemmParams apart = p;
+    apart.aux = nullptr;
+    apart.ldaux = 0;
+    switch (p.epilogue) {
+    case GemmEpilogue::kGeluAuxBias:
+        // The bias GEMM writes the pre-activation straight into aux; GELU then reads it.
+        apart.epilogue = p.bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+        apart.c = p.aux;
+        apart.ldc = p.ldaux;
+        return apart;
+    case GemmEpilogue::kDGeluBGrad:
+        // The dgrad with its GELU grad (fused or apart, as kDGelu's own plan measured), then the column sum of D.
+        apart.epilogue = GemmEpilogue::kDGelu;
+        apart.aux = p.aux;
+        apart.ldaux = p.ldaux;
+        apart.bias = nullptr;
+        return apart;
+    case GemmEpilogue::kNone:
+    case GemmEpilogue::kBias:
+    case GemmEpilogue::kBGradB:
+    case GemmEpilogue::kDGelu:
+        break;
+    }
+    apart.epilogue = GemmEpilogue::kNone;
+    apart.bias = nullptr;
+    return apart;
+}
+
+void RunApartEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) {
+    const cudaStream_t stream = ctx.stream();
+    switch (p.epilogue) {
+    case GemmEpilogue::kGeluAuxBias:
+        SHARDLINE_CHECK_CUDA(LaunchGeluFromAux(p.c, p.c_type, p.m, p.n, p.ldc, p.aux, p.ldaux, stream));
+        return;
+    case GemmEpilogue::kDGeluBGrad:
+        // D already holds the GELU grad: bias[i] = Σ_j D(i, j), a row-major n×m view summed down its columns.
+        ColumnSum(ctx, p.c, p.c_type, p.n, p.m, p.ldc, p.bias, p.bias_type, false, impl);
+        return;
+    case GemmEpilogue::kNone:
+    case GemmEpilogue::kBias:
+    case GemmEpilogue::kBGradB:
+    case GemmEpilogue::kDGelu:
+        RunUnfusedEpilogue(p, ctx, impl);
+        return;
     }
 }
 

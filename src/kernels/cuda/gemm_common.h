@@ -31,6 +31,14 @@ cublasComputeType_t GemmComputeType(const GemmParams &p, const CudaContext &ctx)
 /// batched (a broadcast output would race).
 void CheckCudaGemm(const GemmParams &p, std::string_view op);
 
+/// The GEMM of a fused epilogue run apart (what the tuning times against the fused epilogue, gemm_tuning.h), which
+/// RunApartEpilogue then completes: kGeluAuxBias: the bias GEMM into aux; kDGeluBGrad: the kDGelu GEMM; kBGradB and
+/// kDGelu: the plain product. Unbatched problems only (as every fused epilogue).
+GemmParams ApartGemmParams(const GemmParams &p);
+/// The kernels after ApartGemmParams(p)'s GEMM: GELU of aux into D; the column sum of D into the bias grad; BGRADB's
+/// sum of op(B); kDGelu's GELU grad.
+void RunApartEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl);
+
 /// m, n or k is 0: no BLAS call. D = beta·C (nothing when m or n is 0), then the epilogue with separate kernels
 /// (a bias grad over an empty reduction is zero).
 void RunDegenerateGemm(const GemmParams &p, CudaContext &ctx, ReduceImpl impl);

@@ -10,8 +10,8 @@
 // Choosing the algorithm (see include/shardline/kernels/gemm_tuning.h; the key is in src/kernels/gemm_tuning.h): a
 // record of the tuning-cache file wins (no heuristic query, no timing); else the heuristic's top-k candidates are
 // timed once on the call's own operands and the fastest is kept (tuning on, the default), or its first pick is taken
-// (tuning off). A BGRADB key also times the plain GEMM followed by the separate column sum and keeps the fused
-// epilogue only where it measures faster.
+// (tuning off). A measured epilogue (GELU_AUX, BGRADB, DGELU, DGELU_BGRAD) is also timed against the same work run
+// apart (e.g. the plain GEMM followed by the separate column sum), and kept fused only where that measures faster.
 //
 // When cuBLASLt offers no algorithm for a fused epilogue (or the problem is outside what the epilogues support, see
 // FusedIneligibleReason), the plan says so, one warning is logged for that key, and every call runs the plain GEMM
@@ -53,23 +53,24 @@ void Prepare(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     }
 }
 
-/// Runs a usable plan: its algorithm, or for a BGRADB plan that measured slower fused, the plain plan followed by the
-/// separate column sum.
+/// Runs a usable plan: its algorithm, or for a measured epilogue that ran faster apart, the apart GEMM's plan followed
+/// by RunApartEpilogue.
 void Execute(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     std::unique_lock lock(plan.mutex);
     Prepare(plan, p, ctx);
-    if (!plan.bgradb_separate) {
+    if (!plan.epilogue_separate) {
         SHARDLINE_CHECK_CUBLAS(Launch(plan, plan.algo, p, p.c, ctx, ctx.stream()));
         return;
     }
-    const std::shared_ptr<LtPlan> plain = plan.plain;
+    const std::shared_ptr<LtPlan> apart = plan.apart;
     lock.unlock();
-    if (plain != nullptr && plain->usable) {
-        Execute(*plain, PlainParams(p), ctx);
+    const GemmParams apart_params = ApartGemmParams(p);
+    if (apart != nullptr) {
+        RunWithPlan(*apart, apart_params, ctx);
     } else {
-        RunPlain(p, ctx);
+        RunWithPlan(*GetPlan(apart_params, ctx), apart_params, ctx);
     }
-    RunUnfusedEpilogue(p, ctx, ReduceImpl::kVectorized);
+    RunApartEpilogue(p, ctx, ReduceImpl::kVectorized);
 }
 
 } // namespace
@@ -85,6 +86,19 @@ void RunPlain(const GemmParams &p, CudaContext &ctx) {
     }
 }
 
+void RunWithPlan(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+    if (plan.usable) {
+        Execute(plan, p, ctx);
+        return;
+    }
+    if (p.epilogue == GemmEpilogue::kNone) {
+        CublasGemmPlain(p, ctx);
+        return;
+    }
+    RunPlain(p, ctx);
+    RunUnfusedEpilogue(p, ctx, ReduceImpl::kVectorized);
+}
+
 namespace {
 
 void CublasLtGemm(const GemmParams &p) {
@@ -98,13 +112,7 @@ void CublasLtGemm(const GemmParams &p) {
         RunPlain(p, ctx);
         return;
     }
-    const std::shared_ptr<LtPlan> plan = GetPlan(p, ctx);
-    if (plan->usable) {
-        Execute(*plan, p, ctx);
-        return;
-    }
-    RunPlain(p, ctx);
-    RunUnfusedEpilogue(p, ctx, ReduceImpl::kVectorized);
+    RunWithPlan(*GetPlan(p, ctx), p, ctx);
 }
 
 } // namespace
@@ -114,9 +122,9 @@ namespace shardline::kernels::cuda {
 
 void DefaultCudaGemm(const GemmParams &params) { lt::CublasLtGemm(params); }
 
-bool BGradBFused(const GemmParams &params) {
+bool EpilogueRunsFused(const GemmParams &params) {
     CheckCudaGemm(params, lt::kOp);
-    if (params.epilogue != GemmEpilogue::kBGradB || params.m == 0 || params.n == 0 || params.k == 0) {
+    if (params.m == 0 || params.n == 0 || params.k == 0 || !lt::MeasuresEpilogue(params)) {
         return false;
     }
     CudaContext &ctx = CudaContext::Get(params.device.index);
@@ -126,7 +134,7 @@ bool BGradBFused(const GemmParams &params) {
     }
     std::lock_guard lock(plan->mutex);
     lt::Prepare(*plan, params, ctx);
-    return !plan->bgradb_separate;
+    return !plan->epilogue_separate;
 }
 
 } // namespace shardline::kernels::cuda

@@ -58,11 +58,10 @@ std::string FusedIneligibleReason(const GemmParams &p) {
     if (p.batch_count > 1) {
         return fmt::format("batched (batch={}) epilogues run unfused", p.batch_count);
     }
-    if (p.bias != nullptr && p.bias_type != p.c_type) {
+    if (GemmUsesBias(p) && p.bias_type != p.c_type) {
         return fmt::format("bias dtype {} differs from D's {}", DTypeName(p.bias_type), DTypeName(p.c_type));
     }
-    const bool has_aux = p.epilogue == GemmEpilogue::kGeluAuxBias || p.epilogue == GemmEpilogue::kDGeluBGrad;
-    if (has_aux && p.ldaux % 8 != 0) {
+    if (GemmEpilogueHasAux(p.epilogue) && p.ldaux % 8 != 0) {
         return fmt::format("ldaux {} is not a multiple of 8", p.ldaux);
     }
     return {};
@@ -80,6 +79,8 @@ cublasLtEpilogue_t LtEpilogue(const GemmParams &p) {
         return CUBLASLT_EPILOGUE_BGRADB;
     case GemmEpilogue::kDGeluBGrad:
         return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kDGelu:
+        return CUBLASLT_EPILOGUE_DGELU;
     }
     return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -122,14 +123,14 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
     SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
     SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, LtEpilogue(p));
-    if (p.epilogue != GemmEpilogue::kNone && p.bias != nullptr) {
+    if (GemmUsesBias(p)) {
         plan->set_bias = true;
         plan->bias_ptr = p.bias;
         SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
         SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                 static_cast<std::int32_t>(CudaDataType(p.bias_type, kOp)));
     }
-    if (p.epilogue == GemmEpilogue::kGeluAuxBias || p.epilogue == GemmEpilogue::kDGeluBGrad) {
+    if (GemmEpilogueHasAux(p.epilogue)) {
         plan->set_aux = true;
         plan->aux_ptr = p.aux;
         SetDesc(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
@@ -163,14 +164,14 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
             plan->chosen = record->chosen;
             plan->chosen_us = record->chosen_us;
             plan->first_us = record->first_us;
-            plan->bgradb_separate = record->bgradb_separate;
-            plan->bgradb_fused_us = record->bgradb_fused_us;
-            plan->bgradb_separate_us = record->bgradb_separate_us;
-            if (p.epilogue == GemmEpilogue::kBGradB) {
-                if (plan->bgradb_separate) {
-                    plan->plain = GetPlan(PlainParams(p), ctx);
+            if (MeasuresEpilogue(p)) {
+                plan->epilogue_separate = record->epilogue_separate;
+                plan->epilogue_fused_us = record->epilogue_fused_us;
+                plan->epilogue_separate_us = record->epilogue_separate_us;
+                if (plan->epilogue_separate) {
+                    plan->apart = GetPlan(ApartGemmParams(p), ctx);
                 }
-                CountBGradB(*plan);
+                CountEpilogueDecision(*plan);
             }
             detail::GemmCounters().file_hits.fetch_add(1);
             return plan;
@@ -254,8 +255,8 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
             std::lock_guard lock(plan->mutex);
             TuneNow(*plan, p, ctx);
         }
-    } else if (p.epilogue == GemmEpilogue::kBGradB) {
-        CountBGradB(*plan); // untuned: the fused epilogue, one launch
+    } else if (MeasuresEpilogue(p)) {
+        CountEpilogueDecision(*plan); // untuned: the fused epilogue, one launch
     }
     return plan;
 }
@@ -301,6 +302,20 @@ GemmParams PlainParams(const GemmParams &p) {
     plain.aux = nullptr;
     plain.ldaux = 0;
     return plain;
+}
+
+bool MeasuresEpilogue(const GemmParams &p) {
+    switch (p.epilogue) {
+    case GemmEpilogue::kGeluAuxBias:
+    case GemmEpilogue::kBGradB:
+    case GemmEpilogue::kDGeluBGrad:
+    case GemmEpilogue::kDGelu:
+        return p.beta == 0.0 && p.batch_count == 1;
+    case GemmEpilogue::kNone:
+    case GemmEpilogue::kBias:
+        break;
+    }
+    return false;
 }
 
 bool StreamCapturing(cudaStream_t stream) {
@@ -367,9 +382,9 @@ std::vector<GemmPlanInfo> PlanInfos() {
                                      .chosen = plan->chosen,
                                      .chosen_us = plan->chosen_us,
                                      .first_us = plan->first_us,
-                                     .bgradb_separate = plan->bgradb_separate,
-                                     .bgradb_fused_us = plan->bgradb_fused_us,
-                                     .bgradb_separate_us = plan->bgradb_separate_us,
+                                     .epilogue_separate = plan->epilogue_separate,
+                                     .epilogue_fused_us = plan->epilogue_fused_us,
+                                     .epilogue_separate_us = plan->epilogue_separate_us,
                                      .chosen_small_workspace = plan->tuned && !plan->from_file &&
                                                                plan->chosen >= plan->full_workspace_candidates});
     }

@@ -2,7 +2,8 @@
 
 // Private to the cuBLASLt provider, which is three files: gemm_cublaslt.cc (the op entry points), gemm_lt_plan.cc
 // (descriptors and layouts, the plan cache, the algorithm choice) and gemm_lt_tuning.cc (timing the candidates, the
-// BGRADB decision). Shared here: the RAII cuBLASLt objects, the plan, and the functions the files call across.
+// fused-or-apart decision of the measured epilogues). Shared here: the RAII cuBLASLt objects, the plan, and the
+// functions the files call across.
 
 #include <cstdint>
 #include <memory>
@@ -85,11 +86,12 @@ struct LtPlan {
     double chosen_us = 0.0;
     double first_us = 0.0;
 
-    // BGRADB keys: run the plain plan and the separate column sum instead of the fused epilogue.
-    bool bgradb_separate = false;
-    double bgradb_fused_us = 0.0;
-    double bgradb_separate_us = 0.0;
-    std::shared_ptr<LtPlan> plain;
+    // Measured epilogues (MeasuresEpilogue): run the apart GEMM's plan and RunApartEpilogue instead of the fused
+    // epilogue where that measured faster.
+    bool epilogue_separate = false;
+    double epilogue_fused_us = 0.0;
+    double epilogue_separate_us = 0.0;
+    std::shared_ptr<LtPlan> apart; ///< the plan of ApartGemmParams(p), when epilogue_separate
 };
 
 /// The GPU's name (cudaDeviceProp::name) and cuBLASLt's version: the tuning-cache file's record key.
@@ -107,6 +109,10 @@ const DeviceIdentity &Identity(int device);
 std::shared_ptr<LtPlan> GetPlan(const GemmParams &p, CudaContext &ctx);
 /// p without its epilogue: the plain product.
 GemmParams PlainParams(const GemmParams &p);
+/// Whether p's fused epilogue is timed against running it apart (ApartGemmParams' GEMM, then RunApartEpilogue) and
+/// kept only where it measures faster: GELU_AUX(_BIAS), BGRADB, DGELU and DGELU_BGRAD, with beta = 0 (timing repeats
+/// the call, which must not add into C twice). A bias epilogue costs the GEMM nothing and is always fused.
+bool MeasuresEpilogue(const GemmParams &p);
 bool StreamCapturing(cudaStream_t stream);
 /// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning).
 cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const GemmParams &p, void *d, CudaContext &ctx,
@@ -114,15 +120,18 @@ cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const Gemm
 
 // gemm_lt_tuning.cc
 
-/// Times the plan's candidates on p's operands and keeps the fastest; for a BGRADB key also decides fused against
-/// separate; stores the record in the tuning-cache file (under plan.mutex, stream not capturing).
+/// Times the plan's candidates on p's operands and keeps the fastest; for a measured epilogue also decides fused
+/// against apart; stores the record in the tuning-cache file (under plan.mutex, stream not capturing).
 void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
-/// Counts a BGRADB plan's decision (GemmPlanStats).
-void CountBGradB(const LtPlan &plan);
+/// Counts a measured epilogue's decision (GemmPlanStats).
+void CountEpilogueDecision(const LtPlan &plan);
 
 // gemm_cublaslt.cc
 
 /// The product without epilogue: cuBLASLt, or cuBLAS when cuBLASLt has nothing for the shape.
 void RunPlain(const GemmParams &p, CudaContext &ctx);
+/// p through `plan` (p's plan): its algorithm (or, for a measured epilogue that runs apart, the apart plan and
+/// RunApartEpilogue), or, when the plan is not usable, the plain product and the separate epilogue kernels.
+void RunWithPlan(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
 
 } // namespace shardline::kernels::cuda::lt

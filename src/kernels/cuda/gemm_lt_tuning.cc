@@ -1,5 +1,6 @@
 // Tuning the cuBLASLt provider's plans: the heuristic's candidates timed on the call's own operands (the fastest is
-// kept), and for BGRADB keys the fused epilogue timed against the plain GEMM + separate column sum.
+// kept), and for the measured epilogues (GELU_AUX, BGRADB, DGELU, DGELU_BGRAD) the fused epilogue timed against the
+// same work run apart (e.g. the plain GEMM + a separate column sum).
 
 #include <algorithm>
 #include <cstdint>
@@ -20,8 +21,9 @@ namespace shardline::kernels::cuda::lt {
 namespace {
 
 // Tuning: a candidate replaces the heuristic's first pick only when it is faster by this fraction on two passes, and
-// the fused BGRADB epilogue is kept only when it beats the plain GEMM + column sum by it (timing noise of repeated
-// launches on one GPU is below 1 %; a tie keeps the simpler and, for the bias grad, exactly-summed path).
+// a measured fused epilogue is kept only when it beats running it apart by it (timing noise of repeated launches on one
+// GPU is below 1 %; a tie keeps the apart path, whose GEMM is the simpler kernel and whose bias grads are summed by
+// the deterministic column sum).
 constexpr double kTuningMargin = 0.01;
 // Each candidate runs once to warm up, then reps times between two events; reps targets ~kTuningBudgetUs per
 // candidate and pass, within [kMinReps, kMaxReps].
@@ -180,23 +182,25 @@ void TuneCandidates(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     detail::GemmCounters().tuned.fetch_add(1);
 }
 
-/// BGRADB: the fused epilogue with its tuned algorithm against the plain GEMM (its own tuned plan) followed by the
-/// separate column sum, both on p's operands (beta is 0 for BGRADB, so they write p.c and p.bias, which the real call
-/// overwrites). Called under plan.mutex, stream not capturing.
-void DecideBGradB(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+/// A measured epilogue (MeasuresEpilogue): the fused epilogue with its tuned algorithm against the apart path — the
+/// apart GEMM (ApartGemmParams, through its own tuned plan) followed by RunApartEpilogue — both on p's operands. beta
+/// is 0, and the inputs (A, B, and for DGELU the aux) are only read, so repeated runs write the same outputs (D, the
+/// bias grad, GELU_AUX's aux), which the real call then overwrites. Called under plan.mutex, stream not capturing.
+void DecideEpilogue(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     const cudaStream_t stream = ctx.stream();
-    const GemmParams plain_params = PlainParams(p);
-    plan.plain = GetPlan(plain_params, ctx);
+    const GemmParams apart_params = ApartGemmParams(p);
+    plan.apart = GetPlan(apart_params, ctx);
     const Tensor flush = ColdFlushBuffer(p, ctx);
     CandidateTimer events(stream, flush.defined() ? flush.data() : nullptr, flush.defined() ? flush.nbytes() : 0);
     auto fused = [&] { return Launch(plan, plan.algo, p, p.c, ctx, stream) == CUBLAS_STATUS_SUCCESS; };
     auto separate = [&] {
-        RunPlain(plain_params, ctx);
-        RunUnfusedEpilogue(p, ctx, ReduceImpl::kVectorized);
+        RunWithPlan(*plan.apart, apart_params, ctx);
+        RunApartEpilogue(p, ctx, ReduceImpl::kVectorized);
         return true;
     };
     const double fused_single = events.Time(1, fused);
-    SHARDLINE_CHECK_AS(CudaError, fused_single > 0.0, kOp, "the tuned BGRADB algorithm failed for {}", plan.key);
+    SHARDLINE_CHECK_AS(CudaError, fused_single > 0.0, kOp, "the tuned {} algorithm failed for {}",
+                       GemmEpilogueName(p.epilogue), plan.key);
     (void)events.Time(1, separate);
     const int reps = RepsFor(fused_single);
     double fused_us = 0.0;
@@ -207,9 +211,9 @@ void DecideBGradB(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
         fused_us = pass == 0 ? f : std::min(fused_us, f);
         separate_us = pass == 0 ? s : std::min(separate_us, s);
     }
-    plan.bgradb_fused_us = fused_us;
-    plan.bgradb_separate_us = separate_us;
-    plan.bgradb_separate = !(fused_us < separate_us * (1.0 - kTuningMargin));
+    plan.epilogue_fused_us = fused_us;
+    plan.epilogue_separate_us = separate_us;
+    plan.epilogue_separate = !(fused_us < separate_us * (1.0 - kTuningMargin));
 }
 
 GemmTuningRecord MakeRecord(const LtPlan &plan, const DeviceIdentity &id) {
@@ -223,28 +227,28 @@ GemmTuningRecord MakeRecord(const LtPlan &plan, const DeviceIdentity &id) {
     r.chosen = plan.chosen;
     r.chosen_us = plan.chosen_us;
     r.first_us = plan.first_us;
-    r.bgradb_separate = plan.bgradb_separate;
-    r.bgradb_fused_us = plan.bgradb_fused_us;
-    r.bgradb_separate_us = plan.bgradb_separate_us;
+    r.epilogue_separate = plan.epilogue_separate;
+    r.epilogue_fused_us = plan.epilogue_fused_us;
+    r.epilogue_separate_us = plan.epilogue_separate_us;
     return r;
 }
 
 } // namespace
 
-void CountBGradB(const LtPlan &plan) {
-    if (plan.bgradb_separate) {
-        detail::GemmCounters().bgradb_separate.fetch_add(1);
+void CountEpilogueDecision(const LtPlan &plan) {
+    if (plan.epilogue_separate) {
+        detail::GemmCounters().epilogue_separate.fetch_add(1);
     } else {
-        detail::GemmCounters().bgradb_fused.fetch_add(1);
+        detail::GemmCounters().epilogue_fused.fetch_add(1);
     }
 }
 
 /// Tunes a plan built during a capture, or just built outside one (under plan.mutex).
 void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     TuneCandidates(plan, p, ctx);
-    if (p.epilogue == GemmEpilogue::kBGradB) {
-        DecideBGradB(plan, p, ctx);
-        CountBGradB(plan);
+    if (MeasuresEpilogue(p)) {
+        DecideEpilogue(plan, p, ctx);
+        CountEpilogueDecision(plan);
     }
     plan.needs_tuning = false;
     detail::StoreTuningRecord(MakeRecord(plan, Identity(ctx.device())));

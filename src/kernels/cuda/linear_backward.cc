@@ -1,11 +1,16 @@
-// The default provider's LinearBackward on CUDA: dX, dW and db together.
+// The default provider's LinearBackward on CUDA: dX, dW and db together (and, for a layer after a GELU, the GELU's
+// gradient and the previous layer's bias grad).
 //
 // The bias grad is fused into the wgrad GEMM (BGRADB) where that measured faster for the shape (the Gemm plan's
 // decision, gemm_tuning.h); otherwise it is the separate column sum of dY, which then runs on a side stream of the
-// device while the dgrad and wgrad GEMMs run on the compute stream: all three only read dY. The side stream forks from
-// the compute stream after everything queued so far and joins it before the call returns (an event each way), so the
-// caller sees one stream, and a CUDA graph capture of the compute stream takes the side branch in.
+// device while the dgrad and wgrad GEMMs run on the compute stream: all three only read dY. Likewise the previous
+// layer's bias grad rides in the dgrad GEMM (DGELU_BGRAD) where that measured faster and it is overwritten; otherwise
+// it is the column sum of dX after the dgrad GEMM (whose epilogue still applies the GELU grad, DGELU), on the side
+// stream while the wgrad GEMM runs. The side stream forks from the compute stream after everything queued so far
+// (before the GEMMs, and again after the dgrad GEMM) and joins it before the call returns, so the caller sees one
+// stream, and a CUDA graph capture of the compute stream takes the side branch in.
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -78,6 +83,27 @@ bool NestedOpsAreDefault() {
     return cached;
 }
 
+/// The column sum out (+)= Σ_rows t of a row-major [..., cols] tensor, and its plan (for the scratch it needs).
+struct BiasGradSum {
+    const Tensor *t = nullptr;
+    Tensor *out = nullptr;
+    std::int64_t rows = 0;
+    std::int64_t cols = 0;
+
+    BiasGradSum() = default;
+    BiasGradSum(const Tensor &from, Tensor &into)
+        : t(&from), out(&into), rows(from.shape().back() == 0 ? 0 : from.numel() / from.shape().back()),
+          cols(from.shape().back()) {}
+    explicit operator bool() const { return t != nullptr; }
+    std::int64_t Partials(const CudaContext &ctx) const {
+        return PlanColumnSum(t->data(), t->dtype(), rows, cols, cols, ctx.multiprocessors(), true).partial_elems;
+    }
+    void On(CudaContext &ctx, cudaStream_t stream, bool accumulate) const {
+        ColumnSumOn(ctx, stream, t->data(), t->dtype(), rows, cols, cols, out->data(), out->dtype(), accumulate,
+                    ReduceImpl::kVectorized);
+    }
+};
+
 } // namespace
 
 void CudaLinearBackward(const LinearBackwardArgs &args) {
@@ -94,57 +120,88 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
     if (args.dweight != nullptr) {
         const bool can_fuse = args.dbias != nullptr && !args.accumulate;
         wgrad = detail::LinearWgradGemm(dy, *args.x, *args.dweight, can_fuse ? args.dbias : nullptr, args.accumulate);
-        fused_bias = can_fuse && BGradBFused(wgrad);
+        fused_bias = can_fuse && EpilogueRunsFused(wgrad);
         if (can_fuse && !fused_bias) {
             wgrad = detail::LinearWgradGemm(dy, *args.x, *args.dweight, nullptr, args.accumulate);
         }
     }
-    const bool separate_bias = args.dbias != nullptr && !fused_bias;
-    const bool gemms = args.dx != nullptr || args.dweight != nullptr;
-    // dy [..., out] is a row-major rows×out matrix; db[j] (+)= Σ_rows dy[row, j].
-    const std::int64_t cols = dy.shape().back();
-    const std::int64_t rows = dy.numel() / cols;
+    // The dgrad GEMM, with the previous layer's GELU grad in its epilogue (DGELU) and that layer's bias grad too
+    // (DGELU_BGRAD) where the plan measured that faster; DGELU_BGRAD cannot accumulate and writes dx's dtype.
+    GemmParams dgrad;
+    bool fused_pre_bias = false;
+    Tensor *pre_dbias = args.dx != nullptr ? args.pre_activation_dbias : nullptr;
+    if (args.dx != nullptr) {
+        const Tensor *pre = args.input_activation == LinearActivation::kGeluTanh ? args.pre_activation : nullptr;
+        const bool can_fuse =
+            pre_dbias != nullptr && detail::DgradCanFuseBiasGrad(*args.dx, *pre_dbias, args.accumulate);
+        dgrad = detail::LinearDgradGemm(dy, *args.weight, *args.dx, pre, can_fuse ? pre_dbias : nullptr);
+        fused_pre_bias = can_fuse && EpilogueRunsFused(dgrad);
+        if (can_fuse && !fused_pre_bias) {
+            dgrad = detail::LinearDgradGemm(dy, *args.weight, *args.dx, pre, nullptr);
+        }
+    }
+    // The bias grads that run as column sums: db of dy (any time), and the previous layer's of dx (after the dgrad).
+    const BiasGradSum bias_sum = args.dbias != nullptr && !fused_bias ? BiasGradSum(dy, *args.dbias) : BiasGradSum();
+    const BiasGradSum pre_sum =
+        pre_dbias != nullptr && !fused_pre_bias ? BiasGradSum(*args.dx, *pre_dbias) : BiasGradSum();
+    // On the side stream they overlap the GEMMs: db all of them, the previous bias grad the wgrad GEMM.
+    const bool bias_beside = bias_sum && (args.dx != nullptr || args.dweight != nullptr);
+    const bool pre_beside = pre_sum && args.dweight != nullptr;
 
-    SideStream *side = separate_bias && gemms ? &SideStreamOf(ctx.device()) : nullptr;
+    SideStream *side = bias_beside || pre_beside ? &SideStreamOf(ctx.device()) : nullptr;
     if (side != nullptr) {
         // The side stream's reduction scratch must already be large enough when the compute stream is being
         // captured (it cannot grow then, and a graph allocation on the compute stream would not be ordered before
-        // the side branch): otherwise the column sum stays on the compute stream.
-        const ColumnSumPlan plan = PlanColumnSum(dy.data(), dy.dtype(), rows, cols, cols, ctx.multiprocessors(), true);
-        if (plan.partial_elems > 0 &&
-            ReduceScratch(ctx, side->stream, static_cast<std::size_t>(plan.partial_elems)) == nullptr) {
+        // the side branch): otherwise the column sums stay on the compute stream.
+        const std::int64_t partials = std::max(bias_beside ? bias_sum.Partials(ctx) : std::int64_t{0},
+                                               pre_beside ? pre_sum.Partials(ctx) : std::int64_t{0});
+        if (partials > 0 && ReduceScratch(ctx, side->stream, static_cast<std::size_t>(partials)) == nullptr) {
             side = nullptr;
         }
     }
-    if (separate_bias && side == nullptr) {
-        ColumnSum(ctx, dy.data(), dy.dtype(), rows, cols, cols, args.dbias->data(), args.dbias->dtype(),
-                  args.accumulate, ReduceImpl::kVectorized);
+    const cudaStream_t main = ctx.stream();
+    if (bias_sum && (side == nullptr || !bias_beside)) {
+        bias_sum.On(ctx, main, args.accumulate);
     }
     std::unique_lock<std::mutex> side_lock;
-    const cudaStream_t main = ctx.stream();
-    if (side != nullptr) {
-        side_lock = std::unique_lock(side->mutex);
+    bool forked = false;
+    // Forks the side stream from everything queued on the compute stream so far.
+    auto fork = [&] {
+        forked = true;
         SHARDLINE_CHECK_CUDA(cudaEventRecord(side->fork, main));
         SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(side->stream, side->fork, 0));
-        ColumnSumOn(ctx, side->stream, dy.data(), dy.dtype(), rows, cols, cols, args.dbias->data(), args.dbias->dtype(),
-                    args.accumulate, ReduceImpl::kVectorized);
+    };
+    if (side != nullptr) {
+        side_lock = std::unique_lock(side->mutex);
     }
     try {
+        if (side != nullptr && bias_beside) {
+            fork();
+            bias_sum.On(ctx, side->stream, args.accumulate);
+        }
         if (args.dx != nullptr) {
-            Gemm(detail::LinearDgradGemm(dy, *args.weight, *args.dx));
+            Gemm(dgrad);
+        }
+        if (pre_sum) {
+            if (side != nullptr && pre_beside) {
+                fork(); // after the dgrad GEMM: the sum reads dx
+                pre_sum.On(ctx, side->stream, args.accumulate);
+            } else {
+                pre_sum.On(ctx, main, args.accumulate);
+            }
         }
         if (args.dweight != nullptr) {
             Gemm(wgrad);
         }
     } catch (...) {
-        if (side != nullptr) {
-            // Join anyway: a capture must not be left with an unjoined branch, and db's writer must precede reuse.
+        if (forked) {
+            // Join anyway: a capture must not be left with an unjoined branch, and the sums' writes must precede reuse.
             (void)cudaEventRecord(side->join, side->stream);
             (void)cudaStreamWaitEvent(main, side->join, 0);
         }
         throw;
     }
-    if (side != nullptr) {
+    if (forked) {
         SHARDLINE_CHECK_CUDA(cudaEventRecord(side->join, side->stream));
         SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(main, side->join, 0));
     }

@@ -1,0 +1,173 @@
+#include "parallel_layers.h"
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <shardline/core/error.h>
+#include <shardline/dist/dist_tensor.h>
+
+namespace shardline::autograd::detail {
+namespace {
+
+using functional::ColumnParallelLinearOptions;
+using functional::RowParallelLinearOptions;
+
+/// `layout` without Partials, with tp taken off every dim and every mesh dim off the feature (last) dim, then tp
+/// placed as the minor shard of dim 0 and/or on the feature dim. The layer's input layout (column + sequence parallel:
+/// tp on dim 0; row + input_is_parallel: tp on the features) and its output layout (row + sequence parallel: tp on dim
+/// 0; column without gather_output: tp on the features) are both this of x's layout: the leading dims keep their
+/// shards over the other mesh dims (e.g. dp).
+spmd::Layout PlaceTp(const spmd::Layout &x, int tp_dim, bool tp_on_seq, bool tp_on_features) {
+    std::vector<std::vector<int>> dims = x.DimsMeshDims();
+    for (auto &d : dims) {
+        std::erase(d, tp_dim);
+    }
+    dims.back().clear();
+    if (tp_on_seq) {
+        dims.front().push_back(tp_dim);
+    }
+    if (tp_on_features) {
+        dims.back().push_back(tp_dim);
+    }
+    return spmd::Layout(std::move(dims));
+}
+
+/// A parameter gradient's layout: the parameter's, Partial(sum) over every mesh dim other than tp that shards the
+/// input's rows.
+spmd::Layout ParamGradLayout(const spmd::Layout &param, const spmd::Layout &input, int tp_dim) {
+    std::map<int, spmd::ReduceOp> partial;
+    for (int t = 0; t + 1 < input.TensorRank(); ++t) {
+        for (int d : input.MeshDims(t)) {
+            if (d != tp_dim) {
+                partial[d] = spmd::ReduceOp::kSum;
+            }
+        }
+    }
+    return param.WithPartial(std::move(partial));
+}
+
+/// A parameter must be on the layer's mesh, of its global shape, in the layout the layer keeps it in.
+void CheckParameter(std::string_view op, std::string_view what, const Variable &p, comm::DeviceMesh &mesh,
+                    const Shape &shape, const spmd::Layout &layout) {
+    SHARDLINE_CHECK(p.defined(), op, "{} is undefined", what);
+    const dist::DistTensor &v = p.value();
+    SHARDLINE_CHECK(!v.is_local() && &v.mesh() == &mesh, op, "{} must be on the tensor-parallel group's mesh, got {}",
+                    what, v.ToString());
+    SHARDLINE_CHECK_AS(ShapeError, v.global_shape() == shape, op, "{} must be {}, got {}", what, ShapeToString(shape),
+                       v.ToString());
+    SHARDLINE_CHECK(dist::SameLayout(mesh, v.layout(), layout), op, "{} must have layout {} on the mesh, got {}", what,
+                    layout.ToString(), v.ToString());
+}
+
+/// Sequence parallelism splits dim 0 over tp within every chunk the other mesh dims make of it; the ranks' shapes
+/// agree only when every chunk divides evenly. Checked on every rank alike, before any collective.
+void CheckEvenRows(std::string_view op, const Shape &x_global, const spmd::Layout &rows_layout,
+                   const comm::DeviceMesh &mesh) {
+    std::int64_t parts = 1;
+    for (int d : rows_layout.MeshDims(0)) {
+        parts *= mesh.shape()[static_cast<std::size_t>(d)];
+    }
+    SHARDLINE_CHECK_AS(ShapeError, x_global.front() % parts == 0, op,
+                       "sequence_parallel: the sequence length x.shape[0] ({}) must be divisible by the {} ranks that "
+                       "shard it (mesh dims [{}] of mesh [{}])",
+                       x_global.front(), parts, fmt::join(rows_layout.MeshDims(0), ", "),
+                       fmt::join(mesh.shape(), ", "));
+}
+
+spmd::Layout InputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x, int tp_dim, bool tp_on_seq,
+                         bool tp_on_features) {
+    const spmd::Layout placed = PlaceTp(x, tp_dim, tp_on_seq, tp_on_features);
+    return dist::SameLayout(mesh, x, placed) ? x : placed;
+}
+
+/// The layouts of a layer whose input is in `input`: its output with tp on dim 0 and/or the features, the parameter
+/// gradients Partial over the rows' other mesh dims.
+LayerLayouts Layouts(const spmd::Layout &input, int tp_dim, bool y_tp_on_seq, bool y_tp_on_features,
+                     const spmd::Layout &weight, const spmd::Layout &bias) {
+    return LayerLayouts{.x = input,
+                        .y = PlaceTp(input, tp_dim, y_tp_on_seq, y_tp_on_features),
+                        .weight = ParamGradLayout(weight, input, tp_dim),
+                        .bias = ParamGradLayout(bias, input, tp_dim)};
+}
+
+spmd::Layout ColumnWeightLayout(int t) { return spmd::Layout(std::vector<std::vector<int>>{{t}, {}}); }
+spmd::Layout ColumnBiasLayout(int t) { return spmd::Layout(std::vector<std::vector<int>>{{t}}); }
+spmd::Layout RowWeightLayout(int t) { return spmd::Layout(std::vector<std::vector<int>>{{}, {t}}); }
+
+} // namespace
+
+void CheckLayerInput(std::string_view op, const Variable &x, const comm::DeviceMesh &mesh, std::int64_t in_features) {
+    SHARDLINE_CHECK(x.defined(), op, "x is undefined");
+    SHARDLINE_CHECK(!x.value().is_local() && &x.value().mesh() == &mesh, op,
+                    "x must be on the tensor-parallel group's mesh, got {}", x.value().ToString());
+    SHARDLINE_CHECK_AS(ShapeError, x.shape().size() >= 2 && x.shape().back() == in_features, op,
+                       "x must be [s, ..., in_features] = [s, ..., {}], got {}", in_features, x.value().ToString());
+}
+
+void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
+                          const ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
+    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, ColumnWeightLayout(tp_dim));
+    if (options.adds_bias()) {
+        CheckParameter(op, "bias", bias, mesh, {options.out_features}, ColumnBiasLayout(tp_dim));
+    }
+}
+
+void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
+                          const RowParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
+    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, RowWeightLayout(tp_dim));
+    if (options.adds_bias()) {
+        CheckParameter(op, "bias", bias, mesh, {options.out_features}, spmd::Layout::Replicated(1));
+    }
+}
+
+spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x, const ColumnParallelLinearOptions &options,
+                              int tp_dim) {
+    return InputLayout(mesh, x, tp_dim, options.sequence_parallel, false);
+}
+
+spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x, const RowParallelLinearOptions &options,
+                              int tp_dim) {
+    return InputLayout(mesh, x, tp_dim, false, options.input_is_parallel);
+}
+
+LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
+                             const ColumnParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim) {
+    if (options.sequence_parallel) {
+        CheckEvenRows(op, x_global, input, mesh);
+    }
+    return Layouts(input, tp_dim, false, !options.gather_output, ColumnWeightLayout(tp_dim), ColumnBiasLayout(tp_dim));
+}
+
+LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
+                             const RowParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim) {
+    LayerLayouts layouts =
+        Layouts(input, tp_dim, options.sequence_parallel, false, RowWeightLayout(tp_dim), spmd::Layout::Replicated(1));
+    if (options.sequence_parallel) {
+        CheckEvenRows(op, x_global, layouts.y, mesh);
+    }
+    return layouts;
+}
+
+Shape LayerOutputShape(const Shape &x_local, const ColumnParallelLinearOptions &options, std::int64_t tp) {
+    Shape y = x_local;
+    y.back() = options.gather_output ? options.out_features : options.out_features / tp;
+    if (options.sequence_parallel) {
+        y.front() *= tp;
+    }
+    return y;
+}
+
+Shape LayerOutputShape(const Shape &x_local, const RowParallelLinearOptions &options, std::int64_t tp) {
+    Shape y = x_local;
+    y.back() = options.out_features;
+    if (options.sequence_parallel) {
+        y.front() /= tp;
+    }
+    return y;
+}
+
+} // namespace shardline::autograd::detail

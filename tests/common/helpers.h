@@ -13,6 +13,7 @@
 // SHARDLINE_ALLOW_TF32 says). Every case runs with the provider environment cleared: each test says which provider it
 // measures.
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -127,6 +128,33 @@ inline ::testing::AssertionResult ValuesMatch(const Values &actual, const Values
 inline ::testing::AssertionResult ValuesMatch(const Tensor &actual, const Values &expected, DType dtype,
                                               double roundings = 1) {
     return ValuesMatch(actual.ToDoubleVector(), expected, dtype, roundings);
+}
+
+/// cuBLASLt's fp32 DGELU epilogue evaluates gelu'(x) with its own approximation, up to ~2.4e-5 off in absolute terms
+/// (docs/kernels.md): dx = g ⊙ gelu'(pre) then carries an error of that times |g|, which near gelu's zero of slope
+/// (pre ≈ -0.75) no bound relative to dx itself covers. The half types round far more coarsely than that.
+inline constexpr double kCublasLtFp32GeluGradError = 3e-5;
+
+/// dx = g ⊙ gelu'(pre) (or Σ_rows of it: pass Σ_rows |g| as g_abs) against its float64 reference: ValuesMatch's bound
+/// plus, for float32, kCublasLtFp32GeluGradError·|g| per element.
+inline ::testing::AssertionResult GeluGradMatch(const Values &actual, const Values &expected, const Values &g_abs,
+                                                DType dtype, double roundings) {
+    if (dtype != DType::kFloat32) {
+        return ValuesMatch(actual, expected, dtype, roundings);
+    }
+    // Take the approximation's share off each element's error, then hold the rest to the usual bound.
+    Values shifted(actual.size());
+    for (std::size_t i = 0; i < actual.size() && i < expected.size() && i < g_abs.size(); ++i) {
+        const double err = actual[i] - expected[i];
+        const double slack = kCublasLtFp32GeluGradError * std::abs(g_abs[i]);
+        const double rest = std::abs(err) <= slack ? 0.0 : err - std::copysign(slack, err);
+        shifted[i] = expected[i] + rest;
+    }
+    return ValuesMatch(actual.size() == expected.size() ? shifted : actual, expected, dtype, roundings);
+}
+inline ::testing::AssertionResult GeluGradMatch(const Tensor &actual, const Values &expected, const Values &g_abs,
+                                                DType dtype, double roundings) {
+    return GeluGradMatch(actual.ToDoubleVector(), expected, g_abs, dtype, roundings);
 }
 
 /// Σ|v|: a random operand must not be all zeros (a test on zeros cannot fail).

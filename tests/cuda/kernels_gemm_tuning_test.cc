@@ -311,13 +311,17 @@ void ExpectGeluLayerMatchesFloat64(const Layer& l, const Tensor& pre_in, const G
     }
     Values dx = RefLinearBackwardInput(l.dy.ToDoubleVector(), l.w.ToDoubleVector(), l.m, l.out, l.in);
     const Values pre_in_v = pre_in.ToDoubleVector();
+    Values g_abs(dx.size());
     for (std::size_t i = 0; i < dx.size(); ++i) {
+        g_abs[i] = std::abs(dx[i]);
         dx[i] *= RefGeluTanhGrad(pre_in_v[i]);
     }
     EXPECT_TRUE(ValuesMatch(o.pre, pre, l.dtype, kUnfusedBiasRoundings)) << "pre-activation";
     EXPECT_TRUE(ValuesMatch(o.y, y, l.dtype, kGeluEpilogueRoundings)) << "y = gelu(pre)";
-    EXPECT_TRUE(ValuesMatch(o.dx, dx, l.dtype, kGeluEpilogueRoundings)) << "dx = dy·W ⊙ gelu'(pre_in)";
-    EXPECT_TRUE(ValuesMatch(o.pre_db, RefColumnSum(dx, l.m, l.in), l.dtype, kGeluEpilogueRoundings)) << "Σ_rows dx";
+    EXPECT_TRUE(GeluGradMatch(o.dx, dx, g_abs, l.dtype, kGeluEpilogueRoundings)) << "dx = dy·W ⊙ gelu'(pre_in)";
+    EXPECT_TRUE(GeluGradMatch(o.pre_db, RefColumnSum(dx, l.m, l.in), RefColumnSum(g_abs, l.m, l.in), l.dtype,
+                              kGeluEpilogueRoundings))
+        << "Σ_rows dx";
 }
 
 TEST_P(CudaGemmTuningTest, BothPathsOfTheGeluEpiloguesFromTheFileMatchFloat64) {

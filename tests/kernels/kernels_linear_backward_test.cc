@@ -201,15 +201,20 @@ SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(LinearBackwardTest, DeviceCases, Devic
 /// The float64 expectations of a layer after a GELU.
 struct GeluRef {
     Values dx, pre_db, dw, db;
+    Values g_abs;        ///< |dy·W| per element of dx, the scale of cuBLASLt's fp32 gelu' error (GeluGradMatch)
+    Values pre_db_g_abs; ///< Σ_rows |dy·W|, the same for pre_db
 };
 GeluRef RefAfterGelu(const Tensor &dy, const Tensor &x, const Tensor &w, const Tensor &pre, const Case &c) {
     const Values dyv = dy.ToDoubleVector();
     const Values prev = pre.ToDoubleVector();
     GeluRef r;
     r.dx = RefLinearBackwardInput(dyv, w.ToDoubleVector(), c.m, c.out, c.in);
+    r.g_abs = r.dx;
     for (std::size_t i = 0; i < r.dx.size(); ++i) {
+        r.g_abs[i] = std::abs(r.g_abs[i]);
         r.dx[i] *= RefGeluTanhGrad(prev[i]);
     }
+    r.pre_db_g_abs = RefColumnSum(r.g_abs, c.m, c.in);
     r.pre_db = RefColumnSum(r.dx, c.m, c.in);
     r.dw = RefLinearBackwardWeight(dyv, x.ToDoubleVector(), c.m, c.out, c.in);
     r.db = RefColumnSum(dyv, c.m, c.out);
@@ -257,9 +262,11 @@ TEST_P(LinearBackwardGeluTest, GeluGradAndPreviousBiasGradMatchFloat64WithEveryS
                                               .pre_activation_dbias = want_pre_db ? &pre_db : nullptr});
             // Read right away: on CUDA a separate sum runs on the side stream, which must have joined.
             if (want_pre_db) {
-                EXPECT_TRUE(ValuesMatch(pre_db, ref_.pre_db, dtype(), kGeluEpilogueRoundings)) << "pre_db = Σ_rows dx";
+                EXPECT_TRUE(GeluGradMatch(pre_db, ref_.pre_db, ref_.pre_db_g_abs, dtype(), kGeluEpilogueRoundings))
+                    << "pre_db = Σ_rows dx";
             }
-            EXPECT_TRUE(ValuesMatch(dx, ref_.dx, dtype(), kGeluEpilogueRoundings)) << "dx = dy·W ⊙ gelu'(pre)";
+            EXPECT_TRUE(GeluGradMatch(dx, ref_.dx, ref_.g_abs, dtype(), kGeluEpilogueRoundings))
+                << "dx = dy·W ⊙ gelu'(pre)";
             if (want_dw) {
                 EXPECT_TRUE(ValuesMatch(dw, ref_.dw, dtype(), OnCuda(kEpilogueRoundings))) << "dw";
             }
@@ -297,7 +304,7 @@ TEST_P(LinearBackwardGeluTest, PreviousBiasGradAccumulatesIntoAMainGrad) {
                                               .pre_activation = &pre_,
                                               .pre_activation_dbias = &main_pre_db});
             const Values got_dx = dx.ToDoubleVector();
-            EXPECT_TRUE(ValuesMatch(got_dx, ref_.dx, dtype(), kGeluEpilogueRoundings)) << "dx";
+            EXPECT_TRUE(GeluGradMatch(got_dx, ref_.dx, ref_.g_abs, dtype(), kGeluEpilogueRoundings)) << "dx";
             if (step == 1) {
                 first_dx = got_dx;
             }
@@ -306,8 +313,9 @@ TEST_P(LinearBackwardGeluTest, PreviousBiasGradAccumulatesIntoAMainGrad) {
             EXPECT_TRUE(ValuesMatch(main_pre_db, AddScaled(old_pre_db, RefColumnSum(first_dx, c.m, c.in), step),
                                     main_dtype, step))
                 << "pre_db = old + Σ_rows dx (the returned dx)";
-            EXPECT_TRUE(
-                ValuesMatch(main_pre_db, AddScaled(old_pre_db, ref_.pre_db, step), dtype(), kGeluEpilogueRoundings))
+            EXPECT_TRUE(GeluGradMatch(main_pre_db, AddScaled(old_pre_db, ref_.pre_db, step),
+                                      AddScaled(Values(ref_.pre_db_g_abs.size(), 0.0), ref_.pre_db_g_abs, step),
+                                      dtype(), kGeluEpilogueRoundings))
                 << "pre_db = old + Σ_rows dx (exact)";
             EXPECT_TRUE(ValuesMatch(main_db, AddScaled(old_db, ref_.db, step), main_dtype, step)) << "db";
             EXPECT_TRUE(ValuesMatch(main_dw, AddScaled(old_dw, ref_.dw, step), main_dtype, step)) << "dw";
@@ -332,16 +340,16 @@ TEST_P(LinearBackwardGeluTest, SplitBackwardInputTakesTheActivationToo) {
                                                         .pre_activation = &pre_,
                                                         .pre_activation_dbias = &pre_db,
                                                         .accumulate = accumulate});
-            EXPECT_TRUE(ValuesMatch(dx, ref_.dx, dtype(), kGeluEpilogueRoundings)) << "dx";
+            EXPECT_TRUE(GeluGradMatch(dx, ref_.dx, ref_.g_abs, dtype(), kGeluEpilogueRoundings)) << "dx";
             const Values want = accumulate ? AddScaled(old, ref_.pre_db) : ref_.pre_db;
-            EXPECT_TRUE(ValuesMatch(pre_db, want, dtype(), kGeluEpilogueRoundings)) << "pre_db";
+            EXPECT_TRUE(GeluGradMatch(pre_db, want, ref_.pre_db_g_abs, dtype(), kGeluEpilogueRoundings)) << "pre_db";
         }
     }
     // Without the bias grad: DGELU alone.
     Tensor dx = Poison({c.m, c.in}, dtype());
     LinearBackwardInput(LinearBackwardInputArgs{
         .dy = dy_, .weight = w_, .dx = dx, .input_activation = LinearActivation::kGeluTanh, .pre_activation = &pre_});
-    EXPECT_TRUE(ValuesMatch(dx, ref_.dx, dtype(), kGeluEpilogueRoundings)) << "dx alone";
+    EXPECT_TRUE(GeluGradMatch(dx, ref_.dx, ref_.g_abs, dtype(), kGeluEpilogueRoundings)) << "dx alone";
 }
 
 TEST_P(LinearBackwardGeluTest, RepeatedCallsGiveTheSameBits) {
@@ -415,8 +423,8 @@ TEST_P(LinearBackwardLegacyTest, LegacyProviderRunsTheGeluGradAndPreviousBiasGra
                                       .pre_activation = &pre,
                                       .pre_activation_dbias = &pre_db});
     const GeluRef ref = RefAfterGelu(dy, x, w, pre, c);
-    EXPECT_TRUE(ValuesMatch(dx, ref.dx, dtype(), kGeluEpilogueRoundings));
-    EXPECT_TRUE(ValuesMatch(pre_db, ref.pre_db, dtype(), kGeluEpilogueRoundings));
+    EXPECT_TRUE(GeluGradMatch(dx, ref.dx, ref.g_abs, dtype(), kGeluEpilogueRoundings));
+    EXPECT_TRUE(GeluGradMatch(pre_db, ref.pre_db, ref.pre_db_g_abs, dtype(), kGeluEpilogueRoundings));
 }
 
 TEST_P(LinearBackwardLegacyTest, LegacyProviderComputesTheSame) {

@@ -254,19 +254,19 @@ Batch MakeBatch(const Corpus &corpus, std::int64_t context, std::int64_t batch, 
     const std::int64_t lo = validation ? corpus.split : 0;
     const std::int64_t hi = (validation ? static_cast<std::int64_t>(corpus.ids.size()) : corpus.split) - context - 1;
     std::uniform_int_distribution<std::int64_t> pick(lo, hi);
-    std::vector<double> ids(static_cast<std::size_t>(context * batch));
-    std::vector<double> labels(static_cast<std::size_t>(batch));
+    // Written as int64 in place: the host makes the next batch while the GPU runs the step before.
+    Tensor ids = Tensor::Empty({context, batch}, DType::kInt64);
+    Tensor labels = Tensor::Empty({batch}, DType::kInt64);
+    auto *id = static_cast<std::int64_t *>(ids.data());
+    auto *label = static_cast<std::int64_t *>(labels.data());
     for (std::int64_t b = 0; b < batch; ++b) {
         const std::int64_t start = pick(rng);
         for (std::int64_t t = 0; t < context; ++t) {
-            ids[static_cast<std::size_t>(t * batch + b)] =
-                static_cast<double>(t * vocab_padded + corpus.ids[static_cast<std::size_t>(start + t)]);
+            id[t * batch + b] = t * vocab_padded + corpus.ids[static_cast<std::size_t>(start + t)];
         }
-        labels[static_cast<std::size_t>(b)] =
-            static_cast<double>(corpus.ids[static_cast<std::size_t>(start + context)]);
+        label[b] = corpus.ids[static_cast<std::size_t>(start + context)];
     }
-    return {Tensor::FromVector(ids, {context, batch}, DType::kInt64),
-            Tensor::FromVector(labels, {batch}, DType::kInt64)};
+    return {std::move(ids), std::move(labels)};
 }
 
 CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)

@@ -187,6 +187,13 @@ public:
     void Open(std::int64_t next_step, Clock::time_point now) {
         first_step_ = next_step;
         start_ = now;
+        host_ = Clock::duration::zero();
+    }
+    /// Adds the host time one step took to make its batch and queue its work (no synchronisation inside): when the
+    /// window's host ms/step comes near its ms/step, the GPU waits for the host.
+    void AddHostTime(Clock::duration host) { host_ += host; }
+    double HostMsPerStep(std::int64_t step) const {
+        return std::chrono::duration<double, std::milli>(host_).count() / static_cast<double>(Steps(step));
     }
     /// The steps from the window's opening to `step` (inclusive).
     std::int64_t Steps(std::int64_t step) const { return step - first_step_ + 1; }
@@ -198,6 +205,7 @@ public:
 private:
     std::int64_t first_step_ = 1;
     Clock::time_point start_ = Clock::now();
+    Clock::duration host_ = Clock::duration::zero();
 };
 
 } // namespace char_lm

@@ -80,8 +80,10 @@ int Run(launch::Environment &env, Config c) {
     window.Open(1, StepWindow::Clock::now());
     double last_val = std::nan("");
     for (std::int64_t step = 1; step <= c.steps; ++step) {
+        const auto host_start = StepWindow::Clock::now();
         const Batch b = MakeBatch(corpus, c.context, c.batch, vocab_padded, TrainBatchSeed(c, step), false);
         const Variable loss = trainer.Step(b, env.device());
+        window.AddHostTime(StepWindow::Clock::now() - host_start);
 
         const bool log = step % c.log_interval == 0 || step == c.steps || step == 1;
         const bool eval = step % c.eval_interval == 0 || step == c.steps;
@@ -91,6 +93,7 @@ int Run(launch::Environment &env, Config c) {
         const double train_loss = LossValue(loss); // a collective: every rank takes part
         Synchronize(env.device());
         const double ms = window.MsPerStep(step, StepWindow::Clock::now());
+        const double host_ms = window.HostMsPerStep(step);
         if (eval) {
             last_val = evaluate();
         }
@@ -108,7 +111,8 @@ int Run(launch::Environment &env, Config c) {
             const double peak_gib = static_cast<double>(GetDeviceMemoryStats(env.device()).peak_allocated) /
                                     static_cast<double>(std::uint64_t{1} << 30);
             if (gpu) {
-                line += fmt::format(" | MFU {:.2f}% | peak {:.2f} GiB", 100.0 * tflops / c.peak_tflops, peak_gib);
+                line += fmt::format(" | MFU {:.2f}% | peak {:.2f} GiB | host {:.2f} ms", 100.0 * tflops / c.peak_tflops,
+                                    peak_gib, host_ms);
             }
             fmt::print("{}\n", line);
             std::fflush(stdout);
@@ -118,6 +122,7 @@ int Run(launch::Environment &env, Config c) {
                             {"ms_per_step", ms},
                             {"tokens_per_s", tokens_per_s},
                             {"tflops_per_device", tflops},
+                            {"host_ms_per_step", host_ms},
                             {"dp", c.dp},
                             {"tp", c.tp},
                             {"dtype", DTypeName(dtype)}};

@@ -64,4 +64,18 @@ TEST(StepWindowTest, WindowsOfOddLengthsAreCounted) {
     }
 }
 
+TEST(StepWindowTest, HostTimeIsPerTimedStepAndStartsOverWithEachWindow) {
+    StepWindow window;
+    const StepWindow::Clock::time_point t0{};
+    window.Open(11, t0);
+    for (int i = 0; i < 10; ++i) {
+        window.AddHostTime(milliseconds(3));
+    }
+    EXPECT_DOUBLE_EQ(window.HostMsPerStep(20), 3.0);
+    window.Open(21, t0 + milliseconds(100)); // after the line at step 20 (and, say, an evaluation)
+    window.AddHostTime(milliseconds(7));
+    window.AddHostTime(milliseconds(5));
+    EXPECT_DOUBLE_EQ(window.HostMsPerStep(22), 6.0);
+}
+
 } // namespace

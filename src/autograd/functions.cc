@@ -251,44 +251,22 @@ private:
     DistTensor x_, y_;
 };
 
-class EmbeddingFunction final : public Function {
+/// A table lookup as a Function over its dist ops: Embedding (one row per id) and EmbeddingBag (the rows summed over
+/// the ids' dim 0). The table's gradient needs the ids (and the table's layout); the ids get none.
+using LookupForward = DistTensor (*)(const DistTensor& ids, const DistTensor& weight);
+using LookupBackward = Grad (*)(const DistTensor& dout, const DistTensor& ids, const DistTensor& weight,
+                                const dist::GradSink& sink);
+
+class LookupFunction final : public Function {
 public:
-    std::string name() const override { return "EmbeddingBackward"; }
+    LookupFunction(std::string name, LookupForward forward, LookupBackward backward)
+        : name_(std::move(name)), forward_(forward), backward_(backward) {}
+    std::string name() const override { return name_; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::EmbeddingForward(in[0], in[1])};
-    }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {forward_(in[0], in[1])}; }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
-        ids_ = in[0];
-        weight_ = in[1];
-    }
-    std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        std::vector<Grad> grads(2);
         if (needs_input_grad(1)) {
-            grads[1] = dist::EmbeddingBackward(g[0], ids_, weight_, GradSinkFor(1));
-        }
-        return grads;
-    }
-    void ReleaseSaved() override {
-        ids_ = DistTensor();
-        weight_ = DistTensor();
-    }
-
-private:
-    DistTensor ids_, weight_;
-};
-
-class EmbeddingBagFunction final : public Function {
-public:
-    std::string name() const override { return "EmbeddingBagBackward"; }
-
-protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::EmbeddingBagForward(in[0], in[1])};
-    }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
-        if (needs_input_grad(1)) { // the table's gradient needs the ids (and the table's layout)
             ids_ = in[0];
             weight_ = in[1];
         }
@@ -296,7 +274,7 @@ protected:
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(2);
         if (needs_input_grad(1)) {
-            grads[1] = dist::EmbeddingBagBackward(g[0], ids_, weight_, GradSinkFor(1));
+            grads[1] = backward_(g[0], ids_, weight_, GradSinkFor(1));
         }
         return grads;
     }
@@ -306,6 +284,9 @@ protected:
     }
 
 private:
+    std::string name_;
+    LookupForward forward_;
+    LookupBackward backward_;
     DistTensor ids_, weight_;
 };
 
@@ -392,11 +373,15 @@ Variable Outer(const Variable& x, const Variable& y) {
 }
 Variable Embedding(const Variable& ids, const Variable& weight) {
     SHARDLINE_CHECK(!ids.requires_grad(), "autograd::Embedding", "ids have no gradient; got ids requiring grad");
-    return One(Function::Apply(std::make_shared<EmbeddingFunction>(), {ids, weight}));
+    return One(Function::Apply(
+        std::make_shared<LookupFunction>("EmbeddingBackward", &dist::EmbeddingForward, &dist::EmbeddingBackward),
+        {ids, weight}));
 }
 Variable EmbeddingBag(const Variable& ids, const Variable& weight) {
     SHARDLINE_CHECK(!ids.requires_grad(), "autograd::EmbeddingBag", "ids have no gradient; got ids requiring grad");
-    return One(Function::Apply(std::make_shared<EmbeddingBagFunction>(), {ids, weight}));
+    return One(Function::Apply(std::make_shared<LookupFunction>("EmbeddingBagBackward", &dist::EmbeddingBagForward,
+                                                                &dist::EmbeddingBagBackward),
+                               {ids, weight}));
 }
 Variable CrossEntropy(const Variable& logits, const Variable& labels, const dist::CrossEntropyOptions& options) {
     SHARDLINE_CHECK(!labels.requires_grad(), "autograd::CrossEntropy",

@@ -11,6 +11,7 @@
 
 #include <shardline/spmd/einsum.h>
 #include <shardline/spmd/error.h>
+#include <shardline/spmd/limits.h>
 
 #include "einsum_internal.h"
 
@@ -36,6 +37,7 @@ void ValidateProblem(const ProcessMesh &mesh, const EinsumProblem &problem) {
                 throw SpmdError(fmt::format("{}: shape {} has a negative dim", what, ShapeToString(operand.shape)));
             }
         }
+        CheckShape(operand.shape, what);
         operand.layout.Validate(mesh, static_cast<int>(operand.shape.size()), what);
     }
     for (char label : problem.output) {

@@ -7,6 +7,7 @@
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/layout.h>
+#include <shardline/spmd/limits.h>
 
 namespace shardline::spmd {
 
@@ -432,10 +433,16 @@ std::string Layout::ToString() const {
 }
 
 std::pair<int64_t, int64_t> ChunkRange(int64_t size, int64_t parts, int64_t index) {
-    const int64_t chunk = (size + parts - 1) / parts;
-    const int64_t begin = std::min(size, chunk * index);
-    const int64_t end = std::min(size, chunk * (index + 1));
-    return {begin, end - begin};
+    if (size < 0 || parts < 1 || index < 0 || index >= parts) {
+        throw SpmdError(fmt::format("ChunkRange: expected size >= 0, parts >= 1 and 0 <= index < parts, got size {}, "
+                                    "parts {}, index {}",
+                                    size, parts, index));
+    }
+    // Written so that nothing overflows for any int64 inputs: chunk * i is only formed when it is <= size.
+    const int64_t chunk = size / parts + (size % parts != 0 ? 1 : 0);
+    auto position = [&](int64_t i) { return chunk == 0 || i > size / chunk ? size : std::min(size, chunk * i); };
+    const int64_t begin = position(index);
+    return {begin, position(index + 1) - begin};
 }
 
 LocalShard ComputeLocalShard(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &layout,

@@ -176,9 +176,14 @@ void PutOptions(std::vector<int64_t> &w, const RuleOptions &options) {
     w.push_back(options.plan.element_size);
     w.push_back(options.plan.search ? 1 : 0);
     const CostModel &cost = options.plan.cost;
+    PutDouble(w, cost.call_us);
     PutDouble(w, cost.alpha_us);
     PutDouble(w, cost.bandwidth_gb_per_s);
     PutDouble(w, cost.flops_per_us);
+    w.push_back(static_cast<int64_t>(cost.call_us_per_dim.size()));
+    for (double v : cost.call_us_per_dim) {
+        PutDouble(w, v);
+    }
     w.push_back(static_cast<int64_t>(cost.alpha_us_per_dim.size()));
     for (double v : cost.alpha_us_per_dim) {
         PutDouble(w, v);

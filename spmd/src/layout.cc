@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <set>
 
 #include <fmt/format.h>
@@ -21,8 +22,15 @@ std::string_view ToString(ReduceOp op) {
         return "max";
     case ReduceOp::kMin:
         return "min";
+    case ReduceOp::kProd:
+        return "prod";
     }
     return "?";
+}
+
+bool PartialsCommute(ReduceOp a, ReduceOp b) {
+    auto linear = [](ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAvg; };
+    return a == b || (linear(a) && linear(b));
 }
 
 ReduceOp ParseReduceOp(std::string_view text) {
@@ -38,7 +46,10 @@ ReduceOp ParseReduceOp(std::string_view text) {
     if (text == "min") {
         return ReduceOp::kMin;
     }
-    throw SpmdError(fmt::format("reduce op: expected one of sum, avg, max, min, got '{}'", text));
+    if (text == "prod") {
+        return ReduceOp::kProd;
+    }
+    throw SpmdError(fmt::format("reduce op: expected one of sum, avg, max, min, prod, got '{}'", text));
 }
 
 std::string Placement::ToString() const {
@@ -121,7 +132,7 @@ Placement Placement::Parse(std::string_view raw) {
             }
         }
     }
-    throw SpmdError(fmt::format("placement: expected R, S(d), S(d)[order] or P(sum|avg|max|min), got '{}'", raw));
+    throw SpmdError(fmt::format("placement: expected R, S(d), S(d)[order] or P(sum|avg|max|min|prod), got '{}'", raw));
 }
 
 Layout::Layout(std::vector<std::vector<int>> dim_mesh_dims, std::map<int, ReduceOp> partial)
@@ -388,6 +399,20 @@ void Layout::Validate(const ProcessMesh &mesh, int tensor_rank, std::string_view
         if (d >= mesh.NDim()) {
             throw SpmdError(fmt::format("{}: layout {} uses mesh dim {}, out of range for a mesh of {} dims", what,
                                         ToString(), d, mesh.NDim()));
+        }
+    }
+    // A tensor Partial in two ops that do not commute has no single value: which reduction comes first changes it
+    // (max_i sum_j != sum_j max_i). Nothing can reduce it exactly, so it is refused wherever a layout enters.
+    // (A size-1 mesh dim reduces one term: it never matters.)
+    for (auto a = partial_.begin(); a != partial_.end(); ++a) {
+        for (auto b = std::next(a); b != partial_.end(); ++b) {
+            if (mesh.DimSize(a->first) > 1 && mesh.DimSize(b->first) > 1 && !PartialsCommute(a->second, b->second)) {
+                throw SpmdError(fmt::format(
+                    "{}: layout {} is Partial with {} on mesh dim {} and {} on mesh dim {}, which "
+                    "do not commute (only sum with avg, or one of max, min, prod alone): the "
+                    "order of the reductions would change the value",
+                    what, ToString(), spmd::ToString(a->second), a->first, spmd::ToString(b->second), b->first));
+            }
         }
     }
 }

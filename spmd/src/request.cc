@@ -68,12 +68,19 @@ const std::map<std::string, AttrsSchema> &AttrsSchemas() {
         s["matmul"] = {{"trans_x", "trans_y"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
                            return MatmulAttrs{.trans_x = a.Bool("trans_x", false), .trans_y = a.Bool("trans_y", false)};
                        }};
+        // Paddle's fused_gemm_epilogue flags; trans_y defaults to true (linear's weight is [out, in]).
+        s["linear"] = {{"trans_x", "trans_y"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                           return LinearAttrs{.trans_x = a.Bool("trans_x", false), .trans_y = a.Bool("trans_y", true)};
+                       }};
+        s["embedding"] = {{"sparse"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                              return EmbeddingAttrs{.sparse = a.Bool("sparse", false)};
+                          }};
         const AttrsSchema reduction = {{"axes", "keepdim"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
                                            return ReductionAttrs{.kind = ReductionKind::kSum,
                                                                  .axes = a.Int32List("axes"),
                                                                  .keepdim = a.Bool("keepdim", false)};
                                        }};
-        for (const char *name : {"sum", "mean", "max", "min"}) {
+        for (const char *name : {"sum", "mean", "max", "min", "prod"}) {
             s[name] = reduction;
         }
         const AttrsSchema softmax = {{"axis", "vocab_parallel"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <iterator>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -26,9 +27,10 @@ const char *DirectionName(RuleDirection direction) {
 }
 
 const char *AttrsName(const RuleAttrs &attrs) {
-    constexpr const char *kNames[] = {"none",         "MatmulAttrs",       "ReductionAttrs",
-                                      "SoftmaxAttrs", "CrossEntropyAttrs", "TransposeAttrs",
-                                      "ReshapeAttrs", "EinsumAttrs"};
+    constexpr const char *kNames[] = {
+        "none",           "MatmulAttrs",  "ReductionAttrs", "SoftmaxAttrs", "CrossEntropyAttrs",
+        "TransposeAttrs", "ReshapeAttrs", "EinsumAttrs",    "LinearAttrs",  "EmbeddingAttrs"};
+    static_assert(std::size(kNames) == std::variant_size_v<RuleAttrs>);
     return kNames[attrs.index()];
 }
 
@@ -94,6 +96,9 @@ std::optional<ReductionKind> ReductionKindOf(const std::string &op) {
     }
     if (op == "min") {
         return ReductionKind::kMin;
+    }
+    if (op == "prod") {
+        return ReductionKind::kProd;
     }
     return std::nullopt;
 }
@@ -165,6 +170,11 @@ void PutAttrs(std::vector<int64_t> &w, const RuleAttrs &attrs) {
                 PutList(w, a.shape);
             } else if constexpr (std::is_same_v<A, EinsumAttrs>) {
                 PutString(w, a.equation);
+            } else if constexpr (std::is_same_v<A, LinearAttrs>) {
+                w.push_back(a.trans_x);
+                w.push_back(a.trans_y);
+            } else if constexpr (std::is_same_v<A, EmbeddingAttrs>) {
+                w.push_back(a.sparse);
             }
         },
         attrs);
@@ -213,9 +223,9 @@ uint64_t HashWords(const std::vector<int64_t> &words) {
 
 const std::vector<std::string> &RuleOpNames() {
     static const std::vector<std::string> names = [] {
-        std::vector<std::string> n = {
-            "matmul",    "linear",  "embedding", "embedding_bag", "softmax", "log_softmax", "cross_entropy",
-            "transpose", "reshape", "einsum",    "sum",           "mean",    "max",         "min"};
+        std::vector<std::string> n = {"matmul",      "linear",        "embedding", "embedding_bag", "softmax",
+                                      "log_softmax", "cross_entropy", "transpose", "reshape",       "einsum",
+                                      "sum",         "mean",          "max",       "min",           "prod"};
         for (std::string &name : ElementwiseOpNames()) {
             n.push_back(std::move(name));
         }
@@ -243,21 +253,23 @@ SpmdInfo InferRule(const RuleRequest &r) {
     }
     if (op == "linear") {
         ExpectInputs(r, 2, 3, "x, weight, optional bias");
-        AttrsOf<std::monostate>(r);
+        const LinearAttrs a = AttrsOf<LinearAttrs>(r);
         const std::optional<TensorSpec> bias =
             r.inputs.size() == 3 ? std::optional<TensorSpec>(r.inputs[2]) : std::nullopt;
         return ByDirection(
-            r, [&] { return InferLinearForward(mesh, r.inputs[0], r.inputs[1], bias, opt); },
-            [&](const TensorSpec &out) { return InferLinearReverse(mesh, r.inputs[0], r.inputs[1], bias, out, opt); },
-            [&](const TensorSpec &dy) { return InferLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, opt); });
+            r, [&] { return InferLinearForward(mesh, r.inputs[0], r.inputs[1], bias, a, opt); },
+            [&](const TensorSpec &out) {
+                return InferLinearReverse(mesh, r.inputs[0], r.inputs[1], bias, out, a, opt);
+            },
+            [&](const TensorSpec &dy) { return InferLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, a, opt); });
     }
     if (op == "embedding") {
         ExpectInputs(r, 2, 2, "ids, weight");
-        AttrsOf<std::monostate>(r);
+        const EmbeddingAttrs a = AttrsOf<EmbeddingAttrs>(r);
         return ByDirection(
-            r, [&] { return InferEmbeddingForward(mesh, r.inputs[0], r.inputs[1], opt); },
-            [&](const TensorSpec &out) { return InferEmbeddingReverse(mesh, r.inputs[0], r.inputs[1], out, opt); },
-            [&](const TensorSpec &dy) { return InferEmbeddingGrad(mesh, r.inputs[0], r.inputs[1], dy, opt); });
+            r, [&] { return InferEmbeddingForward(mesh, r.inputs[0], r.inputs[1], a, opt); },
+            [&](const TensorSpec &out) { return InferEmbeddingReverse(mesh, r.inputs[0], r.inputs[1], out, a, opt); },
+            [&](const TensorSpec &dy) { return InferEmbeddingGrad(mesh, r.inputs[0], r.inputs[1], dy, a, opt); });
     }
     if (op == "embedding_bag") {
         ExpectInputs(r, 2, 2, "ids, weight");

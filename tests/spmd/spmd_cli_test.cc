@@ -491,9 +491,9 @@ TEST(ShardlineSpmdCliTest, MeshDimShardingAndPartialIsAnError) {
 
 TEST(ShardlineSpmdCliTest, UnknownPartialReduceOpIsAnError) {
     const Result r = RunTool(R"j({"op":"relu","mesh":{"shape":[2]},
-        "inputs":[{"shape":[4],"dims_mapping":[-1],"partial":{"0":"prod"}}]})j",
+        "inputs":[{"shape":[4],"dims_mapping":[-1],"partial":{"0":"xor"}}]})j",
                              "partialop");
-    EXPECT_TRUE(IsError(r, "inputs[0].partial.0", "expected one of sum, avg, max, min, got 'prod'"));
+    EXPECT_TRUE(IsError(r, "inputs[0].partial.0", "expected one of sum, avg, max, min, prod, got 'xor'"));
 }
 
 TEST(ShardlineSpmdCliTest, DimsMappingRankMismatchIsAnError) {

@@ -39,6 +39,9 @@ struct EinsumProblem {
     PartialPolicy partial_policy = PartialPolicy::kResolve;
     std::vector<ReduceOp> single_kept_ops; ///< kSingle only
     std::string unshardable;               ///< labels that must stay replicated (e.g. a softmax axis)
+    /// kMultilinear elementwise products (multiply, divide; no contracted label): when every operand is P(prod) on a
+    /// mesh dim no label claims, they stay Partial and so does the output (prod_i x_i * prod_i y_i = prod_i x_i y_i).
+    bool multiplicative = false;
 };
 
 /// The decision of a rule: which mesh dims shard each label, which input Partials pass through.

@@ -43,14 +43,14 @@ struct EinsumAttrs {
 };
 
 /// The attributes of a request; std::monostate means the op's defaults. The op name decides a reduction's kind
-/// (sum, mean, max, min: ReductionAttrs::kind is ignored) and softmax's `log` (softmax, log_softmax).
+/// (sum, mean, max, min, prod: ReductionAttrs::kind is ignored) and softmax's `log` (softmax, log_softmax).
 using RuleAttrs = std::variant<std::monostate, MatmulAttrs, ReductionAttrs, SoftmaxAttrs, CrossEntropyAttrs,
-                               TransposeAttrs, ReshapeAttrs, EinsumAttrs>;
+                               TransposeAttrs, ReshapeAttrs, EinsumAttrs, LinearAttrs, EmbeddingAttrs>;
 
 /// One rule request, as the shardline-spmd JSON request (docs/spmd.md 5) but typed.
 struct RuleRequest {
     std::string op{}; ///< matmul, linear, embedding, softmax, log_softmax, cross_entropy, transpose, reshape, einsum,
-                      ///< sum, mean, max, min, or an elementwise name
+                      ///< sum, mean, max, min, prod, or an elementwise name
     RuleDirection direction = RuleDirection::kForward;
     ProcessMesh mesh{};
     std::vector<TensorSpec> inputs{};     ///< positional, as the Infer* functions take them (linear: x, weight[, bias])

@@ -24,21 +24,6 @@ RuleOptions Pricing(const RuleOptions &options) {
     return priced;
 }
 
-double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
-                   const CostModel &cost) {
-    double flops = 2.0;
-    for (const auto &[label, size] : sizes) {
-        flops *= static_cast<double>(std::max<int64_t>(size, 1));
-    }
-    double parts = 1.0;
-    for (const auto &[label, dims] : assignment.labels) {
-        for (int d : dims) {
-            parts *= static_cast<double>(mesh.DimSize(d));
-        }
-    }
-    return flops / parts / cost.flops_per_us;
-}
-
 double CandidateCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
                      const EinsumAssignment &assignment, const RuleOptions &options, EinsumResult *result) {
     *result = ApplyAssignment(mesh, problem, assignment);
@@ -176,6 +161,21 @@ double GradCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std
 }
 
 } // namespace
+
+double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
+                   const CostModel &cost) {
+    double flops = 2.0;
+    for (const auto &[label, size] : sizes) {
+        flops *= static_cast<double>(std::max<int64_t>(size, 1));
+    }
+    double parts = 1.0;
+    for (const auto &[label, dims] : assignment.labels) {
+        for (int d : dims) {
+            parts *= static_cast<double>(mesh.DimSize(d));
+        }
+    }
+    return flops / parts / cost.flops_per_us;
+}
 
 /// Forward (and reverse) enumeration: input redistributions + compute (+ output -> output_target).
 EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,

@@ -6,6 +6,7 @@
 
 #include <shardline/spmd/rules.h>
 
+#include "problems.h"
 #include "rule_util.h"
 
 namespace shardline::spmd {
@@ -16,8 +17,10 @@ constexpr int kWeightPriority = 0;
 constexpr int kBiasPriority = 1;
 constexpr int kInputPriority = 2;
 
-EinsumProblem LinearProblem(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
-                            const std::optional<TensorSpec> &bias, const LinearAttrs &attrs) {
+} // namespace
+
+EinsumProblem detail::LinearProblem(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                                    const std::optional<TensorSpec> &bias, const LinearAttrs &attrs) {
     detail::CheckSpec(mesh, x, "linear", "x");
     detail::CheckSpec(mesh, weight, "linear", "weight");
     if (x.shape.size() < (attrs.trans_x ? 2u : 1u)) {
@@ -61,6 +64,8 @@ EinsumProblem LinearProblem(const ProcessMesh &mesh, const TensorSpec &x, const 
     return problem;
 }
 
+namespace {
+
 SpmdInfo Finish(SpmdInfo info, bool has_bias) {
     info.bias_after_reduction = has_bias && info.outputs[0].layout.IsPartial();
     return info;
@@ -71,14 +76,14 @@ SpmdInfo Finish(SpmdInfo info, bool has_bias) {
 SpmdInfo InferLinearForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
                             const std::optional<TensorSpec> &bias, const LinearAttrs &attrs,
                             const RuleOptions &options) {
-    const EinsumProblem problem = LinearProblem(mesh, x, weight, bias, attrs);
+    const EinsumProblem problem = detail::LinearProblem(mesh, x, weight, bias, attrs);
     return Finish(detail::FromForward(InferEinsumForward(mesh, problem, options), problem), bias.has_value());
 }
 
 SpmdInfo InferLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
                             const std::optional<TensorSpec> &bias, const TensorSpec &out, const LinearAttrs &attrs,
                             const RuleOptions &options) {
-    const EinsumProblem problem = LinearProblem(mesh, x, weight, bias, attrs);
+    const EinsumProblem problem = detail::LinearProblem(mesh, x, weight, bias, attrs);
     detail::CheckSpec(mesh, out, "linear", "out");
     return Finish(detail::FromForward(InferEinsumReverse(mesh, problem, out.layout, options), problem),
                   bias.has_value());
@@ -87,7 +92,7 @@ SpmdInfo InferLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const 
 SpmdInfo InferLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
                          const std::optional<TensorSpec> &bias, const TensorSpec &out_grad, const LinearAttrs &attrs,
                          const RuleOptions &options) {
-    const EinsumProblem problem = LinearProblem(mesh, x, weight, bias, attrs);
+    const EinsumProblem problem = detail::LinearProblem(mesh, x, weight, bias, attrs);
     return detail::FromGrad(InferEinsumGrad(mesh, problem, out_grad, options), problem,
                             std::vector<bool>(problem.inputs.size(), true));
 }

@@ -225,6 +225,53 @@ json TensorWithPlan(const std::string &name, const TensorSpec &spec, const Proce
     return j;
 }
 
+/// The answer of a "direction": "enumerate" request (docs/spmd.md 3): every strategy's layouts and costs, and the
+/// chosen one with its plans (from the full planner, as a module would run them).
+json EnumerateAnswer(const RuleRequest &rule) {
+    const RuleStrategies strategies = EnumerateRuleStrategies(rule);
+    const EinsumStrategies &e = strategies.enumeration;
+    auto layout = [&](const std::string &name, const TensorSpec &spec) {
+        json j = LayoutToJson(spec.layout, rule.mesh);
+        j["name"] = name;
+        return j;
+    };
+    json list = json::array();
+    for (const EinsumStrategy &s : e.strategies) {
+        json inputs = json::array();
+        for (size_t i = 0; i < s.inputs.size(); ++i) {
+            inputs.push_back(layout(strategies.input_names[i], s.inputs[i]));
+        }
+        json entry{{"inputs", inputs},
+                   {"output", layout("out", s.output)},
+                   {"redistribute_us", s.redistribute_us},
+                   {"compute_us", s.compute_us},
+                   {"cost_us", s.cost_us}};
+        if (rule.op == "linear") {
+            entry["bias_after_reduction"] = strategies.bias_after_reduction_if_partial && s.output.layout.IsPartial();
+        }
+        list.push_back(std::move(entry));
+    }
+    const EinsumStrategy &best = e.strategies[e.chosen];
+    json chosen_inputs = json::array();
+    for (size_t i = 0; i < best.inputs.size(); ++i) {
+        chosen_inputs.push_back(TensorWithPlan(strategies.input_names[i], best.inputs[i], rule.mesh, rule.inputs[i],
+                                               std::nullopt, rule.options.plan));
+    }
+    return json{{"op", rule.op},
+                {"direction", "enumerate"},
+                {"mesh", MeshToJson(rule.mesh)},
+                {"count", e.strategies.size()},
+                {"chosen", e.chosen},
+                {"strategies", list},
+                {"chosen_strategy",
+                 {{"inputs", chosen_inputs},
+                  {"output", TensorToJson("out", best.output, rule.mesh)},
+                  {"redistribute_us", best.redistribute_us},
+                  {"compute_us", best.compute_us},
+                  {"cost_us", best.cost_us}}},
+                {"cost_model", CostModelToJson(rule.options.plan.cost)}};
+}
+
 } // namespace
 
 json HandleRequest(const json &request, const CostModel &base) {
@@ -249,14 +296,15 @@ json HandleRequest(const json &request, const CostModel &base) {
     rule.options.plan = plan_options;
     const std::string direction =
         request.contains("direction") ? detail::AsString(request["direction"], "direction") : std::string("forward");
-    if (direction == "forward") {
+    const bool enumerate = direction == "enumerate"; // the inputs' given layouts, as a forward request's
+    if (direction == "forward" || enumerate) {
         rule.direction = RuleDirection::kForward;
     } else if (direction == "reverse") {
         rule.direction = RuleDirection::kReverse;
     } else if (direction == "grad") {
         rule.direction = RuleDirection::kGrad;
     } else {
-        throw SpmdError(fmt::format("direction: expected forward, reverse or grad, got '{}'", direction));
+        throw SpmdError(fmt::format("direction: expected forward, reverse, grad or enumerate, got '{}'", direction));
     }
     const std::string mode =
         request.contains("mode") ? detail::AsString(request["mode"], "mode") : std::string("deterministic");
@@ -264,6 +312,13 @@ json HandleRequest(const json &request, const CostModel &base) {
         rule.options.mode = RuleMode::kCostBased;
     } else if (mode != "deterministic") {
         throw SpmdError(fmt::format("mode: expected deterministic or cost, got '{}'", mode));
+    }
+    if (enumerate) {
+        for (const char *field : {"outputs", "out_grad", "output_target"}) {
+            if (request.contains(field)) {
+                throw SpmdError(fmt::format("{}: an enumerate request prices the inputs' redistributions only", field));
+            }
+        }
     }
     const json &inputs = detail::AsArray(detail::Require(request, "inputs", ""), "inputs");
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -294,6 +349,9 @@ json HandleRequest(const json &request, const CostModel &base) {
         rule.options.output_target = TensorFromJson(target, mesh, "output_target").layout;
     }
     rule.attrs = AttrsFromJson(attrs, op, rule.direction);
+    if (enumerate) {
+        return EnumerateAnswer(rule);
+    }
 
     // A forward request's "outputs" is where the caller wants the output (planned below), not a rule input.
     const std::optional<TensorSpec> wanted_output = rule.out;

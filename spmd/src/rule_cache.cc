@@ -6,9 +6,12 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/rule_cache.h>
+
+#include "problems.h"
 
 namespace shardline::spmd {
 
@@ -340,6 +343,36 @@ SpmdInfo InferRule(const RuleRequest &r) {
             [&](const TensorSpec &dy) { return InferElementwiseGrad(mesh, op, r.inputs, dy, opt); });
     }
     throw SpmdError(fmt::format("InferRule: unknown op '{}' ({} request)", op, DirectionName(r.direction)));
+}
+
+const std::vector<std::string> &EnumerableOpNames() {
+    static const std::vector<std::string> names = {"einsum", "linear", "matmul"};
+    return names;
+}
+
+RuleStrategies EnumerateRuleStrategies(const RuleRequest &r) {
+    EinsumProblem problem;
+    RuleStrategies out;
+    if (r.op == "matmul") {
+        ExpectInputs(r, 2, 2, "x, y");
+        problem = detail::MatmulProblem(r.mesh, r.inputs[0], r.inputs[1], AttrsOf<MatmulAttrs>(r));
+    } else if (r.op == "linear") {
+        ExpectInputs(r, 2, 3, "x, weight, optional bias");
+        const std::optional<TensorSpec> bias =
+            r.inputs.size() == 3 ? std::optional<TensorSpec>(r.inputs[2]) : std::nullopt;
+        problem = detail::LinearProblem(r.mesh, r.inputs[0], r.inputs[1], bias, AttrsOf<LinearAttrs>(r));
+        out.bias_after_reduction_if_partial = bias.has_value();
+    } else if (r.op == "einsum") {
+        problem = detail::EquationProblem(r.mesh, AttrsOf<EinsumAttrs>(r).equation, r.inputs);
+    } else {
+        throw SpmdError(fmt::format("direction: enumerate takes an einsum-style op ({}), got '{}'",
+                                    fmt::join(EnumerableOpNames(), ", "), r.op));
+    }
+    for (const EinsumOperand &operand : problem.inputs) {
+        out.input_names.push_back(operand.name);
+    }
+    out.enumeration = EnumerateEinsumStrategies(r.mesh, problem, r.options.plan);
+    return out;
 }
 
 CachedRule InferRuleWithPlans(const RuleRequest &request) {

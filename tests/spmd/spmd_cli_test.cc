@@ -3,76 +3,17 @@
 // Exit-code convention (tools/shardline_spmd.cc): 0 answered; 2 the request was wrong, stdout is one JSON object
 // {"error": "<field>: <what>"}; 1 the command line was wrong, stdout is empty and the usage goes to stderr.
 
-#include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
+
+#include "spmd_cli_util.h"
 
 namespace {
 
-using nlohmann::json;
-
-constexpr int kExitAnswered = 0;
-constexpr int kExitUsage = 1;
-constexpr int kExitRequestError = 2;
-
-struct Result {
-    int exit_code = -1;
-    std::string out;
-    json answer;
-};
-
-/// Runs `shardline-spmd --compact <args>` (stdout only) and parses stdout when it is JSON.
-Result RunCommand(const std::string &args) {
-    const std::string command = std::string(SHARDLINE_SPMD_TOOL) + " --compact " + args + " 2>/dev/null";
-    FILE *pipe = popen(command.c_str(), "r");
-    Result result;
-    char buffer[4096];
-    while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-        result.out += buffer;
-    }
-    const int status = pipe != nullptr ? pclose(pipe) : -1;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.answer = json::parse(result.out, nullptr, false);
-    return result;
-}
-
-std::string WriteRequest(const std::string &request, const std::string &name) {
-    const std::string path = ::testing::TempDir() + "spmd_cli_" + name + ".json";
-    std::ofstream(path) << request;
-    return path;
-}
-
-/// The request on stdin.
-Result RunTool(const std::string &request, const std::string &name) {
-    return RunCommand("< " + WriteRequest(request, name));
-}
-
-Result RunJson(const json &request, const std::string &name) { return RunTool(request.dump(), name); }
-
-/// Exit 2 and exactly {"error": "..."} whose message starts with `field` followed by ':' and contains `what`.
-::testing::AssertionResult IsError(const Result &r, const std::string &field, const std::string &what = "") {
-    if (r.exit_code != kExitRequestError) {
-        return ::testing::AssertionFailure() << "exit code " << r.exit_code << ", output " << r.out;
-    }
-    if (!r.answer.is_object() || r.answer.size() != 1 || !r.answer.contains("error") ||
-        !r.answer["error"].is_string()) {
-        return ::testing::AssertionFailure() << "not an {\"error\": ...} object: " << r.out;
-    }
-    const std::string message = r.answer["error"];
-    if (message.rfind(field + ":", 0) != 0) {
-        return ::testing::AssertionFailure() << "error does not start with '" << field << ":': " << message;
-    }
-    if (message.find(what) == std::string::npos) {
-        return ::testing::AssertionFailure() << "error lacks '" << what << "': " << message;
-    }
-    return ::testing::AssertionSuccess();
-}
+using namespace shardline::spmd::cli_testing;
 
 // ---- answers --------------------------------------------------------------------------------------------------------
 
@@ -105,47 +46,6 @@ TEST(ShardlineSpmdCliTest, RedistributeRequestAnswersPlan) {
     EXPECT_EQ(r.answer["steps"][0]["bytes_per_rank"], 32);
     EXPECT_EQ(r.answer["steps"][1]["bytes_per_rank"], 192);
     EXPECT_EQ(r.answer["bytes_per_rank"], 224);
-}
-
-// linear x[-1,-1], W[0,-1] on a mesh of 2^31 ranks (issue 19: the query grew to 21 GB): answered at once; the
-// default process ids are not listed
-TEST(ShardlineSpmdCliTest, MeshOfTwoToThe31RanksIsAnsweredAtOnce) {
-    const auto start = std::chrono::steady_clock::now();
-    const Result r = RunTool(R"j({"op":"linear","mesh":{"shape":[2147483648]},"inputs":[{"shape":[64,32]},
-        {"shape":[48,32],"dims_mapping":[0,-1]}]})j",
-                             "mesh2p31");
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ASSERT_EQ(r.exit_code, kExitAnswered) << r.out;
-    EXPECT_LT(seconds, 5.0);
-    EXPECT_EQ(r.answer["outputs"][0]["dims_mapping"], json::parse("[-1,0]"));
-    EXPECT_EQ(r.answer["outputs"][0]["max_local_shape"], json::parse("[64,1]"));
-    EXPECT_FALSE(r.answer["mesh"].contains("process_ids"));
-}
-
-// --cost-profile mpi_cpu: the redistribution is priced with the MPI profile (call 0.477 us, ...)
-TEST(ShardlineSpmdCliTest, CostProfileFlagPricesWithTheNamedProfile) {
-    const std::string request = R"j({"op":"redistribute","mesh":{"shape":[2]},"shape":[8],
-        "src":{"partial":[0]},"dst":{}})j";
-    const Result nccl = RunTool(request, "profile_default");
-    const Result mpi = RunCommand("--cost-profile mpi_cpu < " + WriteRequest(request, "profile_mpi"));
-    ASSERT_EQ(mpi.exit_code, kExitAnswered) << mpi.out;
-    EXPECT_NEAR(nccl.answer["cost_us"].get<double>(), 63.9 + 2 * 1.78 + 32.0 / 341.6e3, 1e-9);
-    EXPECT_NEAR(mpi.answer["cost_us"].get<double>(), 0.477 + 2 * 0.139 + 32.0 / 5.73e3, 1e-9);
-}
-
-// --cost-profile FILE.json: a profile file; a missing one is a request error naming it
-TEST(ShardlineSpmdCliTest, CostProfileFlagReadsAFile) {
-    const std::string profile = WriteRequest(R"j({"name":"mine","call_us":1,"alpha_us":0,
-        "bandwidth_gb_per_s":1,"flops_per_us":1})j",
-                                             "profile_file");
-    const std::string request = WriteRequest(R"j({"op":"redistribute","mesh":{"shape":[2]},"shape":[8],
-        "src":{"partial":[0]},"dst":{}})j",
-                                             "profile_request");
-    const Result r = RunCommand("--cost-profile " + profile + " " + request);
-    ASSERT_EQ(r.exit_code, kExitAnswered) << r.out;
-    EXPECT_DOUBLE_EQ(r.answer["cost_us"].get<double>(), 1.0 + 32.0 / 1e3);
-    EXPECT_TRUE(IsError(RunCommand("--cost-profile /nonexistent/p.json " + request),
-                        "cost profile '/nonexistent/p.json'", "cannot open"));
 }
 
 TEST(ShardlineSpmdCliTest, RequestFileArgumentIsRead) {
@@ -233,7 +133,7 @@ TEST(ShardlineSpmdCliTest, BadMeshShapeIsAnError) {
 TEST(ShardlineSpmdCliTest, BadDirectionIsAnError) {
     const Result r =
         RunTool(R"j({"op":"relu","direction":"backward","mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "direction");
-    EXPECT_TRUE(IsError(r, "direction", "expected forward, reverse or grad, got 'backward'"));
+    EXPECT_TRUE(IsError(r, "direction", "expected forward, reverse, grad or enumerate, got 'backward'"));
 }
 
 TEST(ShardlineSpmdCliTest, BadModeIsAnError) {

@@ -69,6 +69,20 @@ bool IsRuleOp(const std::string &op);
 /// out_grad ("out_grad:").
 SpmdInfo InferRule(const RuleRequest &request);
 
+/// The strategy enumeration of an einsum-style request (EnumerateEinsumStrategies over the op's einsum problem,
+/// from the given input layouts, priced with request.options.plan).
+struct RuleStrategies {
+    std::vector<std::string> input_names;
+    EinsumStrategies enumeration;
+    /// linear with a bias: a strategy whose output is Partial adds the bias once, after the reduction.
+    bool bias_after_reduction_if_partial = false;
+};
+/// The einsum-style ops EnumerateRuleStrategies takes: matmul, linear, einsum.
+const std::vector<std::string> &EnumerableOpNames();
+/// Enumerates the strategies of `request` (its direction is ignored: a forward request's inputs are the given
+/// layouts). Throws SpmdError for an op that is not einsum-style, and as InferRule for a wrong request.
+RuleStrategies EnumerateRuleStrategies(const RuleRequest &request);
+
 /// An answer with the plans a module executes.
 struct CachedRule {
     SpmdInfo info;

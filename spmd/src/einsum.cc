@@ -11,6 +11,7 @@
 
 #include <shardline/spmd/einsum.h>
 #include <shardline/spmd/error.h>
+#include <shardline/spmd/limits.h>
 
 #include "einsum_internal.h"
 
@@ -36,6 +37,7 @@ void ValidateProblem(const ProcessMesh &mesh, const EinsumProblem &problem) {
                 throw SpmdError(fmt::format("{}: shape {} has a negative dim", what, ShapeToString(operand.shape)));
             }
         }
+        CheckShape(operand.shape, what);
         operand.layout.Validate(mesh, static_cast<int>(operand.shape.size()), what);
     }
     for (char label : problem.output) {
@@ -86,6 +88,13 @@ std::optional<EinsumAssignment::Kept> PartialChoice(const EinsumProblem &problem
     case PartialPolicy::kResolve:
         return std::nullopt;
     case PartialPolicy::kMultilinear:
+        if (problem.multiplicative && !grad_mode && partial_inputs.size() == num_inputs &&
+            std::all_of(partial_inputs.begin(), partial_inputs.end(),
+                        [&](int i) { return problem.inputs[i].layout.Partial().at(d) == ReduceOp::kProd; })) {
+            kept.op = ReduceOp::kProd;
+            kept.inputs.assign(num_inputs, true);
+            return kept;
+        }
         for (int i : PriorityOrder(problem)) {
             if (static_cast<size_t>(i) >= num_inputs || !problem.inputs[i].layout.IsPartialOn(d)) {
                 continue;
@@ -383,7 +392,11 @@ EinsumResult InferEinsumReverse(const ProcessMesh &mesh, const EinsumProblem &ra
         }
         switch (problem.partial_policy) {
         case PartialPolicy::kMultilinear:
-            if (IsSumLike(op)) {
+            if (op == ReduceOp::kProd && problem.multiplicative) {
+                for (auto &p : partial) {
+                    p[d] = op;
+                }
+            } else if (IsSumLike(op)) {
                 for (int i : PriorityOrder(problem)) {
                     if (problem.inputs[i].linear) {
                         partial[i][d] = op;

@@ -8,6 +8,7 @@
 
 #include <shardline/spmd/einsum.h>
 #include <shardline/spmd/error.h>
+#include <shardline/spmd/limits.h>
 #include <shardline/spmd/redistribute.h>
 
 #include "einsum_internal.h"
@@ -15,19 +16,12 @@
 namespace shardline::spmd::detail {
 namespace {
 
-double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
-                   const CostModel &cost) {
-    double flops = 2.0;
-    for (const auto &[label, size] : sizes) {
-        flops *= static_cast<double>(std::max<int64_t>(size, 1));
-    }
-    double parts = 1.0;
-    for (const auto &[label, dims] : assignment.labels) {
-        for (int d : dims) {
-            parts *= static_cast<double>(mesh.DimSize(d));
-        }
-    }
-    return flops / parts / cost.flops_per_us;
+/// Candidates are priced with the ordered plans (docs/spmd.md 2.2): the planner's search for swaps (section 3) would
+/// multiply a query's cost by the number of candidates; the plans a module executes still come from the full planner.
+RuleOptions Pricing(const RuleOptions &options) {
+    RuleOptions priced = options;
+    priced.plan.search = false;
+    return priced;
 }
 
 double CandidateCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
@@ -57,6 +51,7 @@ EinsumAssignment EnumerateAssignments(const ProcessMesh &mesh, const EinsumProbl
     // Options per mesh dim: -2 = nothing (Partials resolved), -1 = keep the input Partials, k >= 0 = shard labels[k].
     std::vector<std::vector<int>> choices(mesh.NDim());
     std::vector<std::optional<EinsumAssignment::Kept>> keeps(mesh.NDim());
+    int64_t count = 1;
     for (int d = 0; d < mesh.NDim(); ++d) {
         choices[d].push_back(-2);
         if (mesh.DimSize(d) == 1) {
@@ -68,6 +63,15 @@ EinsumAssignment EnumerateAssignments(const ProcessMesh &mesh, const EinsumProbl
         }
         for (int k = 0; k < static_cast<int>(labels.size()); ++k) {
             choices[d].push_back(k);
+        }
+        // Bounded before anything is priced: at most 53 choices per dim, so the product cannot overflow here.
+        count *= static_cast<int64_t>(choices[d].size());
+        if (count > kMaxCandidates) {
+            throw SpmdError(
+                fmt::format("{}: the cost mode would price more than {} candidates (per mesh dim of size > 1: "
+                            "nothing, keep the Partials or one of the {} shardable labels '{}'); use the "
+                            "deterministic mode",
+                            problem.op, kMaxCandidates, labels.size(), labels));
         }
     }
     // Co-shard order of a label: as the highest-priority operand that lists the mesh dim orders it, else ascending.
@@ -158,6 +162,21 @@ double GradCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std
 
 } // namespace
 
+double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
+                   const CostModel &cost) {
+    double flops = 2.0;
+    for (const auto &[label, size] : sizes) {
+        flops *= static_cast<double>(std::max<int64_t>(size, 1));
+    }
+    double parts = 1.0;
+    for (const auto &[label, dims] : assignment.labels) {
+        for (int d : dims) {
+            parts *= static_cast<double>(mesh.DimSize(d));
+        }
+    }
+    return flops / parts / cost.flops_per_us;
+}
+
 /// Forward (and reverse) enumeration: input redistributions + compute (+ output -> output_target).
 EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
                        const EinsumAssignment &deterministic, const RuleOptions &options) {
@@ -165,9 +184,10 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
         options.output_target->Validate(mesh, static_cast<int>(problem.output.size()),
                                         fmt::format("{}: output_target", problem.op));
     }
+    const RuleOptions priced = Pricing(options);
     auto price = [&](const EinsumAssignment &candidate) {
         EinsumResult result;
-        return CandidateCost(mesh, problem, sizes, candidate, options, &result);
+        return CandidateCost(mesh, problem, sizes, candidate, priced, &result);
     };
     double cost = 0.0;
     const EinsumAssignment best = EnumerateAssignments(mesh, problem, sizes, problem.inputs.size(), /*grad_mode=*/false,
@@ -182,9 +202,10 @@ EinsumGradResult EnumerateGrad(const ProcessMesh &mesh, const EinsumProblem &pro
                                const Layout &grad_layout, const EinsumAssignment &deterministic,
                                const RuleOptions &options) {
     // The same candidates as the forward (the output gradient may shard labels too); Partials kept only sum-like.
+    const RuleOptions priced = Pricing(options);
     auto price = [&](const EinsumAssignment &candidate) {
         return GradCost(mesh, problem, sizes, grad_layout, BuildGrad(mesh, problem, out_shape, grad_layout, candidate),
-                        options);
+                        priced);
     };
     double cost = 0.0;
     const EinsumAssignment best =

@@ -13,6 +13,8 @@
 
 namespace shardline::spmd::detail {
 
+/// Validates `problem` on `mesh` (shapes, labels, layouts) and returns it with canonical layouts.
+EinsumProblem Canonicalized(const ProcessMesh &mesh, const EinsumProblem &problem);
 /// Operands in merge priority order (highest first).
 std::vector<int> PriorityOrder(const EinsumProblem &problem);
 /// Whether dim j of input i may be sharded (its label is shardable and the dim is not a size-1 broadcast).
@@ -27,6 +29,10 @@ std::string GradEinsumLabels(const EinsumProblem &problem, size_t i, std::vector
 /// The gradient answer of `assignment`; `problem` is canonical.
 EinsumGradResult BuildGrad(const ProcessMesh &mesh, const EinsumProblem &problem, const std::vector<int64_t> &out_shape,
                            const Layout &grad_layout, const EinsumAssignment &assignment);
+
+/// The local einsum's time: 2 * prod(label sizes) / (the shard count of the assigned labels) / flops_per_us.
+double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
+                   const CostModel &cost);
 
 /// Cost-based forward (and reverse) answer: the cheapest candidate, `deterministic` on ties (einsum_cost.cc).
 EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,

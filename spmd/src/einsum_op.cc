@@ -5,14 +5,13 @@
 
 #include <shardline/spmd/rules.h>
 
+#include "problems.h"
 #include "rule_util.h"
 
 namespace shardline::spmd {
 
-namespace {
-
-EinsumProblem ParseEquation(const ProcessMesh &mesh, const std::string &equation,
-                            const std::vector<TensorSpec> &inputs) {
+EinsumProblem detail::EquationProblem(const ProcessMesh &mesh, const std::string &equation,
+                                      const std::vector<TensorSpec> &inputs) {
     const auto arrow = equation.find("->");
     if (arrow == std::string::npos) {
         throw SpmdError(fmt::format("einsum: equation '{}' must have an explicit output ('ab,bc->ac')", equation));
@@ -49,25 +48,23 @@ EinsumProblem ParseEquation(const ProcessMesh &mesh, const std::string &equation
     return problem;
 }
 
-} // namespace
-
 SpmdInfo InferEinsumOpForward(const ProcessMesh &mesh, const std::string &equation,
                               const std::vector<TensorSpec> &inputs, const RuleOptions &options) {
-    const EinsumProblem problem = ParseEquation(mesh, equation, inputs);
+    const EinsumProblem problem = detail::EquationProblem(mesh, equation, inputs);
     return detail::FromForward(InferEinsumForward(mesh, problem, options), problem);
 }
 
 SpmdInfo InferEinsumOpReverse(const ProcessMesh &mesh, const std::string &equation,
                               const std::vector<TensorSpec> &inputs, const TensorSpec &out,
                               const RuleOptions &options) {
-    const EinsumProblem problem = ParseEquation(mesh, equation, inputs);
+    const EinsumProblem problem = detail::EquationProblem(mesh, equation, inputs);
     detail::CheckSpec(mesh, out, "einsum", "out");
     return detail::FromForward(InferEinsumReverse(mesh, problem, out.layout, options), problem);
 }
 
 SpmdInfo InferEinsumOpGrad(const ProcessMesh &mesh, const std::string &equation, const std::vector<TensorSpec> &inputs,
                            const TensorSpec &out_grad, const RuleOptions &options) {
-    const EinsumProblem problem = ParseEquation(mesh, equation, inputs);
+    const EinsumProblem problem = detail::EquationProblem(mesh, equation, inputs);
     return detail::FromGrad(InferEinsumGrad(mesh, problem, out_grad, options), problem,
                             std::vector<bool>(problem.inputs.size(), true));
 }

@@ -1,8 +1,8 @@
 // elementwise: unary and binary ops with numpy broadcasting, as the einsum "ab,b->ab". A size-1 broadcast dim is
 // never sharded (its label is sharded elsewhere), so its gradient is P(sum) on that label's mesh dims.
 // Partial inputs follow what the op preserves: add/subtract keep P(sum|avg) (a non-Partial operand is partialized
-// locally), multiply / divide are linear in one operand, monotone unary ops keep P(max|min), linear unary ops
-// P(sum|avg), everything else reduces first.
+// locally), multiply / divide are linear in one operand and keep P(prod) when both operands are, monotone unary ops
+// keep P(max|min), linear unary ops P(sum|avg), abs P(prod), everything else reduces first.
 
 #include <algorithm>
 #include <map>
@@ -26,7 +26,8 @@ const std::map<std::string, ElementwiseKind> &Kinds() {
     static const std::map<std::string, ElementwiseKind> kinds = [] {
         const std::vector<ReduceOp> monotone = {ReduceOp::kMax, ReduceOp::kMin};
         const std::vector<ReduceOp> linear = {ReduceOp::kSum, ReduceOp::kAvg};
-        const std::vector<ReduceOp> all = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+        const std::vector<ReduceOp> all = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin,
+                                           ReduceOp::kProd};
         std::map<std::string, ElementwiseKind> k;
         k["add"] = {2, PartialPolicy::kAdditive, {}, {true, true}};
         k["subtract"] = {2, PartialPolicy::kAdditive, {}, {true, true}};
@@ -39,9 +40,11 @@ const std::map<std::string, ElementwiseKind> &Kinds() {
         for (const char *name : {"relu", "sigmoid", "tanh", "exp", "log", "sqrt"}) {
             k[name] = {1, PartialPolicy::kSingle, monotone, {false}};
         }
-        for (const char *name : {"gelu", "silu", "abs"}) {
+        for (const char *name : {"gelu", "silu"}) {
             k[name] = {1, PartialPolicy::kResolve, {}, {false}};
         }
+        // Multiplicative: |prod_i x_i| = prod_i |x_i|.
+        k["abs"] = {1, PartialPolicy::kSingle, {ReduceOp::kProd}, {false}};
         for (const char *name : {"neg", "scale"}) {
             k[name] = {1, PartialPolicy::kSingle, linear, {true}};
         }
@@ -88,6 +91,7 @@ EinsumProblem ElementwiseProblem(const ProcessMesh &mesh, const std::string &op,
     problem.output = labels;
     problem.partial_policy = kind.policy;
     problem.single_kept_ops = kind.kept_ops;
+    problem.multiplicative = op == "multiply" || op == "divide";
     EinsumLabelSizes(problem); // broadcast compatibility
     return problem;
 }

@@ -3,6 +3,7 @@
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/json.h>
+#include <shardline/spmd/limits.h>
 
 #include "json_util.h"
 
@@ -11,7 +12,11 @@ namespace shardline::spmd {
 using nlohmann::json;
 
 json MeshToJson(const ProcessMesh &mesh) {
-    return json{{"shape", mesh.Shape()}, {"dim_names", mesh.DimNames()}, {"process_ids", mesh.ProcessIds()}};
+    json j{{"shape", mesh.Shape()}, {"dim_names", mesh.DimNames()}};
+    if (!mesh.HasDefaultProcessIds()) {
+        j["process_ids"] = mesh.ProcessIds(); // the default 0 .. N-1 is not spelled out (N may be 2^40)
+    }
+    return j;
 }
 
 ProcessMesh MeshFromJson(const json &j, std::string_view field) {
@@ -69,7 +74,7 @@ int MeshDimFromJson(const json &j, const ProcessMesh &mesh, std::string_view fie
             throw SpmdError(fmt::format("{}: {}", field, e.what()));
         }
     }
-    return static_cast<int>(detail::AsInt(j, field));
+    return detail::AsInt32(j, field);
 }
 
 std::map<int, ReduceOp> PartialFromJson(const json &j, const ProcessMesh &mesh, std::string_view field) {
@@ -200,15 +205,54 @@ json TensorToJson(const std::string &name, const TensorSpec &spec, const Process
 TensorSpec TensorFromJson(const json &j, const ProcessMesh &mesh, std::string_view field) {
     TensorSpec spec;
     spec.shape = detail::AsIntList(detail::Require(j, "shape", field), detail::Field(field, "shape"));
-    for (int64_t s : spec.shape) {
-        if (s < 0) {
-            throw SpmdError(
-                fmt::format("{}: dims must be >= 0, got {}", detail::Field(field, "shape"), ShapeToString(spec.shape)));
-        }
-    }
+    CheckShape(spec.shape, detail::Field(field, "shape"));
     spec.layout = LayoutFromJson(j, mesh, static_cast<int>(spec.shape.size()), field);
     return spec;
 }
+
+namespace detail {
+
+void CheckDepth(const json &j, int max_depth, std::string_view field) {
+    std::vector<std::pair<const json *, int>> stack = {{&j, 1}};
+    while (!stack.empty()) {
+        const auto [value, depth] = stack.back();
+        stack.pop_back();
+        if (!value->is_array() && !value->is_object()) {
+            continue;
+        }
+        if (depth > max_depth) {
+            throw SpmdError(fmt::format("{}: nests arrays and objects more than {} deep", field, max_depth));
+        }
+        for (const json &child : *value) {
+            stack.emplace_back(&child, depth + 1);
+        }
+    }
+}
+
+void CheckTextDepth(std::string_view text, int max_depth, std::string_view field) {
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') {
+                ++i;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max_depth) {
+                throw SpmdError(fmt::format("{}: nests arrays and objects more than {} deep", field, max_depth));
+            }
+        } else if (c == ']' || c == '}') {
+            --depth;
+        }
+    }
+}
+
+} // namespace detail
 
 json PlanToJson(const RedistributePlan &plan, const ProcessMesh &mesh) {
     json steps = json::array();

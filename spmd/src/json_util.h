@@ -2,6 +2,8 @@
 
 // Private: typed access to request fields with errors that name the field.
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +41,15 @@ inline int64_t AsInt(const nlohmann::json &j, std::string_view field) {
     return j.get<int64_t>();
 }
 
+/// An integer that fits an int (mesh dims, axes, permutations): a larger one would wrap around when narrowed.
+inline int AsInt32(const nlohmann::json &j, std::string_view field) {
+    const int64_t value = AsInt(j, field);
+    if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+        throw SpmdError(fmt::format("{}: expected an integer in the int range, got {}", field, value));
+    }
+    return static_cast<int>(value);
+}
+
 inline bool AsBool(const nlohmann::json &j, std::string_view field) {
     if (!j.is_boolean()) {
         throw SpmdError(fmt::format("{}: expected true or false, got {} {}", field, TypeName(j), j.dump()));
@@ -74,5 +85,19 @@ inline std::vector<int64_t> AsIntList(const nlohmann::json &j, std::string_view 
     }
     return values;
 }
+
+inline std::vector<int> AsInt32List(const nlohmann::json &j, std::string_view field) {
+    std::vector<int> values;
+    for (size_t i = 0; i < AsArray(j, field).size(); ++i) {
+        values.push_back(AsInt32(j[i], Index(field, i)));
+    }
+    return values;
+}
+
+/// Throws SpmdError unless `j` nests arrays and objects at most `max_depth` deep (checked without recursion, before
+/// anything copies or prints the value: both recurse).
+void CheckDepth(const nlohmann::json &j, int max_depth, std::string_view field);
+/// The same on JSON text, before it is parsed (strings are skipped; the text need not be valid).
+void CheckTextDepth(std::string_view text, int max_depth, std::string_view field);
 
 } // namespace shardline::spmd::detail

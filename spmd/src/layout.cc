@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <set>
 
 #include <fmt/format.h>
@@ -7,6 +8,7 @@
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/layout.h>
+#include <shardline/spmd/limits.h>
 
 namespace shardline::spmd {
 
@@ -20,8 +22,15 @@ std::string_view ToString(ReduceOp op) {
         return "max";
     case ReduceOp::kMin:
         return "min";
+    case ReduceOp::kProd:
+        return "prod";
     }
     return "?";
+}
+
+bool PartialsCommute(ReduceOp a, ReduceOp b) {
+    auto linear = [](ReduceOp op) { return op == ReduceOp::kSum || op == ReduceOp::kAvg; };
+    return a == b || (linear(a) && linear(b));
 }
 
 ReduceOp ParseReduceOp(std::string_view text) {
@@ -37,7 +46,10 @@ ReduceOp ParseReduceOp(std::string_view text) {
     if (text == "min") {
         return ReduceOp::kMin;
     }
-    throw SpmdError(fmt::format("reduce op: expected one of sum, avg, max, min, got '{}'", text));
+    if (text == "prod") {
+        return ReduceOp::kProd;
+    }
+    throw SpmdError(fmt::format("reduce op: expected one of sum, avg, max, min, prod, got '{}'", text));
 }
 
 std::string Placement::ToString() const {
@@ -120,7 +132,7 @@ Placement Placement::Parse(std::string_view raw) {
             }
         }
     }
-    throw SpmdError(fmt::format("placement: expected R, S(d), S(d)[order] or P(sum|avg|max|min), got '{}'", raw));
+    throw SpmdError(fmt::format("placement: expected R, S(d), S(d)[order] or P(sum|avg|max|min|prod), got '{}'", raw));
 }
 
 Layout::Layout(std::vector<std::vector<int>> dim_mesh_dims, std::map<int, ReduceOp> partial)
@@ -389,6 +401,20 @@ void Layout::Validate(const ProcessMesh &mesh, int tensor_rank, std::string_view
                                         ToString(), d, mesh.NDim()));
         }
     }
+    // A tensor Partial in two ops that do not commute has no single value: which reduction comes first changes it
+    // (max_i sum_j != sum_j max_i). Nothing can reduce it exactly, so it is refused wherever a layout enters.
+    // (A size-1 mesh dim reduces one term: it never matters.)
+    for (auto a = partial_.begin(); a != partial_.end(); ++a) {
+        for (auto b = std::next(a); b != partial_.end(); ++b) {
+            if (mesh.DimSize(a->first) > 1 && mesh.DimSize(b->first) > 1 && !PartialsCommute(a->second, b->second)) {
+                throw SpmdError(fmt::format(
+                    "{}: layout {} is Partial with {} on mesh dim {} and {} on mesh dim {}, which "
+                    "do not commute (only sum with avg, or one of max, min, prod alone): the "
+                    "order of the reductions would change the value",
+                    what, ToString(), spmd::ToString(a->second), a->first, spmd::ToString(b->second), b->first));
+            }
+        }
+    }
 }
 
 Layout Layout::Canonical(const ProcessMesh &mesh) const {
@@ -432,10 +458,16 @@ std::string Layout::ToString() const {
 }
 
 std::pair<int64_t, int64_t> ChunkRange(int64_t size, int64_t parts, int64_t index) {
-    const int64_t chunk = (size + parts - 1) / parts;
-    const int64_t begin = std::min(size, chunk * index);
-    const int64_t end = std::min(size, chunk * (index + 1));
-    return {begin, end - begin};
+    if (size < 0 || parts < 1 || index < 0 || index >= parts) {
+        throw SpmdError(fmt::format("ChunkRange: expected size >= 0, parts >= 1 and 0 <= index < parts, got size {}, "
+                                    "parts {}, index {}",
+                                    size, parts, index));
+    }
+    // Written so that nothing overflows for any int64 inputs: chunk * i is only formed when it is <= size.
+    const int64_t chunk = size / parts + (size % parts != 0 ? 1 : 0);
+    auto position = [&](int64_t i) { return chunk == 0 || i > size / chunk ? size : std::min(size, chunk * i); };
+    const int64_t begin = position(index);
+    return {begin, position(index + 1) - begin};
 }
 
 LocalShard ComputeLocalShard(const ProcessMesh &mesh, const std::vector<int64_t> &global_shape, const Layout &layout,

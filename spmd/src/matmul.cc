@@ -6,11 +6,12 @@
 
 #include <shardline/spmd/rules.h>
 
+#include "problems.h"
 #include "rule_util.h"
 
 namespace shardline::spmd {
 
-namespace {
+namespace detail {
 
 EinsumProblem MatmulProblem(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &y,
                             const MatmulAttrs &attrs) {
@@ -45,7 +46,9 @@ EinsumProblem MatmulProblem(const ProcessMesh &mesh, const TensorSpec &x, const 
     return problem;
 }
 
-} // namespace
+} // namespace detail
+
+using detail::MatmulProblem;
 
 SpmdInfo InferMatmulForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &y, const MatmulAttrs &attrs,
                             const RuleOptions &options) {

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <shardline/spmd/error.h>
+#include <shardline/spmd/limits.h>
 #include <shardline/spmd/mesh.h>
 
 namespace shardline::spmd {
@@ -12,14 +13,19 @@ namespace shardline::spmd {
 ProcessMesh::ProcessMesh(std::vector<int64_t> shape, std::vector<std::string> dim_names,
                          std::vector<int64_t> process_ids)
     : shape_(std::move(shape)), dim_names_(std::move(dim_names)), process_ids_(std::move(process_ids)) {
-    if (shape_.empty()) {
-        throw SpmdError("ProcessMesh: shape must have at least one dim, got []");
+    // Sizes first, before anything is allocated from them.
+    if (shape_.empty() || shape_.size() > static_cast<size_t>(kMaxMeshDims)) {
+        throw SpmdError(fmt::format("ProcessMesh: shape must have 1 to {} dims, got {}", kMaxMeshDims, shape_.size()));
     }
     size_ = 1;
     for (int64_t s : shape_) {
         if (s < 1) {
             throw SpmdError(
                 fmt::format("ProcessMesh: every mesh dim size must be >= 1, got shape [{}]", fmt::join(shape_, ",")));
+        }
+        if (s > kMaxMeshSize / size_) {
+            throw SpmdError(fmt::format("ProcessMesh: shape [{}] has more than {} ranks (2^40)", fmt::join(shape_, ","),
+                                        kMaxMeshSize));
         }
         size_ *= s;
     }
@@ -36,18 +42,40 @@ ProcessMesh::ProcessMesh(std::vector<int64_t> shape, std::vector<std::string> di
         throw SpmdError(fmt::format("ProcessMesh: dim_names must be unique, got [{}]", fmt::join(dim_names_, ",")));
     }
     if (process_ids_.empty()) {
-        process_ids_.resize(size_);
-        for (int64_t i = 0; i < size_; ++i) {
-            process_ids_[i] = i;
-        }
+        return; // the default 0 .. size-1, never materialised
     }
     if (static_cast<int64_t>(process_ids_.size()) != size_) {
         throw SpmdError(fmt::format("ProcessMesh: process_ids must have {} entries (the product of shape [{}]), got {}",
                                     size_, fmt::join(shape_, ","), process_ids_.size()));
     }
-    if (std::set<int64_t>(process_ids_.begin(), process_ids_.end()).size() != process_ids_.size()) {
+    std::vector<int64_t> sorted = process_ids_;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
         throw SpmdError(fmt::format("ProcessMesh: process_ids must be unique, got [{}]", fmt::join(process_ids_, ",")));
     }
+    bool identity = true;
+    for (int64_t i = 0; i < size_ && identity; ++i) {
+        identity = process_ids_[i] == i;
+    }
+    if (identity) {
+        process_ids_.clear(); // one representation of the default, so == compares meshes by value
+    }
+}
+
+std::vector<int64_t> ProcessMesh::ProcessIds() const {
+    if (!process_ids_.empty()) {
+        return process_ids_;
+    }
+    std::vector<int64_t> ids(size_);
+    for (int64_t i = 0; i < size_; ++i) {
+        ids[i] = i;
+    }
+    return ids;
+}
+
+int64_t ProcessMesh::ProcessIdAt(const std::vector<int64_t> &coord) const {
+    const int64_t index = LinearIndex(coord);
+    return process_ids_.empty() ? index : process_ids_[index];
 }
 
 int64_t ProcessMesh::DimSize(int mesh_dim) const {
@@ -78,6 +106,12 @@ std::vector<int64_t> ProcessMesh::CoordinateOfIndex(int64_t linear_index) const 
 }
 
 std::vector<int64_t> ProcessMesh::CoordinateOf(int64_t process_id) const {
+    if (process_ids_.empty()) {
+        if (process_id < 0 || process_id >= size_) {
+            throw SpmdError(fmt::format("ProcessMesh: process {} is not in the mesh {}", process_id, ToString()));
+        }
+        return CoordinateOfIndex(process_id);
+    }
     auto it = std::find(process_ids_.begin(), process_ids_.end(), process_id);
     if (it == process_ids_.end()) {
         throw SpmdError(fmt::format("ProcessMesh: process {} is not in the mesh {}", process_id, ToString()));

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -10,27 +11,56 @@
 #include <fmt/ranges.h>
 
 #include <shardline/spmd/error.h>
+#include <shardline/spmd/limits.h>
 #include <shardline/spmd/redistribute.h>
 
 namespace shardline::spmd {
 
-double CostModel::Alpha(int mesh_dim) const {
-    if (mesh_dim >= 0 && mesh_dim < static_cast<int>(alpha_us_per_dim.size())) {
-        return alpha_us_per_dim[mesh_dim];
-    }
-    return alpha_us;
+namespace {
+
+double PerDim(const std::vector<double> &per_dim, double fallback, int mesh_dim) {
+    return mesh_dim >= 0 && mesh_dim < static_cast<int>(per_dim.size()) ? per_dim[mesh_dim] : fallback;
 }
 
+} // namespace
+
+double CostModel::Call(int mesh_dim) const { return PerDim(call_us_per_dim, call_us, mesh_dim); }
+
+double CostModel::Alpha(int mesh_dim) const { return PerDim(alpha_us_per_dim, alpha_us, mesh_dim); }
+
 double CostModel::Bandwidth(int mesh_dim) const {
-    if (mesh_dim >= 0 && mesh_dim < static_cast<int>(bandwidth_gb_per_s_per_dim.size())) {
-        return bandwidth_gb_per_s_per_dim[mesh_dim];
-    }
-    return bandwidth_gb_per_s;
+    return PerDim(bandwidth_gb_per_s_per_dim, bandwidth_gb_per_s, mesh_dim);
 }
 
 double CostModel::Cost(int mesh_dim, int64_t ring_steps, int64_t bytes) const {
     // GB/s = 1e9 B / 1e6 us = 1e3 B/us.
-    return static_cast<double>(ring_steps) * Alpha(mesh_dim) + static_cast<double>(bytes) / (Bandwidth(mesh_dim) * 1e3);
+    return Call(mesh_dim) + static_cast<double>(ring_steps) * Alpha(mesh_dim) +
+           static_cast<double>(bytes) / (Bandwidth(mesh_dim) * 1e3);
+}
+
+void CostModel::Validate(std::string_view what) const {
+    auto check = [&](std::string_view field, double value, bool positive) {
+        if (!std::isfinite(value) || value < 0.0 || (positive && value <= 0.0)) {
+            throw SpmdError(fmt::format("{}.{}: must be {} 0 (a finite number), got {}", what, field,
+                                        positive ? ">" : ">=", value));
+        }
+    };
+    auto check_list = [&](std::string_view field, const std::vector<double> &values, bool positive) {
+        if (values.size() > static_cast<size_t>(kMaxMeshDims)) {
+            throw SpmdError(
+                fmt::format("{}.{}: {} entries; a mesh has at most {} dims", what, field, values.size(), kMaxMeshDims));
+        }
+        for (size_t i = 0; i < values.size(); ++i) {
+            check(fmt::format("{}[{}]", field, i), values[i], positive);
+        }
+    };
+    check("call_us", call_us, false);
+    check("alpha_us", alpha_us, false);
+    check("bandwidth_gb_per_s", bandwidth_gb_per_s, true);
+    check("flops_per_us", flops_per_us, true);
+    check_list("call_us_per_dim", call_us_per_dim, false);
+    check_list("alpha_us_per_dim", alpha_us_per_dim, false);
+    check_list("bandwidth_gb_per_s_per_dim", bandwidth_gb_per_s_per_dim, true);
 }
 
 std::string_view ToString(Collective collective) {
@@ -59,8 +89,9 @@ int RedistributePlan::NumCollectives() const {
 
 namespace {
 
-int64_t Product(const std::vector<int64_t> &v) {
-    return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<>());
+/// Bytes of a local block: its element count (bounded by the tensor's, CheckShape) times the element size.
+int64_t BlockBytes(const std::vector<int64_t> &shape, int64_t element_size) {
+    return CheckedMul(CheckedProduct(shape, "redistribute"), element_size, "redistribute: bytes of a block");
 }
 
 /// A layout under redistribution: per tensor dim its mesh dims (major -> minor), and the Partial mesh dims.
@@ -85,6 +116,9 @@ RedistributeStep ApplyStep(const ProcessMesh &mesh, const std::vector<int64_t> &
     step.before = state.ToLayout();
     const int64_t n = mesh.DimSize(d);
     const int64_t elem = options.element_size;
+    const std::string what = fmt::format("redistribute: {} on mesh dim {} ({} ranks) moves more bytes per rank than an "
+                                         "int64 holds",
+                                         ToString(c), d, n);
     const std::vector<int64_t> before_shape = MaxLocalShape(mesh, shape, step.before);
     switch (c) {
     case Collective::kAllReduce:
@@ -112,23 +146,24 @@ RedistributeStep ApplyStep(const ProcessMesh &mesh, const std::vector<int64_t> &
     const std::vector<int64_t> after_shape = MaxLocalShape(mesh, shape, step.after);
     switch (c) {
     case Collective::kAllReduce: {
-        const int64_t chunk = (Product(before_shape) + n - 1) / n * elem;
-        step.bytes_per_rank = 2 * (n - 1) * chunk;
+        const int64_t numel = CheckedProduct(before_shape, what);
+        const int64_t chunk = CheckedMul(numel / n + (numel % n != 0 ? 1 : 0), elem, what);
+        step.bytes_per_rank = CheckedMul(CheckedMul(2, n - 1, what), chunk, what);
         step.cost_us = options.cost.Cost(d, 2 * (n - 1), step.bytes_per_rank);
         break;
     }
     case Collective::kAllGather:
-        step.bytes_per_rank = (n - 1) * Product(before_shape) * elem;
+        step.bytes_per_rank = CheckedMul(n - 1, BlockBytes(before_shape, elem), what);
         step.cost_us = options.cost.Cost(d, n - 1, step.bytes_per_rank);
         break;
     case Collective::kReduceScatter:
-        step.bytes_per_rank = (n - 1) * Product(after_shape) * elem;
+        step.bytes_per_rank = CheckedMul(n - 1, BlockBytes(after_shape, elem), what);
         step.cost_us = options.cost.Cost(d, n - 1, step.bytes_per_rank);
         break;
     case Collective::kAllToAll: {
         std::vector<int64_t> block = before_shape;
         block[t2] = ChunkRange(before_shape[t2], n, 0).second;
-        step.bytes_per_rank = (n - 1) * Product(block) * elem;
+        step.bytes_per_rank = CheckedMul(n - 1, BlockBytes(block, elem), what);
         step.cost_us = options.cost.Cost(d, n - 1, step.bytes_per_rank);
         break;
     }
@@ -260,7 +295,7 @@ private:
         dims_ = std::move(state.dims);
         partial_ = std::move(state.partial);
         plan_.cost_us += step.cost_us;
-        plan_.bytes_per_rank += step.bytes_per_rank;
+        plan_.bytes_per_rank = CheckedAdd(plan_.bytes_per_rank, step.bytes_per_rank, "redistribute: bytes per rank");
         plan_.steps.push_back(std::move(step));
     }
 
@@ -274,13 +309,14 @@ private:
 };
 
 /// The cheapest plan from src to dst over every sequence of single-mesh-dim steps (Dijkstra on layouts), or nullopt
-/// when more than `max_states` layouts would be expanded. Edges: all_reduce / reduce_scatter of a Partial mesh dim
-/// dst does not keep with that op; all_gather of a tensor dim's minor mesh dim, or all_to_all of it onto the minor
-/// end of another tensor dim; local_slice of a free mesh dim onto the minor end of a tensor dim; local_partialize of
-/// a free mesh dim dst wants Partial. Ties go to fewer steps, then to the first found (deterministic).
+/// when more than `max_states` layouts would be expanded or `max_edges` steps priced. Edges: all_reduce /
+/// reduce_scatter of a Partial mesh dim dst does not keep with that op; all_gather of a tensor dim's minor mesh dim, or
+/// all_to_all of it onto the minor end of another tensor dim; local_slice of a free mesh dim onto the minor end of a
+/// tensor dim; local_partialize of a free mesh dim dst wants Partial. Ties go to fewer steps, then to the first found
+/// (deterministic).
 std::optional<RedistributePlan> SearchPlan(const ProcessMesh &mesh, const std::vector<int64_t> &shape,
                                            const Layout &src, const Layout &dst, const PlanOptions &options,
-                                           size_t max_states) {
+                                           size_t max_states, size_t max_edges) {
     struct Node {
         PlanState state;
         int64_t parent = -1;
@@ -310,6 +346,7 @@ std::optional<RedistributePlan> SearchPlan(const ProcessMesh &mesh, const std::v
     std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
     queue.emplace(0.0, 0, 0);
     size_t expanded = 0;
+    size_t edges = 0;
     while (!queue.empty()) {
         const double cost = std::get<0>(queue.top());
         const int64_t steps = std::get<1>(queue.top());
@@ -327,14 +364,18 @@ std::optional<RedistributePlan> SearchPlan(const ProcessMesh &mesh, const std::v
             std::reverse(plan.steps.begin(), plan.steps.end());
             for (const RedistributeStep &step : plan.steps) {
                 plan.cost_us += step.cost_us;
-                plan.bytes_per_rank += step.bytes_per_rank;
+                plan.bytes_per_rank =
+                    CheckedAdd(plan.bytes_per_rank, step.bytes_per_rank, "redistribute: bytes per rank");
             }
             return plan;
         }
-        if (++expanded > max_states) {
+        if (++expanded > max_states || edges > max_edges) {
             return std::nullopt;
         }
         auto relax = [&](Collective c, int d, int t, int t2, ReduceOp op) {
+            if (++edges > max_edges) {
+                return;
+            }
             PlanState next = state;
             RedistributeStep step = ApplyStep(mesh, shape, options, next, c, d, t, t2, op);
             const double next_cost = cost + step.cost_us;
@@ -400,9 +441,11 @@ bool GathersAndReshards(const RedistributePlan &plan, const Layout &dst) {
     });
 }
 
-/// Layouts the search may expand before it gives up and the ordered plan stands (a 3-d mesh on a rank-4 tensor
-/// has a few thousand).
+/// Layouts the search may expand, and steps it may price, before it gives up and the ordered plan stands (a 3-d mesh
+/// on a rank-4 tensor has a few thousand layouts; the step budget bounds high-rank tensors, whose every layout has
+/// rank^2 neighbours).
 constexpr size_t kMaxSearchStates = 20000;
+constexpr size_t kMaxSearchEdges = 20000;
 
 } // namespace
 
@@ -416,14 +459,18 @@ RedistributePlan PlanRedistribute(const ProcessMesh &mesh, const std::vector<int
             throw SpmdError(fmt::format("redistribute: shape {} has a negative dim", ShapeToString(global_shape)));
         }
     }
-    if (options.element_size < 1) {
-        throw SpmdError(fmt::format("redistribute: element_size must be >= 1, got {}", options.element_size));
+    CheckShape(global_shape, "redistribute: shape");
+    if (options.element_size < 1 || options.element_size > kMaxElementSize) {
+        throw SpmdError(fmt::format("redistribute: element_size must be in [1, {}], got {}", kMaxElementSize,
+                                    options.element_size));
     }
+    options.cost.Validate("redistribute: cost model");
     const Layout from = src.Canonical(mesh);
     const Layout to = dst.Canonical(mesh);
     RedistributePlan plan = Planner(mesh, global_shape, from, to, options).Run();
     if (options.search && GathersAndReshards(plan, to)) {
-        std::optional<RedistributePlan> searched = SearchPlan(mesh, global_shape, from, to, options, kMaxSearchStates);
+        std::optional<RedistributePlan> searched =
+            SearchPlan(mesh, global_shape, from, to, options, kMaxSearchStates, kMaxSearchEdges);
         // Strictly cheaper only: the ordered plan is the documented default and wins ties.
         if (searched && searched->cost_us < plan.cost_us - 1e-9 * std::max(1.0, plan.cost_us)) {
             return std::move(*searched);

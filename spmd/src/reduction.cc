@@ -1,6 +1,6 @@
-// reductions: sum / mean / max / min over axes as the einsum "abc->ac". A sharded reduced dim makes the output
+// reductions: sum / mean / max / min / prod over axes as the einsum "abc->ac". A sharded reduced dim makes the output
 // Partial with the reduction's op (mean: P(sum), its local kernel divides by the global count so uneven shards are
-// exact). keepdim outputs carry the reduced dims as Replicate size-1 dims.
+// exact; prod: P(prod)). keepdim outputs carry the reduced dims as Replicate size-1 dims.
 
 #include <algorithm>
 #include <set>
@@ -23,6 +23,8 @@ std::string_view Name(ReductionKind kind) {
         return "max";
     case ReductionKind::kMin:
         return "min";
+    case ReductionKind::kProd:
+        return "prod";
     }
     return "?";
 }
@@ -69,6 +71,10 @@ ReductionSetup Setup(const ProcessMesh &mesh, const TensorSpec &x, const Reducti
     case ReductionKind::kMin:
         problem.contraction = ReduceOp::kMin;
         problem.single_kept_ops = {ReduceOp::kMin};
+        break;
+    case ReductionKind::kProd:
+        problem.contraction = ReduceOp::kProd;
+        problem.single_kept_ops = {ReduceOp::kProd};
         break;
     }
     return setup;
@@ -158,9 +164,10 @@ SpmdInfo InferReductionGrad(const ProcessMesh &mesh, const TensorSpec &x, const 
     if (attrs.keepdim) {
         info.inputs.back() = KeepDims(info.inputs.back(), setup.reduced);
     }
-    if (attrs.kind == ReductionKind::kMax || attrs.kind == ReductionKind::kMin) {
-        // The gradient flows to the arg-max: the local kernel compares x with the global result, so the forward
-        // output is needed reduced (Replicate on the reduced mesh dims), sharded like out_grad.
+    if (attrs.kind == ReductionKind::kMax || attrs.kind == ReductionKind::kMin || attrs.kind == ReductionKind::kProd) {
+        // The gradient flows to the arg-max (max / min), or is dy * out / x (prod): the local kernel reads the
+        // global result, so the forward output is needed reduced (Replicate on the reduced mesh dims), sharded like
+        // out_grad.
         TensorSpec out = grad.out_grad;
         out.layout = out.layout.WithoutPartial();
         if (attrs.keepdim) {

@@ -8,6 +8,7 @@
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/json.h>
+#include <shardline/spmd/limits.h>
 #include <shardline/spmd/rule_cache.h>
 #include <shardline/spmd/rules.h>
 
@@ -37,7 +38,7 @@ public:
         return attrs_.contains(key) ? detail::AsBool(attrs_[key], "attrs." + key) : fallback;
     }
     int Int(const std::string &key, int fallback) const {
-        return attrs_.contains(key) ? static_cast<int>(detail::AsInt(attrs_[key], "attrs." + key)) : fallback;
+        return attrs_.contains(key) ? detail::AsInt32(attrs_[key], "attrs." + key) : fallback;
     }
     std::string String(const std::string &key, const std::string &fallback) const {
         return attrs_.contains(key) ? detail::AsString(attrs_[key], "attrs." + key) : fallback;
@@ -45,13 +46,14 @@ public:
     std::vector<int64_t> IntList(const std::string &key) const {
         return attrs_.contains(key) ? detail::AsIntList(attrs_[key], "attrs." + key) : std::vector<int64_t>{};
     }
+    std::vector<int> Int32List(const std::string &key) const {
+        return attrs_.contains(key) ? detail::AsInt32List(attrs_[key], "attrs." + key) : std::vector<int>{};
+    }
     bool Has(const std::string &key) const { return attrs_.contains(key); }
 
 private:
     const json &attrs_;
 };
-
-std::vector<int> ToIntVector(const std::vector<int64_t> &v) { return std::vector<int>(v.begin(), v.end()); }
 
 /// JSON attrs -> RuleAttrs for the ops that take attributes; every other op takes none (std::monostate). The op
 /// name, not these attrs, decides a reduction's kind and softmax's `log` (InferRule).
@@ -66,12 +68,19 @@ const std::map<std::string, AttrsSchema> &AttrsSchemas() {
         s["matmul"] = {{"trans_x", "trans_y"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
                            return MatmulAttrs{.trans_x = a.Bool("trans_x", false), .trans_y = a.Bool("trans_y", false)};
                        }};
+        // Paddle's fused_gemm_epilogue flags; trans_y defaults to true (linear's weight is [out, in]).
+        s["linear"] = {{"trans_x", "trans_y"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                           return LinearAttrs{.trans_x = a.Bool("trans_x", false), .trans_y = a.Bool("trans_y", true)};
+                       }};
+        s["embedding"] = {{"sparse"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                              return EmbeddingAttrs{.sparse = a.Bool("sparse", false)};
+                          }};
         const AttrsSchema reduction = {{"axes", "keepdim"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
                                            return ReductionAttrs{.kind = ReductionKind::kSum,
-                                                                 .axes = ToIntVector(a.IntList("axes")),
+                                                                 .axes = a.Int32List("axes"),
                                                                  .keepdim = a.Bool("keepdim", false)};
                                        }};
-        for (const char *name : {"sum", "mean", "max", "min"}) {
+        for (const char *name : {"sum", "mean", "max", "min", "prod"}) {
             s[name] = reduction;
         }
         const AttrsSchema softmax = {{"axis", "vocab_parallel"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
@@ -99,7 +108,7 @@ const std::map<std::string, AttrsSchema> &AttrsSchemas() {
                               if (!a.Has("perm")) {
                                   throw SpmdError("attrs.perm: transpose needs a permutation, e.g. [1,0]");
                               }
-                              return TransposeAttrs{.perm = ToIntVector(a.IntList("perm"))};
+                              return TransposeAttrs{.perm = a.Int32List("perm")};
                           }};
         s["reshape"] = {{"shape"}, [](const AttrReader &a, RuleDirection direction) -> RuleAttrs {
                             if (direction != RuleDirection::kReverse && !a.Has("shape")) {
@@ -127,8 +136,9 @@ RuleAttrs AttrsFromJson(const json &attrs, const std::string &op, RuleDirection 
     return it->second.parse(AttrReader(attrs, op, it->second.known), direction);
 }
 
-PlanOptions PlanOptionsFromJson(const json &request) {
+PlanOptions PlanOptionsFromJson(const json &request, const CostModel &base) {
     PlanOptions plan;
+    plan.cost = base;
     if (request.contains("element_size") && request.contains("dtype")) {
         throw SpmdError("element_size: give element_size or dtype, not both");
     }
@@ -136,6 +146,10 @@ PlanOptions PlanOptionsFromJson(const json &request) {
         plan.element_size = detail::AsInt(request["element_size"], "element_size");
         if (plan.element_size < 1) {
             throw SpmdError(fmt::format("element_size: must be >= 1, got {}", plan.element_size));
+        }
+        if (plan.element_size > kMaxElementSize) {
+            throw SpmdError(
+                fmt::format("element_size: must be <= {} bytes, got {}", kMaxElementSize, plan.element_size));
         }
     } else if (request.contains("dtype")) {
         static const std::map<std::string, int64_t> kSizes = {{"float32", 4}, {"float16", 2}, {"bfloat16", 2},
@@ -148,35 +162,24 @@ PlanOptions PlanOptionsFromJson(const json &request) {
         }
         plan.element_size = it->second;
     }
-    if (request.contains("cost_model")) {
-        const json &c = request["cost_model"];
-        if (!c.is_object()) {
-            throw SpmdError(fmt::format("cost_model: expected an object, got {}", c.type_name()));
-        }
-        for (const auto &[key, value] : c.items()) {
-            const std::string f = "cost_model." + key;
-            if (key == "alpha_us") {
-                plan.cost.alpha_us = detail::AsNumber(value, f);
-            } else if (key == "bandwidth_gb_per_s") {
-                plan.cost.bandwidth_gb_per_s = detail::AsNumber(value, f);
-            } else if (key == "flops_per_us") {
-                plan.cost.flops_per_us = detail::AsNumber(value, f);
-            } else if (key == "alpha_us_per_dim" || key == "bandwidth_gb_per_s_per_dim") {
-                std::vector<double> values;
-                for (size_t i = 0; i < detail::AsArray(value, f).size(); ++i) {
-                    values.push_back(detail::AsNumber(value[i], detail::Index(f, i)));
-                }
-                (key == "alpha_us_per_dim" ? plan.cost.alpha_us_per_dim : plan.cost.bandwidth_gb_per_s_per_dim) =
-                    values;
-            } else {
-                throw SpmdError(fmt::format("{}: unknown field (known: alpha_us, bandwidth_gb_per_s, alpha_us_per_dim, "
-                                            "bandwidth_gb_per_s_per_dim, flops_per_us)",
-                                            f));
+    if (request.contains("cost_profile")) {
+        // A built-in profile by name, or a whole profile inline; files are read by the caller (--cost-profile).
+        const json &profile = request["cost_profile"];
+        if (profile.is_string()) {
+            try {
+                plan.cost = CostProfile(profile.get<std::string>());
+            } catch (const SpmdError &e) {
+                throw SpmdError(fmt::format("cost_profile: {}", e.what()));
             }
+        } else if (profile.is_object()) {
+            plan.cost = CostModelFromJson(profile, CostModel{}, "cost_profile");
+        } else {
+            throw SpmdError(fmt::format("cost_profile: expected a profile name ([{}]) or a profile object, got {}",
+                                        fmt::join(CostProfileNames(), ","), profile.type_name()));
         }
-        if (plan.cost.bandwidth_gb_per_s <= 0) {
-            throw SpmdError("cost_model.bandwidth_gb_per_s: must be > 0");
-        }
+    }
+    if (request.contains("cost_model")) {
+        plan.cost = CostModelFromJson(request["cost_model"], plan.cost, "cost_model");
     }
     return plan;
 }
@@ -192,11 +195,7 @@ json HandleRedistribute(const json &request, const ProcessMesh &mesh, const Plan
     } else {
         throw SpmdError("shape: missing; give the global shape as \"shape\" or \"src.shape\"");
     }
-    for (int64_t s : shape) {
-        if (s < 0) {
-            throw SpmdError(fmt::format("shape: dims must be >= 0, got {}", ShapeToString(shape)));
-        }
-    }
+    CheckShape(shape, "shape");
     if (dst_json.is_object() && dst_json.contains("shape") &&
         detail::AsIntList(dst_json["shape"], "dst.shape") != shape) {
         throw SpmdError(fmt::format("dst.shape: must equal the source shape {}", ShapeToString(shape)));
@@ -226,15 +225,63 @@ json TensorWithPlan(const std::string &name, const TensorSpec &spec, const Proce
     return j;
 }
 
+/// The answer of a "direction": "enumerate" request (docs/spmd.md 3): every strategy's layouts and costs, and the
+/// chosen one with its plans (from the full planner, as a module would run them).
+json EnumerateAnswer(const RuleRequest &rule) {
+    const RuleStrategies strategies = EnumerateRuleStrategies(rule);
+    const EinsumStrategies &e = strategies.enumeration;
+    auto layout = [&](const std::string &name, const TensorSpec &spec) {
+        json j = LayoutToJson(spec.layout, rule.mesh);
+        j["name"] = name;
+        return j;
+    };
+    json list = json::array();
+    for (const EinsumStrategy &s : e.strategies) {
+        json inputs = json::array();
+        for (size_t i = 0; i < s.inputs.size(); ++i) {
+            inputs.push_back(layout(strategies.input_names[i], s.inputs[i]));
+        }
+        json entry{{"inputs", inputs},
+                   {"output", layout("out", s.output)},
+                   {"redistribute_us", s.redistribute_us},
+                   {"compute_us", s.compute_us},
+                   {"cost_us", s.cost_us}};
+        if (rule.op == "linear") {
+            entry["bias_after_reduction"] = strategies.bias_after_reduction_if_partial && s.output.layout.IsPartial();
+        }
+        list.push_back(std::move(entry));
+    }
+    const EinsumStrategy &best = e.strategies[e.chosen];
+    json chosen_inputs = json::array();
+    for (size_t i = 0; i < best.inputs.size(); ++i) {
+        chosen_inputs.push_back(TensorWithPlan(strategies.input_names[i], best.inputs[i], rule.mesh, rule.inputs[i],
+                                               std::nullopt, rule.options.plan));
+    }
+    return json{{"op", rule.op},
+                {"direction", "enumerate"},
+                {"mesh", MeshToJson(rule.mesh)},
+                {"count", e.strategies.size()},
+                {"chosen", e.chosen},
+                {"strategies", list},
+                {"chosen_strategy",
+                 {{"inputs", chosen_inputs},
+                  {"output", TensorToJson("out", best.output, rule.mesh)},
+                  {"redistribute_us", best.redistribute_us},
+                  {"compute_us", best.compute_us},
+                  {"cost_us", best.cost_us}}},
+                {"cost_model", CostModelToJson(rule.options.plan.cost)}};
+}
+
 } // namespace
 
-json HandleRequest(const json &request) {
+json HandleRequest(const json &request, const CostModel &base) {
+    detail::CheckDepth(request, kMaxRequestDepth, "request");
     if (!request.is_object()) {
         throw SpmdError(fmt::format("request: expected a JSON object, got {}", request.type_name()));
     }
     const std::string op = detail::AsString(detail::Require(request, "op", ""), "op");
     const ProcessMesh mesh = MeshFromJson(detail::Require(request, "mesh", ""), "mesh");
-    const PlanOptions plan_options = PlanOptionsFromJson(request);
+    const PlanOptions plan_options = PlanOptionsFromJson(request, base);
     if (op == "redistribute") {
         return HandleRedistribute(request, mesh, plan_options);
     }
@@ -249,14 +296,15 @@ json HandleRequest(const json &request) {
     rule.options.plan = plan_options;
     const std::string direction =
         request.contains("direction") ? detail::AsString(request["direction"], "direction") : std::string("forward");
-    if (direction == "forward") {
+    const bool enumerate = direction == "enumerate"; // the inputs' given layouts, as a forward request's
+    if (direction == "forward" || enumerate) {
         rule.direction = RuleDirection::kForward;
     } else if (direction == "reverse") {
         rule.direction = RuleDirection::kReverse;
     } else if (direction == "grad") {
         rule.direction = RuleDirection::kGrad;
     } else {
-        throw SpmdError(fmt::format("direction: expected forward, reverse or grad, got '{}'", direction));
+        throw SpmdError(fmt::format("direction: expected forward, reverse, grad or enumerate, got '{}'", direction));
     }
     const std::string mode =
         request.contains("mode") ? detail::AsString(request["mode"], "mode") : std::string("deterministic");
@@ -264,6 +312,13 @@ json HandleRequest(const json &request) {
         rule.options.mode = RuleMode::kCostBased;
     } else if (mode != "deterministic") {
         throw SpmdError(fmt::format("mode: expected deterministic or cost, got '{}'", mode));
+    }
+    if (enumerate) {
+        for (const char *field : {"outputs", "out_grad", "output_target"}) {
+            if (request.contains(field)) {
+                throw SpmdError(fmt::format("{}: an enumerate request prices the inputs' redistributions only", field));
+            }
+        }
     }
     const json &inputs = detail::AsArray(detail::Require(request, "inputs", ""), "inputs");
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -294,6 +349,9 @@ json HandleRequest(const json &request) {
         rule.options.output_target = TensorFromJson(target, mesh, "output_target").layout;
     }
     rule.attrs = AttrsFromJson(attrs, op, rule.direction);
+    if (enumerate) {
+        return EnumerateAnswer(rule);
+    }
 
     // A forward request's "outputs" is where the caller wants the output (planned below), not a rule input.
     const std::optional<TensorSpec> wanted_output = rule.out;
@@ -357,6 +415,31 @@ json HandleRequest(const json &request) {
         answer["cost_us"] = info.cost_us;
     }
     return answer;
+}
+
+RequestAnswer AnswerRequestText(std::string_view text, const CostModel &base) {
+    auto error = [](const std::string &message) { return RequestAnswer{json{{"error", message}}, 2}; };
+    try {
+        if (static_cast<int64_t>(text.size()) > kMaxRequestBytes) {
+            return error(fmt::format("request: larger than {} bytes ({})", kMaxRequestBytes, text.size()));
+        }
+        detail::CheckTextDepth(text, kMaxRequestDepth, "request");
+        json request;
+        try {
+            request = json::parse(text);
+        } catch (const json::exception &e) { // parse_error, or out_of_range for a number beyond a double
+            return error(std::string("request: invalid JSON: ") + e.what());
+        }
+        return RequestAnswer{HandleRequest(request, base), 0};
+    } catch (const SpmdError &e) {
+        return error(e.what());
+    } catch (const json::exception &e) {
+        return error(std::string("request: ") + e.what());
+    } catch (const std::bad_alloc &) {
+        return error("request: out of memory while answering it");
+    } catch (const std::exception &e) {
+        return error(std::string("internal error: ") + e.what());
+    }
 }
 
 } // namespace shardline::spmd

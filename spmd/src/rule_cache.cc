@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <bit>
+#include <iterator>
 #include <mutex>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/rule_cache.h>
+
+#include "problems.h"
 
 namespace shardline::spmd {
 
@@ -26,9 +30,10 @@ const char *DirectionName(RuleDirection direction) {
 }
 
 const char *AttrsName(const RuleAttrs &attrs) {
-    constexpr const char *kNames[] = {"none",         "MatmulAttrs",       "ReductionAttrs",
-                                      "SoftmaxAttrs", "CrossEntropyAttrs", "TransposeAttrs",
-                                      "ReshapeAttrs", "EinsumAttrs"};
+    constexpr const char *kNames[] = {
+        "none",           "MatmulAttrs",  "ReductionAttrs", "SoftmaxAttrs", "CrossEntropyAttrs",
+        "TransposeAttrs", "ReshapeAttrs", "EinsumAttrs",    "LinearAttrs",  "EmbeddingAttrs"};
+    static_assert(std::size(kNames) == std::variant_size_v<RuleAttrs>);
     return kNames[attrs.index()];
 }
 
@@ -94,6 +99,9 @@ std::optional<ReductionKind> ReductionKindOf(const std::string &op) {
     }
     if (op == "min") {
         return ReductionKind::kMin;
+    }
+    if (op == "prod") {
+        return ReductionKind::kProd;
     }
     return std::nullopt;
 }
@@ -165,6 +173,11 @@ void PutAttrs(std::vector<int64_t> &w, const RuleAttrs &attrs) {
                 PutList(w, a.shape);
             } else if constexpr (std::is_same_v<A, EinsumAttrs>) {
                 PutString(w, a.equation);
+            } else if constexpr (std::is_same_v<A, LinearAttrs>) {
+                w.push_back(a.trans_x);
+                w.push_back(a.trans_y);
+            } else if constexpr (std::is_same_v<A, EmbeddingAttrs>) {
+                w.push_back(a.sparse);
             }
         },
         attrs);
@@ -176,9 +189,14 @@ void PutOptions(std::vector<int64_t> &w, const RuleOptions &options) {
     w.push_back(options.plan.element_size);
     w.push_back(options.plan.search ? 1 : 0);
     const CostModel &cost = options.plan.cost;
+    PutDouble(w, cost.call_us);
     PutDouble(w, cost.alpha_us);
     PutDouble(w, cost.bandwidth_gb_per_s);
     PutDouble(w, cost.flops_per_us);
+    w.push_back(static_cast<int64_t>(cost.call_us_per_dim.size()));
+    for (double v : cost.call_us_per_dim) {
+        PutDouble(w, v);
+    }
     w.push_back(static_cast<int64_t>(cost.alpha_us_per_dim.size()));
     for (double v : cost.alpha_us_per_dim) {
         PutDouble(w, v);
@@ -208,9 +226,9 @@ uint64_t HashWords(const std::vector<int64_t> &words) {
 
 const std::vector<std::string> &RuleOpNames() {
     static const std::vector<std::string> names = [] {
-        std::vector<std::string> n = {
-            "matmul",    "linear",  "embedding", "embedding_bag", "softmax", "log_softmax", "cross_entropy",
-            "transpose", "reshape", "einsum",    "sum",           "mean",    "max",         "min"};
+        std::vector<std::string> n = {"matmul",      "linear",        "embedding", "embedding_bag", "softmax",
+                                      "log_softmax", "cross_entropy", "transpose", "reshape",       "einsum",
+                                      "sum",         "mean",          "max",       "min",           "prod"};
         for (std::string &name : ElementwiseOpNames()) {
             n.push_back(std::move(name));
         }
@@ -238,21 +256,23 @@ SpmdInfo InferRule(const RuleRequest &r) {
     }
     if (op == "linear") {
         ExpectInputs(r, 2, 3, "x, weight, optional bias");
-        AttrsOf<std::monostate>(r);
+        const LinearAttrs a = AttrsOf<LinearAttrs>(r);
         const std::optional<TensorSpec> bias =
             r.inputs.size() == 3 ? std::optional<TensorSpec>(r.inputs[2]) : std::nullopt;
         return ByDirection(
-            r, [&] { return InferLinearForward(mesh, r.inputs[0], r.inputs[1], bias, opt); },
-            [&](const TensorSpec &out) { return InferLinearReverse(mesh, r.inputs[0], r.inputs[1], bias, out, opt); },
-            [&](const TensorSpec &dy) { return InferLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, opt); });
+            r, [&] { return InferLinearForward(mesh, r.inputs[0], r.inputs[1], bias, a, opt); },
+            [&](const TensorSpec &out) {
+                return InferLinearReverse(mesh, r.inputs[0], r.inputs[1], bias, out, a, opt);
+            },
+            [&](const TensorSpec &dy) { return InferLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, a, opt); });
     }
     if (op == "embedding") {
         ExpectInputs(r, 2, 2, "ids, weight");
-        AttrsOf<std::monostate>(r);
+        const EmbeddingAttrs a = AttrsOf<EmbeddingAttrs>(r);
         return ByDirection(
-            r, [&] { return InferEmbeddingForward(mesh, r.inputs[0], r.inputs[1], opt); },
-            [&](const TensorSpec &out) { return InferEmbeddingReverse(mesh, r.inputs[0], r.inputs[1], out, opt); },
-            [&](const TensorSpec &dy) { return InferEmbeddingGrad(mesh, r.inputs[0], r.inputs[1], dy, opt); });
+            r, [&] { return InferEmbeddingForward(mesh, r.inputs[0], r.inputs[1], a, opt); },
+            [&](const TensorSpec &out) { return InferEmbeddingReverse(mesh, r.inputs[0], r.inputs[1], out, a, opt); },
+            [&](const TensorSpec &dy) { return InferEmbeddingGrad(mesh, r.inputs[0], r.inputs[1], dy, a, opt); });
     }
     if (op == "embedding_bag") {
         ExpectInputs(r, 2, 2, "ids, weight");
@@ -323,6 +343,36 @@ SpmdInfo InferRule(const RuleRequest &r) {
             [&](const TensorSpec &dy) { return InferElementwiseGrad(mesh, op, r.inputs, dy, opt); });
     }
     throw SpmdError(fmt::format("InferRule: unknown op '{}' ({} request)", op, DirectionName(r.direction)));
+}
+
+const std::vector<std::string> &EnumerableOpNames() {
+    static const std::vector<std::string> names = {"einsum", "linear", "matmul"};
+    return names;
+}
+
+RuleStrategies EnumerateRuleStrategies(const RuleRequest &r) {
+    EinsumProblem problem;
+    RuleStrategies out;
+    if (r.op == "matmul") {
+        ExpectInputs(r, 2, 2, "x, y");
+        problem = detail::MatmulProblem(r.mesh, r.inputs[0], r.inputs[1], AttrsOf<MatmulAttrs>(r));
+    } else if (r.op == "linear") {
+        ExpectInputs(r, 2, 3, "x, weight, optional bias");
+        const std::optional<TensorSpec> bias =
+            r.inputs.size() == 3 ? std::optional<TensorSpec>(r.inputs[2]) : std::nullopt;
+        problem = detail::LinearProblem(r.mesh, r.inputs[0], r.inputs[1], bias, AttrsOf<LinearAttrs>(r));
+        out.bias_after_reduction_if_partial = bias.has_value();
+    } else if (r.op == "einsum") {
+        problem = detail::EquationProblem(r.mesh, AttrsOf<EinsumAttrs>(r).equation, r.inputs);
+    } else {
+        throw SpmdError(fmt::format("direction: enumerate takes an einsum-style op ({}), got '{}'",
+                                    fmt::join(EnumerableOpNames(), ", "), r.op));
+    }
+    for (const EinsumOperand &operand : problem.inputs) {
+        out.input_names.push_back(operand.name);
+    }
+    out.enumeration = EnumerateEinsumStrategies(r.mesh, problem, r.options.plan);
+    return out;
 }
 
 CachedRule InferRuleWithPlans(const RuleRequest &request) {

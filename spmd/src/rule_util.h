@@ -10,6 +10,7 @@
 
 #include <shardline/spmd/einsum.h>
 #include <shardline/spmd/error.h>
+#include <shardline/spmd/limits.h>
 #include <shardline/spmd/rules.h>
 
 namespace shardline::spmd::detail {
@@ -39,6 +40,7 @@ inline void CheckSpec(const ProcessMesh &mesh, const TensorSpec &spec, std::stri
             throw SpmdError(fmt::format("{}: {}.shape {} has a negative dim", op, name, ShapeToString(spec.shape)));
         }
     }
+    CheckShape(spec.shape, fmt::format("{}: {}.shape", op, name));
     spec.layout.Validate(mesh, static_cast<int>(spec.shape.size()), fmt::format("{}: {}", op, name));
 }
 

@@ -31,7 +31,7 @@ EinsumProblem TransposeProblem(const ProcessMesh &mesh, const TensorSpec &x, con
         problem.output.push_back(labels[a]);
     }
     problem.partial_policy = PartialPolicy::kSingle;
-    problem.single_kept_ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+    problem.single_kept_ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProd};
     return problem;
 }
 

@@ -3,75 +3,17 @@
 // Exit-code convention (tools/shardline_spmd.cc): 0 answered; 2 the request was wrong, stdout is one JSON object
 // {"error": "<field>: <what>"}; 1 the command line was wrong, stdout is empty and the usage goes to stderr.
 
-#include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
+
+#include "spmd_cli_util.h"
 
 namespace {
 
-using nlohmann::json;
-
-constexpr int kExitAnswered = 0;
-constexpr int kExitUsage = 1;
-constexpr int kExitRequestError = 2;
-
-struct Result {
-    int exit_code = -1;
-    std::string out;
-    json answer;
-};
-
-/// Runs `shardline-spmd --compact <args>` (stdout only) and parses stdout when it is JSON.
-Result RunCommand(const std::string &args) {
-    const std::string command = std::string(SHARDLINE_SPMD_TOOL) + " --compact " + args + " 2>/dev/null";
-    FILE *pipe = popen(command.c_str(), "r");
-    Result result;
-    char buffer[4096];
-    while (pipe != nullptr && fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-        result.out += buffer;
-    }
-    const int status = pipe != nullptr ? pclose(pipe) : -1;
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.answer = json::parse(result.out, nullptr, false);
-    return result;
-}
-
-std::string WriteRequest(const std::string &request, const std::string &name) {
-    const std::string path = ::testing::TempDir() + "spmd_cli_" + name + ".json";
-    std::ofstream(path) << request;
-    return path;
-}
-
-/// The request on stdin.
-Result RunTool(const std::string &request, const std::string &name) {
-    return RunCommand("< " + WriteRequest(request, name));
-}
-
-Result RunJson(const json &request, const std::string &name) { return RunTool(request.dump(), name); }
-
-/// Exit 2 and exactly {"error": "..."} whose message starts with `field` followed by ':' and contains `what`.
-::testing::AssertionResult IsError(const Result &r, const std::string &field, const std::string &what = "") {
-    if (r.exit_code != kExitRequestError) {
-        return ::testing::AssertionFailure() << "exit code " << r.exit_code << ", output " << r.out;
-    }
-    if (!r.answer.is_object() || r.answer.size() != 1 || !r.answer.contains("error") ||
-        !r.answer["error"].is_string()) {
-        return ::testing::AssertionFailure() << "not an {\"error\": ...} object: " << r.out;
-    }
-    const std::string message = r.answer["error"];
-    if (message.rfind(field + ":", 0) != 0) {
-        return ::testing::AssertionFailure() << "error does not start with '" << field << ":': " << message;
-    }
-    if (message.find(what) == std::string::npos) {
-        return ::testing::AssertionFailure() << "error lacks '" << what << "': " << message;
-    }
-    return ::testing::AssertionSuccess();
-}
+using namespace shardline::spmd::cli_testing;
 
 // ---- answers --------------------------------------------------------------------------------------------------------
 
@@ -191,7 +133,7 @@ TEST(ShardlineSpmdCliTest, BadMeshShapeIsAnError) {
 TEST(ShardlineSpmdCliTest, BadDirectionIsAnError) {
     const Result r =
         RunTool(R"j({"op":"relu","direction":"backward","mesh":{"shape":[2]},"inputs":[{"shape":[4]}]})j", "direction");
-    EXPECT_TRUE(IsError(r, "direction", "expected forward, reverse or grad, got 'backward'"));
+    EXPECT_TRUE(IsError(r, "direction", "expected forward, reverse, grad or enumerate, got 'backward'"));
 }
 
 TEST(ShardlineSpmdCliTest, BadModeIsAnError) {
@@ -449,9 +391,9 @@ TEST(ShardlineSpmdCliTest, MeshDimShardingAndPartialIsAnError) {
 
 TEST(ShardlineSpmdCliTest, UnknownPartialReduceOpIsAnError) {
     const Result r = RunTool(R"j({"op":"relu","mesh":{"shape":[2]},
-        "inputs":[{"shape":[4],"dims_mapping":[-1],"partial":{"0":"prod"}}]})j",
+        "inputs":[{"shape":[4],"dims_mapping":[-1],"partial":{"0":"xor"}}]})j",
                              "partialop");
-    EXPECT_TRUE(IsError(r, "inputs[0].partial.0", "expected one of sum, avg, max, min, got 'prod'"));
+    EXPECT_TRUE(IsError(r, "inputs[0].partial.0", "expected one of sum, avg, max, min, prod, got 'xor'"));
 }
 
 TEST(ShardlineSpmdCliTest, DimsMappingRankMismatchIsAnError) {

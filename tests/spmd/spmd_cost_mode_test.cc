@@ -31,7 +31,7 @@ TEST(CostModeTest, RowParallelGradNeedsNoCommunicationAndKeepsTheDeterministicAn
     EXPECT_EQ(S(cost.Output("x_grad")), "[-1,0]");
     EXPECT_EQ(S(cost.Output("weight_grad")), "[-1,0]");
     EXPECT_GT(cost.cost_us, 0.0);
-    EXPECT_LT(cost.cost_us, 1.0); // compute only: no collective (10 us latency each)
+    EXPECT_LT(cost.cost_us, 1.0); // compute only: no collective (each costs a 64 us call)
     EXPECT_EQ(det.cost_us, 0.0);
 }
 

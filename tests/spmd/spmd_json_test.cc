@@ -52,7 +52,8 @@ TEST(RequestTest, RedistributeAnswersStepsAndCost) {
     EXPECT_EQ(answer["steps"][0]["collective"], "reduce_scatter");
     EXPECT_EQ(answer["steps"][0]["tensor_dim"], 0);
     EXPECT_EQ(answer["steps"][0]["bytes_per_rank"], 3 * 2 * 8 * 2);
-    EXPECT_DOUBLE_EQ(answer["cost_us"].get<double>(), 30.0 + 96.0 / 1e5);
+    const CostModel m; // the default profile, nccl_h200
+    EXPECT_DOUBLE_EQ(answer["cost_us"].get<double>(), m.call_us + 3 * m.alpha_us + 96.0 / (m.bandwidth_gb_per_s * 1e3));
 }
 
 TEST(RequestTest, CostModeReportsCost) {

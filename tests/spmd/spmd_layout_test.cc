@@ -49,7 +49,8 @@ TEST(LayoutTest, PlacementTextParses) {
     EXPECT_EQ(Placement::Parse("P"), Placement::Partial(ReduceOp::kSum));
     EXPECT_THROW(Placement::Parse("X(0)"), SpmdError);
     EXPECT_THROW(Placement::Parse("S(-1)"), SpmdError);
-    EXPECT_THROW(Placement::Parse("P(prod)"), SpmdError);
+    EXPECT_EQ(Placement::Parse("P(prod)"), Placement::Partial(ReduceOp::kProd));
+    EXPECT_THROW(Placement::Parse("P(xor)"), SpmdError);
 }
 
 TEST(LayoutTest, TextRoundTripWithReduceOps) {
@@ -185,7 +186,7 @@ TEST(LayoutJsonTest, LayoutFromJsonErrorsNameTheField) {
     EXPECT_NE(message(R"j({"dims_mapping":[0]})j", 2).find("rank 2"), std::string::npos);
     EXPECT_NE(message(R"j({"dims_mapping":["x",-1]})j", 2).find("no mesh dim named 'x'"), std::string::npos);
     EXPECT_NE(message(R"j({"placements":["R"]})j", 2).find("one placement per mesh dim"), std::string::npos);
-    EXPECT_NE(message(R"j({"dims_mapping":[0,-1],"partial":{"1":"prod"}})j", 2).find("inputs[1].partial.1"),
+    EXPECT_NE(message(R"j({"dims_mapping":[0,-1],"partial":{"1":"xor"}})j", 2).find("inputs[1].partial.1"),
               std::string::npos);
     EXPECT_NE(message(R"j({"dims_mapping":[0,-1],"placements":["R","R"]})j", 2).find("not several"), std::string::npos);
 }

@@ -22,8 +22,8 @@ using testing::ShardsMatch;
 constexpr int kCases = 300;
 
 ReduceOp RandomOp(std::mt19937 &rng) {
-    const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
-    return ops[std::uniform_int_distribution<int>(0, 3)(rng)];
+    const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kProd};
+    return ops[std::uniform_int_distribution<int>(0, 4)(rng)];
 }
 
 Shards LocalEinsum(const ProcessMesh &mesh, const std::vector<std::string> &labels, const std::vector<Shards> &inputs,
@@ -117,6 +117,7 @@ TEST(RedistributePropertyTest, SearchedPlansReachTheDestinationAndNeverCostMore)
         const Layout src = testing::RandomLayout(mesh, rank, rng, true, src_op);
         const Layout dst = testing::RandomLayout(mesh, rank, rng, true, c % 3 == 0 ? RandomOp(rng) : src_op);
         PlanOptions options;
+        options.cost.call_us = 0.0;
         options.cost.alpha_us = c % 2 == 0 ? 0.0 : 1e-4;
         for (int d = 0; d < mesh.NDim(); ++d) {
             options.cost.bandwidth_gb_per_s_per_dim.push_back(rng() % 2 == 0 ? 1.0 : 4.0);
@@ -372,24 +373,26 @@ TEST(ElementwisePropertyTest, ShardedAddAndMultiplyWithBroadcastEqualDense) {
     }
 }
 
-TEST(ReductionPropertyTest, ShardedSumMeanMaxEqualDense) {
+TEST(ReductionPropertyTest, ShardedSumMeanMaxMinProdEqualDense) {
     std::mt19937 rng(19);
-    const ReductionKind kinds[] = {ReductionKind::kSum, ReductionKind::kMean, ReductionKind::kMax, ReductionKind::kMin};
+    const ReductionKind kinds[] = {ReductionKind::kSum, ReductionKind::kMean, ReductionKind::kMax, ReductionKind::kMin,
+                                   ReductionKind::kProd};
     for (int i = 0; i < kCases; ++i) {
         SCOPED_TRACE(::testing::Message() << "case " << i);
         const ProcessMesh mesh = testing::RandomMesh(rng);
         const int rank = std::uniform_int_distribution<int>(1, 3)(rng);
         const std::vector<int64_t> shape = RandomShape(rng, rank, 7);
         ReductionAttrs attrs;
-        attrs.kind = kinds[i % 4];
+        attrs.kind = kinds[i % 5];
         for (int a = 0; a < rank; ++a) {
             if (rng() % 2 == 0) {
                 attrs.axes.push_back(a);
             }
         }
-        const ReduceOp partial_op = attrs.kind == ReductionKind::kMax   ? ReduceOp::kMax
-                                    : attrs.kind == ReductionKind::kMin ? ReduceOp::kMin
-                                                                        : ReduceOp::kSum;
+        const ReduceOp partial_op = attrs.kind == ReductionKind::kMax    ? ReduceOp::kMax
+                                    : attrs.kind == ReductionKind::kMin  ? ReduceOp::kMin
+                                    : attrs.kind == ReductionKind::kProd ? ReduceOp::kProd
+                                                                         : ReduceOp::kSum;
         const TensorSpec x{shape, testing::RandomLayout(mesh, rank, rng, true, i % 8 < 4 ? partial_op : RandomOp(rng))};
         const SpmdInfo info = InferReductionForward(mesh, x, attrs);
         SCOPED_TRACE(::testing::Message()
@@ -407,10 +410,10 @@ TEST(ReductionPropertyTest, ShardedSumMeanMaxEqualDense) {
                 out_labels.push_back(labels[a]);
             }
         }
-        const ReduceOp combine = attrs.kind == ReductionKind::kMax   ? ReduceOp::kMax
-                                 : attrs.kind == ReductionKind::kMin ? ReduceOp::kMin
-                                                                     : ReduceOp::kSum;
-        const Dense gx = testing::RandomDense(shape, rng);
+        const ReduceOp combine = partial_op;
+        // prod: factors in [-2, 2], so a product of up to 343 of them stays exact in a double.
+        const Dense gx = attrs.kind == ReductionKind::kProd ? testing::RandomDense(shape, rng, -2, 2)
+                                                            : testing::RandomDense(shape, rng);
         Dense want = DenseEinsum({labels}, {gx}, out_labels, combine);
         Shards out =
             LocalEinsum(mesh, {labels}, {Distribute(mesh, gx, info.inputs[0].layout, rng)}, out_labels, combine);

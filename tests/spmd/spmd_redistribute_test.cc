@@ -51,14 +51,16 @@ TEST(RedistributeTest, SameLayoutIsEmpty) {
 TEST(RedistributeTest, PartialToReplicateIsAllReduce) {
     const auto plan = PlanRedistribute(k4, {8, 8}, L("[-1,-1] partial{0}"), L("[-1,-1]"));
     ExpectSteps(plan, {{Collective::kAllReduce, 0, -1, 2 * 3 * 64}});
-    EXPECT_DOUBLE_EQ(plan.cost_us, 6 * 10.0 + 384.0 / 1e5);
+    const CostModel m; // one call, 2(n-1) ring steps, the bytes at the bus bandwidth
+    EXPECT_DOUBLE_EQ(plan.cost_us, m.call_us + 6 * m.alpha_us + 384.0 / (m.bandwidth_gb_per_s * 1e3));
 }
 
 // partial{0} -> [0,-1]: reduce_scatter, (n-1) * out
 TEST(RedistributeTest, PartialToShardIsReduceScatterNotAllReducePlusSlice) {
     const auto plan = PlanRedistribute(k4, {8, 8}, L("[-1,-1] partial{0}"), L("[0,-1]"));
     ExpectSteps(plan, {{Collective::kReduceScatter, 0, 0, 3 * 2 * 8 * 4}});
-    EXPECT_DOUBLE_EQ(plan.cost_us, 3 * 10.0 + 192.0 / 1e5);
+    const CostModel m;
+    EXPECT_DOUBLE_EQ(plan.cost_us, m.call_us + 3 * m.alpha_us + 192.0 / (m.bandwidth_gb_per_s * 1e3));
 }
 
 // [0,-1] -> [-1,-1]: all_gather, (n-1) * in
@@ -196,11 +198,16 @@ TEST(RedistributeTest, SwapGathersTheCheaperMeshDimAndAllToAllsTheOther) {
 }
 
 // [[0,1],-1] -> [[1,0],-1] on 2x2, 4096x1024 fp32 (4 MiB shards): the ordered plan gathers both (4 + 8 MiB);
-// moving through dim 1 costs one more latency but 4 + 4 + 2 MiB with two all_to_alls
+// moving through dim 1 costs one more latency but 4 + 4 + 2 MiB with two all_to_alls (a bandwidth-bound model:
+// no per-call term, 10 us per step, 100 GB/s)
 TEST(RedistributeTest, CoShardOrderChangeUsesAllToAllsWhenBandwidthBound) {
     const ProcessMesh mesh({2, 2});
     const int64_t mib = 1 << 20;
-    const auto plan = PlanRedistribute(mesh, {4096, 1024}, L("[[0,1],-1]"), L("[[1,0],-1]"));
+    PlanOptions bandwidth_bound;
+    bandwidth_bound.cost.call_us = 0.0;
+    bandwidth_bound.cost.alpha_us = 10.0;
+    bandwidth_bound.cost.bandwidth_gb_per_s = 100.0;
+    const auto plan = PlanRedistribute(mesh, {4096, 1024}, L("[[0,1],-1]"), L("[[1,0],-1]"), bandwidth_bound);
     EXPECT_EQ(plan.steps.back().after, L("[[1,0],-1]"));
     EXPECT_EQ(plan.bytes_per_rank, 10 * mib);
     EXPECT_EQ(plan.NumCollectives(), 3);
@@ -208,7 +215,7 @@ TEST(RedistributeTest, CoShardOrderChangeUsesAllToAllsWhenBandwidthBound) {
                             [](const RedistributeStep &s) { return s.collective == Collective::kAllToAll; }),
               2);
     EXPECT_DOUBLE_EQ(plan.cost_us, 3 * 10.0 + 10.0 * mib / 1e5);
-    PlanOptions ordered;
+    PlanOptions ordered = bandwidth_bound;
     ordered.search = false;
     const auto fixed = PlanRedistribute(mesh, {4096, 1024}, L("[[0,1],-1]"), L("[[1,0],-1]"), ordered);
     ExpectSteps(fixed, {{Collective::kAllGather, 1, 0, 4 * mib},
@@ -251,7 +258,7 @@ TEST(RedistributeTest, ElementSizeAndPerDimCostModel) {
     options.cost.bandwidth_gb_per_s_per_dim = {25.0, 400.0};
     const auto plan = PlanRedistribute(k2x4, {8, 8}, L("[-1,-1] partial{0}"), L("[-1,-1]"), options);
     ExpectSteps(plan, {{Collective::kAllReduce, 0, -1, 2 * 1 * 32 * 2}});
-    EXPECT_DOUBLE_EQ(plan.cost_us, 2 * 50.0 + 128.0 / 25e3);
+    EXPECT_DOUBLE_EQ(plan.cost_us, options.cost.call_us + 2 * 50.0 + 128.0 / 25e3);
 }
 
 TEST(RedistributeTest, InvalidLayoutsAreErrors) {

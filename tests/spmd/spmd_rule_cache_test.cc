@@ -97,6 +97,10 @@ TEST(RuleCacheTest, DifferentLayoutsShapesAttrsDirectionsAndOptionsMiss) {
     variants.push_back(RowParallel());
     variants.back().options.plan.element_size = 2; // dtype (plans change)
     variants.push_back(RowParallel());
+    variants.back().options.plan.cost.call_us = 1.0; // per-call latency (plans' costs change)
+    variants.push_back(RowParallel());
+    variants.back().options.plan.cost.call_us_per_dim = {1.0, 2.0}; // per-dim per-call latency
+    variants.push_back(RowParallel());
     variants.back().options.output_target = L("[0,-1]"); // output target
     variants.push_back(RowParallel());
     variants.back().op = "matmul"; // op (never inferred here: a linear weight is not a matmul y)

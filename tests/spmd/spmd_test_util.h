@@ -118,6 +118,8 @@ inline double Combine(ReduceOp op, double a, double b) {
         return std::max(a, b);
     case ReduceOp::kMin:
         return std::min(a, b);
+    case ReduceOp::kProd:
+        return a * b;
     }
     return 0.0;
 }
@@ -175,7 +177,8 @@ inline uint64_t Mix(uint64_t x) {
 }
 
 /// The shards of `global` in `layout`. Partial mesh dims split each value into terms that reduce back exactly
-/// (integers for sum, n*v - others for avg, v minus a non-negative offset with one exact term for max). A term
+/// (integers for sum, n*v - others for avg, v minus a non-negative offset with one exact term for max, factors of +-1
+/// times v for prod). A term
 /// depends only on the element, the coordinates on the Partial mesh dims and a seed, so ranks that differ only in
 /// Replicate mesh dims hold the same values, as a real Partial tensor does.
 inline Shards Distribute(const ProcessMesh &mesh, const Dense &global, const Layout &layout, std::mt19937 &rng) {
@@ -202,7 +205,14 @@ inline Shards Distribute(const ProcessMesh &mesh, const Dense &global, const Lay
                 auto term = [&](int64_t k) { return static_cast<double>(static_cast<int64_t>(Mix(key + k) % 9) - 4); };
                 auto offset = [&](int64_t k) { return static_cast<double>(Mix(key + 77 + k) % 4); };
                 double &v = shards[r].data[e++];
-                if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
+                if (op == ReduceOp::kProd) {
+                    auto sign = [&](int64_t k) { return Mix(key + 5 * k) % 2 == 0 ? 1.0 : -1.0; };
+                    double rest = 1.0;
+                    for (int64_t k = 1; k < n; ++k) {
+                        rest *= sign(k);
+                    }
+                    v = c == 0 ? v * rest : sign(c); // (+-1)^2 = 1: the product is v
+                } else if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
                     double rest = 0.0;
                     for (int64_t k = 1; k < n; ++k) {
                         rest += term(k);
@@ -249,9 +259,15 @@ inline void Execute(const ProcessMesh &mesh, const RedistributeStep &step, Shard
         }
         return;
     case Collective::kLocalPartialize:
+        // The value on coordinate 0, the op's identity elsewhere (sum 0, prod 1); avg, max and min keep it everywhere.
         for (int64_t r = 0; r < mesh.Size(); ++r) {
-            if (step.reduce_op == ReduceOp::kSum && mesh.CoordinateOfIndex(r)[d] != 0) {
+            if (mesh.CoordinateOfIndex(r)[d] == 0) {
+                continue;
+            }
+            if (step.reduce_op == ReduceOp::kSum) {
                 std::fill(shards[r].data.begin(), shards[r].data.end(), 0.0);
+            } else if (step.reduce_op == ReduceOp::kProd) {
+                std::fill(shards[r].data.begin(), shards[r].data.end(), 1.0);
             }
         }
         return;

@@ -39,6 +39,9 @@ struct EinsumProblem {
     PartialPolicy partial_policy = PartialPolicy::kResolve;
     std::vector<ReduceOp> single_kept_ops; ///< kSingle only
     std::string unshardable;               ///< labels that must stay replicated (e.g. a softmax axis)
+    /// kMultilinear elementwise products (multiply, divide; no contracted label): when every operand is P(prod) on a
+    /// mesh dim no label claims, they stay Partial and so does the output (prod_i x_i * prod_i y_i = prod_i x_i y_i).
+    bool multiplicative = false;
 };
 
 /// The decision of a rule: which mesh dims shard each label, which input Partials pass through.
@@ -99,5 +102,33 @@ EinsumGradResult InferEinsumGrad(const ProcessMesh &mesh, const EinsumProblem &p
 
 /// Builds the required layouts and the output of `assignment` (used by the rules and the enumeration).
 EinsumResult ApplyAssignment(const ProcessMesh &mesh, const EinsumProblem &problem, const EinsumAssignment &assignment);
+
+/// One candidate of EnumerateEinsumStrategies.
+struct EinsumStrategy {
+    EinsumAssignment assignment;    ///< label -> mesh dims (ascending); never a kept Partial
+    std::vector<TensorSpec> inputs; ///< the layouts the inputs must have
+    TensorSpec output;              ///< Partial (the problem's contraction op) on the mesh dims of contracted labels
+    double redistribute_us = 0.0;   ///< sum over inputs: the ordered plan from the given layout to the required one
+    double compute_us = 0.0;        ///< 2 * prod(label sizes) / shard count / flops_per_us
+    double cost_us = 0.0;           ///< redistribute_us + compute_us
+};
+
+struct EinsumStrategies {
+    std::vector<EinsumStrategy> strategies;
+    size_t chosen = 0; ///< the least cost_us; ties: the first in order
+};
+
+/// DTensor's gen_einsum_strategies for any einsum problem, on any mesh: per mesh dim of size > 1, either everything
+/// Replicate or one label sharded on it -- every operand holding the label shards it (a size-1 broadcast dim stays
+/// Replicate) and so does the output, except for a contracted label, which makes the output Partial instead -- and
+/// the product over mesh dims (the first mesh dim varies slowest; a label chosen on several mesh dims is co-sharded
+/// in ascending mesh dim order). Per mesh dim the options come in DTensor's order: Replicate, then the batch labels
+/// (in every operand and the output), the contracted labels, the other output labels, each group sorted. Only labels
+/// some operand may shard are offered (size > 1, not `unshardable`); size-1 mesh dims only replicate (they would
+/// repeat every candidate). Each candidate is priced from the given input layouts with the ordered plans
+/// (PlanOptions::search off: a swap search per candidate would multiply the cost of the query). Throws SpmdError
+/// for more than kMaxCandidates candidates.
+EinsumStrategies EnumerateEinsumStrategies(const ProcessMesh &mesh, const EinsumProblem &problem,
+                                           const PlanOptions &options = {});
 
 } // namespace shardline::spmd

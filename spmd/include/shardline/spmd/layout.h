@@ -10,12 +10,17 @@
 
 namespace shardline::spmd {
 
-/// How a Partial tensor's local values combine into the global value.
-enum class ReduceOp { kSum, kAvg, kMax, kMin };
+/// How a Partial tensor's local values combine into the global value. Partials on several mesh dims of one tensor
+/// must commute (PartialsCommute): sum with avg, or one of max, min, prod alone.
+enum class ReduceOp { kSum, kAvg, kMax, kMin, kProd };
 
 std::string_view ToString(ReduceOp op);
-/// Parses "sum", "avg" (or "mean"), "max", "min"; throws SpmdError naming the text otherwise.
+/// Parses "sum", "avg" (or "mean"), "max", "min", "prod"; throws SpmdError naming the text otherwise.
 ReduceOp ParseReduceOp(std::string_view text);
+/// True when reducing a mesh dim with `a` and another with `b` gives the same value in either order: both sum / avg
+/// (linear), or the same op. Sum and max, max and min, sum and prod ... do not commute, so a tensor Partial in two
+/// of them has no single value.
+bool PartialsCommute(ReduceOp a, ReduceOp b);
 
 /// The state of a tensor on one mesh dim: Replicate, Shard(tensor_dim) or Partial(op).
 struct Placement {
@@ -30,7 +35,7 @@ struct Placement {
     static Placement Shard(int tensor_dim, int order = -1) { return {Kind::kShard, tensor_dim, order, ReduceOp::kSum}; }
     static Placement Partial(ReduceOp op = ReduceOp::kSum) { return {Kind::kPartial, -1, -1, op}; }
 
-    /// "R", "S(0)", "S(0)[1]" (explicit co-shard order), "P(sum)", "P(max)".
+    /// "R", "S(0)", "S(0)[1]" (explicit co-shard order), "P(sum)", "P(max)", "P(prod)".
     std::string ToString() const;
     static Placement Parse(std::string_view text);
     bool operator==(const Placement &other) const = default;
@@ -73,7 +78,7 @@ public:
     std::vector<Placement> ToPlacements(int mesh_ndim) const;
 
     /// Throws SpmdError naming `what` when the layout does not fit the mesh (mesh dim out of range) or the
-    /// tensor (rank mismatch).
+    /// tensor (rank mismatch), or when its Partial reduce ops do not commute (it then has no single value).
     void Validate(const ProcessMesh &mesh, int tensor_rank, std::string_view what = "layout") const;
     /// Drops size-1 mesh dims (they shard nothing and their partial sums have one term).
     Layout Canonical(const ProcessMesh &mesh) const;

@@ -10,21 +10,38 @@
 
 namespace shardline::spmd {
 
-/// Alpha-beta cost of collectives on each mesh dim: a collective of s ring steps moving b bytes per rank costs
-/// s * alpha_us + b / (bandwidth_gb_per_s * 1e3) microseconds. Per-dim values (intra- vs inter-node) override the
-/// defaults when given. flops_per_us prices local compute in the strategy enumeration.
+/// Cost of collectives on each mesh dim: a collective call of s ring steps moving b bytes per rank costs
+/// call_us + s * alpha_us + b / (bandwidth_gb_per_s * 1e3) microseconds. The per-call term (launch, host issue,
+/// stream ordering) is paid once per collective, so one all_reduce costs less than a reduce_scatter and an all_gather
+/// of the same tensor, as with NCCL; the bandwidth is the bus bandwidth (nccl-tests' busbw: bytes_per_rank counts
+/// what a ring moves). Per-dim values (intra- vs inter-node) override the defaults when given. flops_per_us prices
+/// local compute in the cost-based rules and the strategy enumeration.
+/// The defaults are the profile "nccl_h200" (spmd/profiles/nccl_h200.json: NCCL on H200, docs/PERFORMANCE.md);
+/// CostProfile(name) gives the built-in profiles, json.h reads others (docs/spmd.md 7).
 struct CostModel {
-    double alpha_us = 10.0;
-    double bandwidth_gb_per_s = 100.0;
+    double call_us = 63.9;                          ///< per collective call
+    double alpha_us = 1.78;                         ///< per ring step
+    double bandwidth_gb_per_s = 341.6;              ///< bus bandwidth
+    std::vector<double> call_us_per_dim;            ///< empty or one per mesh dim
     std::vector<double> alpha_us_per_dim;           ///< empty or one per mesh dim
     std::vector<double> bandwidth_gb_per_s_per_dim; ///< empty or one per mesh dim
-    double flops_per_us = 1e8;                      ///< 100 TFLOP/s
+    double flops_per_us = 7.339e8;                  ///< 733.9 TFLOP/s (bf16 GEMM ceiling measured on H200)
+    std::string name = "nccl_h200";                 ///< the profile it came from (a label: not priced)
 
+    double Call(int mesh_dim) const;
     double Alpha(int mesh_dim) const;
     double Bandwidth(int mesh_dim) const;
-    /// `ring_steps` latencies plus `bytes` at the mesh dim's bandwidth, in microseconds.
+    /// One call: call_us + `ring_steps` latencies + `bytes` at the mesh dim's bandwidth, in microseconds.
     double Cost(int mesh_dim, int64_t ring_steps, int64_t bytes) const;
+    /// Throws SpmdError naming `what` unless every value is finite, latencies >= 0, bandwidths and flops > 0.
+    void Validate(std::string_view what) const;
 };
+
+/// The built-in cost profiles: "nccl_h200" (the default, CostModel{}) and "mpi_cpu" (MPI on CPU tensors), each from
+/// the JSON file of that name in spmd/profiles/ (compiled in). Throws SpmdError listing the names for another name.
+CostModel CostProfile(std::string_view name);
+/// The built-in profile names, sorted.
+std::vector<std::string> CostProfileNames();
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kLocalSlice, kLocalPartialize };
 
@@ -39,7 +56,7 @@ struct RedistributeStep {
     ReduceOp reduce_op = ReduceOp::kSum; ///< all_reduce, reduce_scatter, partialize
     /// Bytes each rank sends (ring algorithms; uneven shards are padded to the largest, as NCCL needs equal counts):
     /// all_reduce 2(n-1)*ceil(B/n), reduce_scatter (n-1)*max_out, all_gather (n-1)*max_in,
-    /// all_to_all (n-1)*max_block, local steps 0.
+    /// all_to_all (n-1)*max_block, local steps 0. A count beyond int64 is an SpmdError, never a wrap-around.
     int64_t bytes_per_rank = 0;
     double cost_us = 0.0;
     Layout before;

@@ -43,14 +43,14 @@ struct EinsumAttrs {
 };
 
 /// The attributes of a request; std::monostate means the op's defaults. The op name decides a reduction's kind
-/// (sum, mean, max, min: ReductionAttrs::kind is ignored) and softmax's `log` (softmax, log_softmax).
+/// (sum, mean, max, min, prod: ReductionAttrs::kind is ignored) and softmax's `log` (softmax, log_softmax).
 using RuleAttrs = std::variant<std::monostate, MatmulAttrs, ReductionAttrs, SoftmaxAttrs, CrossEntropyAttrs,
-                               TransposeAttrs, ReshapeAttrs, EinsumAttrs>;
+                               TransposeAttrs, ReshapeAttrs, EinsumAttrs, LinearAttrs, EmbeddingAttrs>;
 
 /// One rule request, as the shardline-spmd JSON request (docs/spmd.md 5) but typed.
 struct RuleRequest {
     std::string op{}; ///< matmul, linear, embedding, softmax, log_softmax, cross_entropy, transpose, reshape, einsum,
-                      ///< sum, mean, max, min, or an elementwise name
+                      ///< sum, mean, max, min, prod, or an elementwise name
     RuleDirection direction = RuleDirection::kForward;
     ProcessMesh mesh{};
     std::vector<TensorSpec> inputs{};     ///< positional, as the Infer* functions take them (linear: x, weight[, bias])
@@ -68,6 +68,20 @@ bool IsRuleOp(const std::string &op);
 /// a wrong input count (the message starts with "inputs:"), attrs of another op, or a missing out ("outputs:") /
 /// out_grad ("out_grad:").
 SpmdInfo InferRule(const RuleRequest &request);
+
+/// The strategy enumeration of an einsum-style request (EnumerateEinsumStrategies over the op's einsum problem,
+/// from the given input layouts, priced with request.options.plan).
+struct RuleStrategies {
+    std::vector<std::string> input_names;
+    EinsumStrategies enumeration;
+    /// linear with a bias: a strategy whose output is Partial adds the bias once, after the reduction.
+    bool bias_after_reduction_if_partial = false;
+};
+/// The einsum-style ops EnumerateRuleStrategies takes: matmul, linear, einsum.
+const std::vector<std::string> &EnumerableOpNames();
+/// Enumerates the strategies of `request` (its direction is ignored: a forward request's inputs are the given
+/// layouts). Throws SpmdError for an op that is not einsum-style, and as InferRule for a wrong request.
+RuleStrategies EnumerateRuleStrategies(const RuleRequest &request);
 
 /// An answer with the plans a module executes.
 struct CachedRule {

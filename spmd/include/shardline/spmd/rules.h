@@ -55,6 +55,13 @@ SpmdInfo InferMatmulGrad(const ProcessMesh &mesh, const TensorSpec &x, const Ten
 // ---- linear: y = x @ weight^T + bias, x [..., in], weight [out, in], bias [out]. ---------------------------------
 // Conflicts go to the parameters: weight, then bias, then x ("parameters never move"), so column / row parallel
 // give Megatron's communication (docs/spmd.md).
+/// Paddle's fused_gemm_epilogue: out = op(x) @ op(weight) + bias, op = transpose of the last two dims when set.
+/// trans_y defaults to true because linear's weight is [out, in] (torch); trans_y = false takes Paddle's [in, out].
+/// trans_x: x is [..., in, m] (rank >= 2) and out [..., m, out].
+struct LinearAttrs {
+    bool trans_x = false;
+    bool trans_y = true;
+};
 SpmdInfo InferLinearForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
                             const std::optional<TensorSpec> &bias, const RuleOptions &options = {});
 SpmdInfo InferLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
@@ -62,6 +69,15 @@ SpmdInfo InferLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const 
                             const RuleOptions &options = {});
 SpmdInfo InferLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
                          const std::optional<TensorSpec> &bias, const TensorSpec &out_grad,
+                         const RuleOptions &options = {});
+SpmdInfo InferLinearForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                            const std::optional<TensorSpec> &bias, const LinearAttrs &attrs,
+                            const RuleOptions &options = {});
+SpmdInfo InferLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                            const std::optional<TensorSpec> &bias, const TensorSpec &out, const LinearAttrs &attrs,
+                            const RuleOptions &options = {});
+SpmdInfo InferLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                         const std::optional<TensorSpec> &bias, const TensorSpec &out_grad, const LinearAttrs &attrs,
                          const RuleOptions &options = {});
 
 // ---- elementwise: unary and n-ary with numpy broadcasting. -----------------------------------------------------
@@ -79,14 +95,15 @@ SpmdInfo InferElementwiseGrad(const ProcessMesh &mesh, const std::string &op, co
                               const TensorSpec &out_grad, const RuleOptions &options = {});
 
 // ---- reductions: sum, mean, max, min over axes. ---------------------------------------------------------------
-enum class ReductionKind { kSum, kMean, kMax, kMin };
+enum class ReductionKind { kSum, kMean, kMax, kMin, kProd };
 struct ReductionAttrs {
     ReductionKind kind = ReductionKind::kSum;
     std::vector<int> axes; ///< empty = all; negative counts from the end
     bool keepdim = false;
 };
 /// A sharded reduced dim makes the output Partial: sum and mean give P(sum) (a mean's local kernel divides by the
-/// global count, so uneven shards stay exact), max P(max), min P(min).
+/// global count, so uneven shards stay exact), max P(max), min P(min), prod P(prod). The grad of max, min and prod
+/// also requires the forward output (`out`), reduced.
 SpmdInfo InferReductionForward(const ProcessMesh &mesh, const TensorSpec &x, const ReductionAttrs &attrs,
                                const RuleOptions &options = {});
 SpmdInfo InferReductionReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
@@ -97,12 +114,25 @@ SpmdInfo InferReductionGrad(const ProcessMesh &mesh, const TensorSpec &x, const 
 // ---- embedding: out[..., h] = weight[ids[...], h]; weight [vocab, hidden]. -----------------------------------------
 /// A vocab-sharded table gives a P(sum) output (each rank looks up its rows, zeros elsewhere: Megatron's
 /// VocabParallelEmbedding); a hidden-sharded table a hidden-sharded output.
+/// sparse: the weight gradient is row-sparse (the looked-up rows and their values; its layout is that of the dense
+/// gradient it stands for). As Paddle, a vocab-sharded table is refused with sparse (forward and grad); the grad
+/// also refuses layouts whose dense weight gradient would be Partial (ids or out_grad sharded on a batch dim, or
+/// out_grad Partial): the planner reduces dense tensors only, and a sparse sum is a concatenation.
+struct EmbeddingAttrs {
+    bool sparse = false;
+};
 SpmdInfo InferEmbeddingForward(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
                                const RuleOptions &options = {});
 SpmdInfo InferEmbeddingReverse(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
                                const TensorSpec &out, const RuleOptions &options = {});
 SpmdInfo InferEmbeddingGrad(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
                             const TensorSpec &out_grad, const RuleOptions &options = {});
+SpmdInfo InferEmbeddingForward(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                               const EmbeddingAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferEmbeddingReverse(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                               const TensorSpec &out, const EmbeddingAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferEmbeddingGrad(const ProcessMesh &mesh, const TensorSpec &ids, const TensorSpec &weight,
+                            const TensorSpec &out_grad, const EmbeddingAttrs &attrs, const RuleOptions &options = {});
 
 // ---- embedding_bag: out[..., h] = Σ_t weight[ids[t, ...], h]; ids [bag, ...], weight [vocab, hidden]. -------------
 /// The embedding rule with the bag dim summed away: a vocab-sharded table, or ids sharded on their bag dim, give a

@@ -5,6 +5,7 @@
 #include <shardline/spmd/einsum.h>
 #include <shardline/spmd/error.h>
 #include <shardline/spmd/layout.h>
+#include <shardline/spmd/limits.h>
 #include <shardline/spmd/mesh.h>
 #include <shardline/spmd/redistribute.h>
 #include <shardline/spmd/rule_cache.h>

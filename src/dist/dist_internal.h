@@ -39,8 +39,13 @@ inline comm::ReduceOp ToCommOp(spmd::ReduceOp op) {
         return comm::ReduceOp::kMax;
     case spmd::ReduceOp::kMin:
         return comm::ReduceOp::kMin;
+    case spmd::ReduceOp::kProd:
+        // The rules know Partial(prod); the communicators have no product reduction yet. Every rank holds the same
+        // layouts, so every rank raises here, before the collective.
+        SHARDLINE_THROW(Error, "dist::Redistribute",
+                        "a Partial(prod) tensor cannot be reduced: the communicators have no product reduction");
     }
-    return comm::ReduceOp::kSum;
+    SHARDLINE_THROW(Error, "dist::Redistribute", "unknown reduce op {}", static_cast<int>(op));
 }
 
 /// Runs an spmd call, turning its SpmdError into a shardline::Error (with file, line and rank) naming `op`.

@@ -263,10 +263,16 @@ private:
         Replace(detail::NarrowCopy(local_, t, after.offset[t] - before.offset[t], after.shape[t]));
     }
 
-    // R -> P: sum keeps the value at coordinate 0 only; avg/max/min keep it everywhere.
+    // R -> P: sum keeps the value at coordinate 0 only (zeros elsewhere), prod likewise (ones elsewhere); avg/max/min
+    // keep it everywhere.
     void LocalPartialize(const RedistributeStep &step) {
-        if (step.reduce_op == spmd::ReduceOp::kSum && Me(step.mesh_dim) != 0) {
+        if (Me(step.mesh_dim) == 0) {
+            return;
+        }
+        if (step.reduce_op == spmd::ReduceOp::kSum) {
             Replace(Tensor::Zeros(local_.shape(), local_.dtype(), local_.device()));
+        } else if (step.reduce_op == spmd::ReduceOp::kProd) {
+            Replace(Tensor::Full(local_.shape(), 1.0, local_.dtype(), local_.device()));
         }
     }
 

@@ -24,7 +24,10 @@ CostModel CostModelFromJson(const json &j, const CostModel &base, std::string_vi
         throw SpmdError(fmt::format("{}: expected an object, got {}", field, j.type_name()));
     }
     CostModel model = base;
-    for (const auto &[key, value] : j.items()) {
+    for (const auto &item : j.items()) {
+        // Named, not structured bindings: the lambda below captures them (clang < 16 cannot capture a binding).
+        const std::string &key = item.key();
+        const json &value = item.value();
         const std::string f = detail::Field(field, key);
         auto per_dim = [&](std::vector<double> &out) {
             const json &list = detail::AsArray(value, f);

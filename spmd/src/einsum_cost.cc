@@ -16,25 +16,16 @@
 namespace shardline::spmd::detail {
 namespace {
 
-/// Candidates are priced with the ordered plans (docs/spmd.md 2.2): the planner's search for swaps (section 3) would
-/// multiply a query's cost by the number of candidates; the plans a module executes still come from the full planner.
-RuleOptions Pricing(const RuleOptions &options) {
-    RuleOptions priced = options;
-    priced.plan.search = false;
-    return priced;
-}
-
 double CandidateCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
-                     const EinsumAssignment &assignment, const RuleOptions &options, EinsumResult *result) {
+                     const EinsumAssignment &assignment, const RuleOptions &options, PlanCosts &plans,
+                     EinsumResult *result) {
     *result = ApplyAssignment(mesh, problem, assignment);
     double cost = ComputeCost(mesh, sizes, assignment, options.plan.cost);
     for (size_t i = 0; i < problem.inputs.size(); ++i) {
-        cost += RedistributeCost(mesh, problem.inputs[i].shape, problem.inputs[i].layout, result->inputs[i].layout,
-                                 options.plan);
+        cost += plans(problem.inputs[i].shape, problem.inputs[i].layout, result->inputs[i].layout);
     }
     if (options.output_target) {
-        cost +=
-            RedistributeCost(mesh, result->output.shape, result->output.layout, *options.output_target, options.plan);
+        cost += plans(result->output.shape, result->output.layout, *options.output_target);
     }
     return cost;
 }
@@ -130,16 +121,15 @@ EinsumAssignment EnumerateAssignments(const ProcessMesh &mesh, const EinsumProbl
 /// gradient einsums of the differentiable inputs, and bringing every such gradient back to its input's layout
 /// (without Partials: the gradient of a Partial value is Replicate there) -- the op's whole backward communication.
 double GradCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std::map<char, int64_t> &sizes,
-                const Layout &grad_layout, const EinsumGradResult &grad, const RuleOptions &options) {
-    double cost = RedistributeCost(mesh, grad.out_grad.shape, grad_layout, grad.out_grad.layout, options.plan);
+                const Layout &grad_layout, const EinsumGradResult &grad, const RuleOptions &options, PlanCosts &plans) {
+    double cost = plans(grad.out_grad.shape, grad_layout, grad.out_grad.layout);
     for (size_t i = 0; i < problem.inputs.size(); ++i) {
         const EinsumOperand &operand = problem.inputs[i];
-        cost += RedistributeCost(mesh, operand.shape, operand.layout, grad.inputs[i].layout, options.plan);
+        cost += plans(operand.shape, operand.layout, grad.inputs[i].layout);
         if (!operand.differentiable) {
             continue;
         }
-        cost += RedistributeCost(mesh, operand.shape, grad.input_grads[i].layout, operand.layout.WithoutPartial(),
-                                 options.plan);
+        cost += plans(operand.shape, grad.input_grads[i].layout, operand.layout.WithoutPartial());
         const std::string grad_labels = GradEinsumLabels(problem, i, nullptr);
         double flops = 2.0;
         double parts = 1.0;
@@ -160,7 +150,39 @@ double GradCost(const ProcessMesh &mesh, const EinsumProblem &problem, const std
     return cost;
 }
 
+/// Appends a layout to a memo key: rank, then per tensor dim its mesh dims, then the Partials.
+void PutLayout(std::vector<int64_t> &key, const Layout &layout) {
+    key.push_back(layout.TensorRank());
+    for (const auto &dims : layout.DimsMeshDims()) {
+        key.push_back(static_cast<int64_t>(dims.size()));
+        key.insert(key.end(), dims.begin(), dims.end());
+    }
+    key.push_back(static_cast<int64_t>(layout.Partial().size()));
+    for (const auto &[d, op] : layout.Partial()) {
+        key.push_back(d);
+        key.push_back(static_cast<int64_t>(op));
+    }
+}
+
 } // namespace
+
+PlanCosts::PlanCosts(const ProcessMesh &mesh, const PlanOptions &options) : mesh_(mesh), options_(options) {
+    options_.search = false;
+}
+
+double PlanCosts::operator()(const std::vector<int64_t> &shape, const Layout &src, const Layout &dst) {
+    std::vector<int64_t> key = shape;
+    key.push_back(-1);
+    PutLayout(key, src);
+    PutLayout(key, dst);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) {
+        return it->second;
+    }
+    const double cost = RedistributeCost(mesh_, shape, src, dst, options_);
+    memo_.emplace(std::move(key), cost);
+    return cost;
+}
 
 double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,
                    const CostModel &cost) {
@@ -184,10 +206,10 @@ EinsumResult Enumerate(const ProcessMesh &mesh, const EinsumProblem &problem, co
         options.output_target->Validate(mesh, static_cast<int>(problem.output.size()),
                                         fmt::format("{}: output_target", problem.op));
     }
-    const RuleOptions priced = Pricing(options);
+    PlanCosts plans(mesh, options.plan);
     auto price = [&](const EinsumAssignment &candidate) {
         EinsumResult result;
-        return CandidateCost(mesh, problem, sizes, candidate, priced, &result);
+        return CandidateCost(mesh, problem, sizes, candidate, options, plans, &result);
     };
     double cost = 0.0;
     const EinsumAssignment best = EnumerateAssignments(mesh, problem, sizes, problem.inputs.size(), /*grad_mode=*/false,
@@ -202,10 +224,10 @@ EinsumGradResult EnumerateGrad(const ProcessMesh &mesh, const EinsumProblem &pro
                                const Layout &grad_layout, const EinsumAssignment &deterministic,
                                const RuleOptions &options) {
     // The same candidates as the forward (the output gradient may shard labels too); Partials kept only sum-like.
-    const RuleOptions priced = Pricing(options);
+    PlanCosts plans(mesh, options.plan);
     auto price = [&](const EinsumAssignment &candidate) {
         return GradCost(mesh, problem, sizes, grad_layout, BuildGrad(mesh, problem, out_shape, grad_layout, candidate),
-                        priced);
+                        options, plans);
     };
     double cost = 0.0;
     const EinsumAssignment best =

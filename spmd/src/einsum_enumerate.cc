@@ -58,8 +58,7 @@ EinsumStrategies EnumerateEinsumStrategies(const ProcessMesh &mesh, const Einsum
                                         problem.op, kMaxCandidates, labels.size(), labels));
         }
     }
-    PlanOptions pricing = options;
-    pricing.search = false;
+    detail::PlanCosts plans(mesh, options);
     EinsumStrategies result;
     result.strategies.reserve(static_cast<size_t>(count));
     std::vector<int> index(mesh.NDim(), 0);
@@ -74,8 +73,7 @@ EinsumStrategies EnumerateEinsumStrategies(const ProcessMesh &mesh, const Einsum
         s.inputs = applied.inputs;
         s.output = applied.output;
         for (size_t i = 0; i < problem.inputs.size(); ++i) {
-            s.redistribute_us +=
-                RedistributeCost(mesh, problem.inputs[i].shape, problem.inputs[i].layout, s.inputs[i].layout, pricing);
+            s.redistribute_us += plans(problem.inputs[i].shape, problem.inputs[i].layout, s.inputs[i].layout);
         }
         s.compute_us = detail::ComputeCost(mesh, sizes, s.assignment, options.cost);
         s.cost_us = s.redistribute_us + s.compute_us;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <shardline/spmd/einsum.h>
+#include <shardline/spmd/redistribute.h>
 
 namespace shardline::spmd::detail {
 
@@ -29,6 +30,20 @@ std::string GradEinsumLabels(const EinsumProblem &problem, size_t i, std::vector
 /// The gradient answer of `assignment`; `problem` is canonical.
 EinsumGradResult BuildGrad(const ProcessMesh &mesh, const EinsumProblem &problem, const std::vector<int64_t> &out_shape,
                            const Layout &grad_layout, const EinsumAssignment &assignment);
+
+/// The ordered-plan costs of one query, memoised: the candidates of a cost-mode rule or of an enumeration share most
+/// of their redistributions (a tensor's required layout depends only on its own labels). Priced with
+/// PlanOptions::search off (docs/spmd.md 2.2): a swap search per candidate would multiply the cost of the query.
+class PlanCosts {
+public:
+    PlanCosts(const ProcessMesh &mesh, const PlanOptions &options);
+    double operator()(const std::vector<int64_t> &shape, const Layout &src, const Layout &dst);
+
+private:
+    const ProcessMesh &mesh_;
+    PlanOptions options_;
+    std::map<std::vector<int64_t>, double> memo_;
+};
 
 /// The local einsum's time: 2 * prod(label sizes) / (the shard count of the assigned labels) / flops_per_us.
 double ComputeCost(const ProcessMesh &mesh, const std::map<char, int64_t> &sizes, const EinsumAssignment &assignment,

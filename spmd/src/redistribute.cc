@@ -445,7 +445,7 @@ bool GathersAndReshards(const RedistributePlan &plan, const Layout &dst) {
 /// on a rank-4 tensor has a few thousand layouts; the step budget bounds high-rank tensors, whose every layout has
 /// rank^2 neighbours).
 constexpr size_t kMaxSearchStates = 20000;
-constexpr size_t kMaxSearchEdges = 20000;
+constexpr size_t kMaxSearchEdges = 5000;
 
 } // namespace
 

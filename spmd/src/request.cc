@@ -225,7 +225,7 @@ json TensorWithPlan(const std::string &name, const TensorSpec &spec, const Proce
     return j;
 }
 
-/// The answer of a "direction": "enumerate" request (docs/spmd.md 3): every strategy's layouts and costs, and the
+/// The answer of a "direction": "enumerate" request (docs/spmd.md 2.5): every strategy's layouts and costs, and the
 /// chosen one with its plans (from the full planner, as a module would run them).
 json EnumerateAnswer(const RuleRequest &rule) {
     const RuleStrategies strategies = EnumerateRuleStrategies(rule);

@@ -691,6 +691,21 @@ std::vector<RoundTripCase> RoundTripCases() {
     add("relu_max_partial", m1,
         R"j("op":"relu","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[-1,-1],"partial":{"0":"max"}}])j",
         R"j({"shape":[8,6],"dims_mapping":[0,-1]})j");
+    // Issue 19's attributes: linear's trans_x / trans_y, sparse embedding, Partial(prod) and the prod reduction.
+    add("linear_trans", m2,
+        R"j("op":"linear","attrs":{"trans_x":true,"trans_y":false},"inputs":[{"name":"x","shape":[6,8],
+           "dims_mapping":[-1,"dp"]},{"name":"weight","shape":[6,4],"dims_mapping":[-1,"tp"]}])j",
+        R"j({"shape":[8,4],"dims_mapping":[0,1]})j");
+    add("embedding_sparse", m1,
+        R"j("op":"embedding","attrs":{"sparse":true},"inputs":[{"name":"ids","shape":[4,5]},
+           {"name":"weight","shape":[16,8],"dims_mapping":[-1,0]}])j",
+        R"j({"shape":[4,5,8],"dims_mapping":[-1,-1,0]})j");
+    add("prod", m2, R"j("op":"prod","attrs":{"axes":[1]},"inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]}])j",
+        R"j({"shape":[8],"dims_mapping":[0]})j");
+    add("multiply_prod", m2,
+        R"j("op":"multiply","inputs":[{"name":"x","shape":[8,6],"placements":["P(prod)","S(1)"]},
+           {"name":"y","shape":[8,6],"placements":["P(prod)","S(1)"]}])j",
+        R"j({"shape":[8,6],"dims_mapping":[-1,1]})j");
     // Cost mode answers are fixpoints too: a required layout costs nothing more to reach.
     add("matmul_cost", m2,
         R"j("op":"matmul","mode":"cost","inputs":[{"name":"x","shape":[64,16],"dims_mapping":[0,1]},

@@ -31,8 +31,15 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kRounds = 3;
-// CUDA packs up to 36 tensors and 320 chunks of 65536 elements into one launch (multi_tensor_apply.cuh).
+// CUDA packs up to 110 tensors and 2560 chunks of 65536 elements into one launch (multi_tensor_apply.cuh); the
+// Multi args may lower both limits, which the launch-spanning test does to keep its tensors small.
 constexpr std::int64_t kChunk = 65536;
+
+/// Launch limits passed to the Multi ops (0: the kernel's own).
+struct Limits {
+    int tensors = 0;
+    int chunks = 0;
+};
 
 /// One entry of a case: its size, where its tensors sit, its model copy and its step count in the first round.
 struct EntrySpec {
@@ -155,7 +162,7 @@ protected:
 
     /// kRounds AdamW steps of `specs` through AdamWStepMulti and through AdamWStep per entry: the same bits, and
     /// (when `reference`) each round's multi result against the float64 formula from the state before it.
-    void RunAdamW(const std::vector<EntrySpec> &specs, const AdamWConfig &c, bool reference) const {
+    void RunAdamW(const std::vector<EntrySpec> &specs, const AdamWConfig &c, bool reference, Limits limits = {}) const {
         std::vector<Entry> multi = MakeAll(specs);
         std::vector<Entry> single = MakeAll(specs);
         for (int round = 0; round < kRounds; ++round) {
@@ -180,7 +187,9 @@ protected:
                             .beta1 = c.beta1,
                             .beta2 = c.beta2,
                             .eps = c.eps,
-                            .weight_decay = c.weight_decay});
+                            .weight_decay = c.weight_decay,
+                            .max_tensors_per_launch = limits.tensors,
+                            .max_chunks_per_launch = limits.chunks});
             for (const AdamWStepTensor &t : AdamWTensors(single, grads)) {
                 AdamWStep({.param = t.param,
                            .grad = t.grad,
@@ -209,7 +218,7 @@ protected:
     }
 
     /// As RunAdamW for SGD (entries whose spec step is 1 start their momentum buffer in round 0).
-    void RunSgd(const std::vector<EntrySpec> &specs, const SgdConfig &c, bool reference) const {
+    void RunSgd(const std::vector<EntrySpec> &specs, const SgdConfig &c, bool reference, Limits limits = {}) const {
         std::vector<Entry> multi = MakeAll(specs);
         std::vector<Entry> single = MakeAll(specs);
         const bool momentum = c.momentum != 0;
@@ -230,7 +239,9 @@ protected:
                           .momentum = c.momentum,
                           .dampening = c.dampening,
                           .weight_decay = c.weight_decay,
-                          .nesterov = c.nesterov});
+                          .nesterov = c.nesterov,
+                          .max_tensors_per_launch = limits.tensors,
+                          .max_chunks_per_launch = limits.chunks});
             for (const SgdStepTensor &t : SgdTensors(single, grads, momentum)) {
                 SgdStep({.param = t.param,
                          .grad = t.grad,
@@ -289,11 +300,12 @@ TEST_P(OptimMultiTest, SgdMatchesThePerTensorOpBitwiseAndTorch) {
 }
 
 TEST_P(OptimMultiTest, ManyTensorsAndChunksSpanSeveralLaunches) {
-    // 102 entries whose model copies cycle through none and every dtype; CUDA launches each dtype group apart. In the
-    // float32 case on CUDA: the bf16 group holds one small tensor, one of 201 chunks and one of 151, whose 118th chunk
-    // fills the launch's 320 blocks (it continues in the next launch); the group of float32 copies and none holds 51
-    // small tensors, so its table of 36 tensors fills. The CPU provider has no launches: it runs the same list on
-    // smaller tensors, and so do the other CUDA cases.
+    // 102 entries whose model copies cycle through none and every dtype; CUDA launches each dtype group apart. With
+    // launches of at most 36 tensors and 320 chunks (torch's table), in the float32 case on CUDA: the bf16 group holds
+    // one small tensor, one of 201 chunks and one of 151, whose 118th chunk fills the launch's 320 blocks (it continues
+    // in the next launch); the group of float32 copies and none holds 51 small tensors, so its table of 36 tensors
+    // fills. Then the same list with the kernel's own limits (110 tensors, 2560 chunks: one launch per group). The
+    // CPU provider has no launches: it runs the same list on smaller tensors, and so do the other CUDA cases.
     const bool launches = device().is_cuda() && dtype() == DType::kFloat32;
     std::vector<EntrySpec> specs;
     for (int i = 0; i < 102; ++i) {
@@ -301,8 +313,22 @@ TEST_P(OptimMultiTest, ManyTensorsAndChunksSpanSeveralLaunches) {
     }
     specs[5] = {.n = launches ? 200 * kChunk + 3 : 3 * kChunk + 3, .model = 3, .step = 2};
     specs[6] = {.n = launches ? 150 * kChunk + 1 : 2 * kChunk + 1, .model = 3, .step = 1};
-    RunAdamW(specs, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01}, false);
-    RunSgd(specs, {.lr = 0.05, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = true}, false);
+    for (const Limits limits : {Limits{.tensors = 36, .chunks = 320}, Limits{}}) {
+        SCOPED_TRACE(::testing::Message() << "limits " << limits.tensors << " tensors, " << limits.chunks << " chunks");
+        RunAdamW(specs, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01}, false, limits);
+        RunSgd(specs, {.lr = 0.05, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = true}, false,
+               limits);
+    }
+}
+
+TEST_P(OptimMultiTest, OneChunkPerLaunchGivesTheSameBits) {
+    // The smallest launches: one tensor and one chunk each. The values never depend on how the list is cut.
+    std::vector<EntrySpec> specs = OddSizes();
+    specs.push_back({.n = 3 * kChunk + 5, .model = 1, .step = 4});
+    RunAdamW(specs, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01}, false,
+             {.tensors = 1, .chunks = 1});
+    RunSgd(specs, {.lr = 0.05, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = false}, false,
+           {.tensors = 1, .chunks = 1});
 }
 
 TEST_P(OptimMultiTest, AlignedAndMisalignedTensorsGetTheSameBits) {

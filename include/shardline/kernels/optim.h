@@ -8,10 +8,10 @@
 // The Multi forms update a list of tensors with shared hyper-parameters in few launches (torch's fused / _foreach
 // optimizers, multi_tensor_apply): each entry carries what differs between parameters (its tensors, its model copy
 // and its own step count), and the result is bit for bit that of the single-tensor op run on each entry in turn. The
-// CPU provider is that loop; CUDA packs up to 36 tensors and 320 chunks of 64 Ki elements into one launch (a pointer
-// table passed as the kernel's argument) and runs the same per-element fp32 math as the single-tensor op, which is the
-// one-entry case of the same kernel. 16-byte loads where a tensor's pointers allow (the tail of a size that is not a
-// multiple of 4 element by element), scalars otherwise.
+// CPU provider is that loop; CUDA packs up to 110 tensors and 2560 chunks of 64 Ki elements into one launch (a pointer
+// table passed as the kernel's argument, up to CUDA 12.1's 32 KB) and runs the same per-element fp32 math as the
+// single-tensor op, which is the one-entry case of the same kernel. 16-byte loads where a tensor's pointers allow (the
+// tail of a size that is not a multiple of 4 element by element), scalars otherwise.
 
 #include <cstdint>
 #include <span>
@@ -56,6 +56,10 @@ struct SgdStepMultiArgs {
     double dampening = 0;
     double weight_decay = 0;
     bool nesterov = false;
+    /// CUDA: at most this many tensors / 64 Ki-element chunks in one launch (0, or more than the kernel's table holds:
+    /// 110 and 2560). Only the launch count changes, never a value; tests use small limits to run the continuation.
+    int max_tensors_per_launch = 0;
+    int max_chunks_per_launch = 0;
 };
 struct SgdStepMultiOp {
     static constexpr std::string_view kName = "SgdStepMulti";
@@ -101,6 +105,10 @@ struct AdamWStepMultiArgs {
     double beta2 = 0.999;
     double eps = 1e-8;
     double weight_decay = 0.01;
+    /// CUDA: at most this many tensors / 64 Ki-element chunks in one launch (0, or more than the kernel's table holds:
+    /// 110 and 2560). Only the launch count changes, never a value; tests use small limits to run the continuation.
+    int max_tensors_per_launch = 0;
+    int max_chunks_per_launch = 0;
 };
 struct AdamWStepMultiOp {
     static constexpr std::string_view kName = "AdamWStepMulti";

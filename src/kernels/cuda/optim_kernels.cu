@@ -190,7 +190,8 @@ template <class M> struct AdamWOp {
 
 } // namespace
 
-cudaError_t LaunchSgdStep(std::span<const SgdTensor> tensors, const SgdHyper &hyper, cudaStream_t stream) {
+cudaError_t LaunchSgdStep(std::span<const SgdTensor> tensors, const SgdHyper &hyper, cudaStream_t stream,
+                          MultiTensorLimits limits) {
     return ForEachModelGroup(tensors, [&](auto tag, DType group) {
         using M = decltype(tag);
         auto fill = [&](std::size_t e, SgdTable &table, int slot) {
@@ -208,11 +209,13 @@ cudaError_t LaunchSgdStep(std::span<const SgdTensor> tensors, const SgdHyper &hy
             table.vec[slot] = Vectorizable(sizeof(M), t.model, {t.param, t.grad, buf});
             return true;
         };
-        return multi_tensor::MultiTensorApply<SgdTable>(tensors.size(), fill, SgdOp<M>{hyper}, stream);
+        return multi_tensor::MultiTensorApply<SgdTable>(tensors.size(), fill, SgdOp<M>{hyper}, stream,
+                                                        {limits.max_tensors, limits.max_blocks});
     });
 }
 
-cudaError_t LaunchAdamWStep(std::span<const AdamWTensor> tensors, const AdamWHyper &hyper, cudaStream_t stream) {
+cudaError_t LaunchAdamWStep(std::span<const AdamWTensor> tensors, const AdamWHyper &hyper, cudaStream_t stream,
+                            MultiTensorLimits limits) {
     return ForEachModelGroup(tensors, [&](auto tag, DType group) {
         using M = decltype(tag);
         auto fill = [&](std::size_t e, AdamWTable &table, int slot) {
@@ -230,7 +233,8 @@ cudaError_t LaunchAdamWStep(std::span<const AdamWTensor> tensors, const AdamWHyp
             table.vec[slot] = Vectorizable(sizeof(M), t.model, {t.param, t.grad, t.exp_avg, t.exp_avg_sq});
             return true;
         };
-        return multi_tensor::MultiTensorApply<AdamWTable>(tensors.size(), fill, AdamWOp<M>{hyper}, stream);
+        return multi_tensor::MultiTensorApply<AdamWTable>(tensors.size(), fill, AdamWOp<M>{hyper}, stream,
+                                                          {limits.max_tensors, limits.max_blocks});
     });
 }
 

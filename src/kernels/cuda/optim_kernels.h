@@ -33,8 +33,15 @@ struct SgdTensor {
     std::int64_t n = 0;
     bool first_step = false; ///< buf = g (the buffer is not read)
 };
+/// A launch's capacity (multi_tensor::Limits): 0 = the table's own (110 tensors, 2560 blocks of 64 Ki elements).
+struct MultiTensorLimits {
+    int max_tensors = 0;
+    int max_blocks = 0;
+};
+
 /// torch.optim.SGD on every tensor.
-cudaError_t LaunchSgdStep(std::span<const SgdTensor> tensors, const SgdHyper &hyper, cudaStream_t stream);
+cudaError_t LaunchSgdStep(std::span<const SgdTensor> tensors, const SgdHyper &hyper, cudaStream_t stream,
+                          MultiTensorLimits limits = {});
 
 struct AdamWHyper {
     float decay = 1; ///< 1 - lr·weight_decay
@@ -59,6 +66,7 @@ struct AdamWTensor {
     float bias_correction2_sqrt = 1; ///< sqrt(1 - beta2^t)
 };
 /// torch.optim.AdamW on every tensor.
-cudaError_t LaunchAdamWStep(std::span<const AdamWTensor> tensors, const AdamWHyper &hyper, cudaStream_t stream);
+cudaError_t LaunchAdamWStep(std::span<const AdamWTensor> tensors, const AdamWHyper &hyper, cudaStream_t stream,
+                            MultiTensorLimits limits = {});
 
 } // namespace shardline::kernels::cuda

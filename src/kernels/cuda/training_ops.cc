@@ -170,7 +170,8 @@ void CudaSgdStepMulti(const SgdStepMultiArgs &args) {
     for (const SgdStepTensor &t : args.tensors) {
         tensors.push_back(SgdTensorOf(t.param, t.grad, t.momentum_buffer, t.first_step, t.model_param, args.momentum));
     }
-    SHARDLINE_CHECK_CUDA(LaunchSgdStep(tensors, SgdHyperOf(args), ContextOf(args.tensors[0].param).stream()));
+    SHARDLINE_CHECK_CUDA(LaunchSgdStep(tensors, SgdHyperOf(args), ContextOf(args.tensors[0].param).stream(),
+                                       {args.max_tensors_per_launch, args.max_chunks_per_launch}));
 }
 
 void CudaAdamWStep(const AdamWStepArgs &args) {
@@ -185,7 +186,8 @@ void CudaAdamWStepMulti(const AdamWStepMultiArgs &args) {
     for (const AdamWStepTensor &t : args.tensors) {
         tensors.push_back(AdamWTensorOf(t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.model_param, t.step, args));
     }
-    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(tensors, AdamWHyperOf(args), ContextOf(args.tensors[0].param).stream()));
+    SHARDLINE_CHECK_CUDA(LaunchAdamWStep(tensors, AdamWHyperOf(args), ContextOf(args.tensors[0].param).stream(),
+                                         {args.max_tensors_per_launch, args.max_chunks_per_launch}));
 }
 
 } // namespace shardline::kernels::cuda

@@ -25,9 +25,14 @@ void AccumulateGrad::Accumulate(const dist::Grad &grad) {
     }
     const dist::DistTensor &g = grad.value;
     if (impl->main_grad.defined()) {
-        // main_grad += g (in the buffer's dtype, e.g. fp32 for a bf16 parameter).
+        // main_grad += g (in the buffer's dtype, e.g. fp32 for a bf16 parameter); = g while it stands for zeros.
         const Tensor addend = g.dtype() == impl->main_grad.dtype() ? g.local() : g.local().To(impl->main_grad.dtype());
-        kernels::Add({.a = impl->main_grad, .b = addend, .out = impl->main_grad});
+        if (impl->main_grad_zero_pending) {
+            impl->main_grad.CopyFrom(addend);
+            impl->main_grad_zero_pending = false;
+        } else {
+            kernels::Add({.a = impl->main_grad, .b = addend, .out = impl->main_grad});
+        }
         return;
     }
     if (!impl->grad.defined()) {

@@ -90,7 +90,7 @@ dist::GradSink Function::GradSinkFor(std::size_t i) const {
     if (leaf == nullptr || !leaf->main_grad.defined()) {
         return {};
     }
-    return {.buffer = &leaf->main_grad, .layout = grad_layouts_[i]};
+    return {.buffer = &leaf->main_grad, .layout = grad_layouts_[i], .zero_pending = &leaf->main_grad_zero_pending};
 }
 
 } // namespace shardline::autograd

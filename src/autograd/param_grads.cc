@@ -25,11 +25,26 @@ ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamG
                                 Device device) {
     ParamGradTargets t;
     std::vector<Tensor *> sinks;
+    bool all_fresh = true; // every gradient going into a buffer finds it standing for zeros
     for (const ParamGradRequest &r : requests) {
         Tensor *sink = r.needed ? r.sink.BufferFor(mesh, r.layout) : nullptr;
         sinks.push_back(sink);
         t.in_sink.push_back(sink != nullptr);
         t.accumulate = t.accumulate || sink != nullptr;
+        all_fresh = all_fresh && (sink == nullptr || r.sink.fresh());
+    }
+    // One accumulate flag for the call: overwrite (no zero fill at all) when every buffer is fresh; else the fresh
+    // ones get their zeros and everything accumulates.
+    if (t.accumulate && all_fresh) {
+        t.accumulate = false;
+    }
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        if (sinks[i] != nullptr) {
+            if (t.accumulate) {
+                requests[i].sink.Materialize();
+            }
+            requests[i].sink.Written();
+        }
     }
     for (std::size_t i = 0; i < requests.size(); ++i) {
         const ParamGradRequest &r = requests[i];

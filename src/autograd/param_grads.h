@@ -28,7 +28,8 @@ struct ParamGradRequest {
 struct ParamGradTargets {
     std::vector<Tensor> grads; ///< undefined where not needed
     std::vector<bool> in_sink; ///< the gradient is the leaf's main-grad buffer itself
-    bool accumulate = false;   ///< beta = 1 for all (a new buffer then holds zeros)
+    bool accumulate = false;   ///< beta = 1 for all (a new buffer then holds zeros); false also when every main-grad
+                               ///< buffer written stands for zeros (Variable::ZeroGrad deferred): they are overwritten
 
     /// The Grad a Function returns for gradient i: accumulated into the sink, or the new tensor as a gradient of
     /// `global_shape` in the request's layout (a local tensor when mesh is null).

@@ -46,7 +46,14 @@ Variable &Variable::set_name(std::string name) {
     return *this;
 }
 
-const dist::DistTensor &Variable::grad() const { return Checked(impl_, "Variable::grad").grad; }
+const dist::DistTensor &Variable::grad() const {
+    VariableImpl &impl = Checked(impl_, "Variable::grad");
+    if (impl.main_grad_zero_pending) {
+        impl.main_grad.Fill(0.0);
+        impl.main_grad_zero_pending = false;
+    }
+    return impl.grad;
+}
 
 void Variable::set_grad(dist::DistTensor grad) {
     VariableImpl &impl = Checked(impl_, "Variable::set_grad");
@@ -58,10 +65,15 @@ void Variable::set_grad(dist::DistTensor grad) {
     impl.grad = std::move(grad);
 }
 
-void Variable::ZeroGrad() {
+void Variable::ZeroGrad(bool defer) {
     VariableImpl &impl = Checked(impl_, "Variable::ZeroGrad");
     if (impl.main_grad.defined()) {
-        impl.main_grad.Fill(0.0);
+        if (defer) {
+            impl.main_grad_zero_pending = true;
+        } else {
+            impl.main_grad.Fill(0.0);
+            impl.main_grad_zero_pending = false;
+        }
         impl.grad = dist::DistTensor::FromTrustedShard(impl.main_grad, impl.value.global_shape(), GradLayout(),
                                                        impl.value.mesh_ptr());
         return;

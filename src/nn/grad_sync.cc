@@ -23,6 +23,9 @@ struct GradSync::State {
     void Launch(Bucket &b) {
         // Over one rank the sum is the bucket itself: no collective (the grads are complete as they are).
         if (!b.work && mesh->shape()[static_cast<std::size_t>(dp)] > 1) {
+            for (auto &p : b.params) {
+                p.grad(); // a main grad whose zeroing is still pending (it got no gradient) becomes zeros
+            }
             b.work = mesh->group(dp).AllReduce(b.buffer, comm::ReduceOp::kSum);
         }
     }

@@ -80,11 +80,14 @@ public:
     Variable& set_name(std::string name);
 
     /// The accumulated gradient (undefined until a backward reaches this leaf). Layout: the value's, except on the
-    /// deferred-partial mesh dims, where it stays Partial(sum) until a GradSync reduces it.
+    /// deferred-partial mesh dims, where it stays Partial(sum) until a GradSync reduces it. A main grad whose zeroing
+    /// is pending (ZeroGrad) is filled with zeros here first.
     const dist::DistTensor& grad() const;
     void set_grad(dist::DistTensor grad);
-    /// Drops the gradient, or zeroes a main-grad buffer in place (keeping it).
-    void ZeroGrad();
+    /// Drops the gradient, or zeroes a main-grad buffer (keeping it). The zeroing of a main grad is deferred (as
+    /// torch's zero_grad(set_to_none=True) drops the tensor): the first backward kernel that writes it overwrites
+    /// (beta = 0) instead of accumulating, and reading grad() before that fills the zeros. `defer` false fills now.
+    void ZeroGrad(bool defer = true);
     /// Preallocates the gradient as a buffer of `dtype` (float32 for a half-precision parameter: Megatron's main_grad)
     /// that backward kernels accumulate into with beta = 1. `buffer`, when given, is the local storage to use (a view
     /// into a GradSync bucket); it must have the value's local shape and `dtype`.
@@ -120,6 +123,8 @@ struct VariableImpl {
     std::shared_ptr<Node> grad_accumulator; ///< leaves that require grad: created on first use
     dist::DistTensor grad;
     Tensor main_grad; ///< defined when AllocateMainGrad was called
+    /// main_grad holds no value yet and stands for zeros: its first writer overwrites it (ZeroGrad(defer = true)).
+    bool main_grad_zero_pending = false;
     std::vector<int> deferred_partial;
     std::vector<std::function<void(Variable&)>> hooks;
     std::string name;

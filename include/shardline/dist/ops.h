@@ -34,12 +34,21 @@ bool SameLayout(comm::DeviceMesh& mesh, const spmd::Layout& a, const spmd::Layou
 
 /// A buffer that a backward op may accumulate a gradient into (beta = 1) instead of returning it, when the gradient
 /// it computes has exactly `layout` (e.g. a parameter's fp32 main grad, see autograd). `buffer` is the local shard.
+/// `zero_pending`, when set and true, says the buffer holds no value yet and stands for zeros: the op overwrites it
+/// (beta = 0) and clears the flag (Written), or fills the zeros first (Materialize) where it must accumulate.
 struct GradSink {
     Tensor* buffer = nullptr;
     spmd::Layout layout;
+    bool* zero_pending = nullptr;
 
     /// The buffer, when a gradient in `grad_layout` on `mesh` (nullptr: local) may go into it; else nullptr.
     Tensor* BufferFor(comm::DeviceMesh* mesh, const spmd::Layout& grad_layout) const;
+    /// Whether the buffer stands for zeros (its first writer may overwrite it).
+    bool fresh() const { return zero_pending != nullptr && *zero_pending; }
+    /// The buffer now holds its values (after an overwrite or an accumulation).
+    void Written() const;
+    /// Fills the zeros a fresh buffer stands for, so that an op can accumulate into it.
+    void Materialize() const;
 };
 
 /// One gradient: `value` in the grad rule's layout (possibly Partial), or `accumulated` when it went into a GradSink.

@@ -137,7 +137,8 @@ Grad BiasAddBackward(const DistTensor &dout, const DistTensor &x, const DistTens
     const spmd::TensorSpec &spec = p.rule->info.outputs[1];
     const Tensor &g = p.inputs[2].local();
     if (Tensor *sink = bias_sink.BufferFor(mesh, spec.layout)) {
-        kernels::LinearBackwardBias({.dy = g, .dbias = *sink, .accumulate = true});
+        kernels::LinearBackwardBias({.dy = g, .dbias = *sink, .accumulate = !bias_sink.fresh()});
+        bias_sink.Written();
         grad.accumulated = true;
     } else {
         grad.value = detail::Shard(kernels::LinearBackwardBias(g), spec, mesh);

@@ -80,7 +80,8 @@ Grad LookupBackward(const Lookup &lookup, const DistTensor &dout, const DistTens
     const std::int64_t vocab_start = detail::LocalOffset(wu, 0);
     Grad grad;
     if (Tensor *sink = weight_sink.BufferFor(mesh, wspec != nullptr ? wspec->layout : spmd::Layout())) {
-        lookup.backward(iu.local(), du.local(), *sink, vocab_start, /*accumulate=*/true);
+        lookup.backward(iu.local(), du.local(), *sink, vocab_start, /*accumulate=*/!weight_sink.fresh());
+        weight_sink.Written();
         grad.accumulated = true;
         return grad;
     }

@@ -36,6 +36,19 @@ Tensor *GradSink::BufferFor(comm::DeviceMesh *mesh, const spmd::Layout &grad_lay
     return mesh == nullptr || SameLayout(*mesh, layout, grad_layout) ? buffer : nullptr;
 }
 
+void GradSink::Written() const {
+    if (zero_pending != nullptr) {
+        *zero_pending = false;
+    }
+}
+
+void GradSink::Materialize() const {
+    if (fresh()) {
+        buffer->Fill(0.0);
+        *zero_pending = false;
+    }
+}
+
 namespace detail {
 
 comm::DeviceMesh *CommonMesh(std::string_view op, std::initializer_list<const DistTensor *> tensors) {

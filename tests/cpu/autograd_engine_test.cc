@@ -432,6 +432,72 @@ TEST_F(CountingKernelsTest, MainGradAccumulatesTheWeightGradWithBetaOne) {
     EXPECT_EQ(w.grad().local().ToDoubleVector(), Values(12, 0.0));
 }
 
+TEST_F(CountingKernelsTest, ZeroGradIsDeferredToTheFirstWriterWhichOverwrites) {
+    // After ZeroGrad the buffers hold stale values and stand for zeros: the next backward's weight and bias kernels
+    // overwrite them (accumulate false: no zero fill ran), the one after accumulates; a leaf nothing wrote reads zeros.
+    const Tensor xt = Data({5, 3}, "x");
+    Variable x(xt, false);
+    Variable w(Data({4, 3}, "w"), true);
+    Variable b(Data({4}, "b"), true);
+    Variable unused(Data({7}, "unused"), true);
+    for (Variable *v : {&w, &b, &unused}) {
+        v->AllocateMainGrad(DType::kFloat32);
+        Tensor buffer = v->grad().local();          // the main grad (shares its storage)
+        buffer.CopyFrom(Data(v->shape(), "stale")); // nonzero values the zeroing must hide
+        v->ZeroGrad();
+        ASSERT_TRUE(v->impl()->main_grad_zero_pending);
+    }
+    const void *w_buffer = w.impl()->main_grad.data();
+    const Tensor dy1 = Data({5, 4}, "dy1");
+    const Tensor dy2 = Data({5, 4}, "dy2");
+    const DistTensor g1 = DistTensor::Local(dy1);
+    const DistTensor g2 = DistTensor::Local(dy2);
+    Linear(x, w, b).Backward(&g1);
+    EXPECT_EQ(g_calls.weight, 1);
+    EXPECT_FALSE(g_calls.weight_accumulated) << "the fresh buffer is overwritten";
+    EXPECT_EQ(g_calls.weight_out, w_buffer);
+    EXPECT_FALSE(w.impl()->main_grad_zero_pending);
+    EXPECT_TRUE(ValuesMatch(w.grad().local(),
+                            RefLinearBackwardWeight(dy1.ToDoubleVector(), xt.ToDoubleVector(), 5, 4, 3),
+                            DType::kFloat32));
+    EXPECT_TRUE(ValuesMatch(b.grad().local(), RefColumnSum(dy1.ToDoubleVector(), 5, 4), DType::kFloat32));
+    Linear(x, w, b).Backward(&g2);
+    EXPECT_TRUE(g_calls.weight_accumulated) << "the second backward adds";
+    const Values sum = Add(dy1.ToDoubleVector(), dy2.ToDoubleVector());
+    EXPECT_TRUE(
+        ValuesMatch(w.grad().local(), RefLinearBackwardWeight(sum, xt.ToDoubleVector(), 5, 4, 3), DType::kFloat32));
+    EXPECT_TRUE(ValuesMatch(b.grad().local(), RefColumnSum(sum, 5, 4), DType::kFloat32));
+    // Nothing wrote `unused`: reading its gradient fills the zeros it stands for.
+    EXPECT_EQ(unused.grad().local().ToDoubleVector(), Values(7, 0.0));
+    EXPECT_FALSE(unused.impl()->main_grad_zero_pending);
+    // ZeroGrad(false) fills at once.
+    w.ZeroGrad(/*defer=*/false);
+    EXPECT_FALSE(w.impl()->main_grad_zero_pending);
+    EXPECT_EQ(w.impl()->main_grad.ToDoubleVector(), Values(12, 0.0));
+}
+
+TEST(AutogradMainGradTest, DeferredZeroGradOfAReturnedGradientCopiesAndOfABufferSlotOverwrites) {
+    // A gradient that comes back as a tensor (Gelu's) is copied into a fresh buffer, not added to its stale values; an
+    // embedding backward overwrites its whole fresh table, so rows no id touched become zeros.
+    Variable v(Data({6}, "v"), true);
+    v.AllocateMainGrad(DType::kFloat32);
+    Gelu(v).Backward(nullptr);
+    const Values once = v.grad().local().ToDoubleVector();
+    Gelu(v).Backward(nullptr); // stale: 2x
+    v.ZeroGrad();
+    Gelu(v).Backward(nullptr);
+    EXPECT_EQ(v.grad().local().ToDoubleVector(), once);
+
+    Variable e(Data({4, 2}, "table"), true);
+    e.AllocateMainGrad(DType::kFloat32);
+    Variable ids(Tensor::FromVector({1, 1, 3}, {3}, DType::kInt64));
+    Embedding(ids, e).Backward(nullptr);
+    Embedding(Variable(Tensor::FromVector({0, 2}, {2}, DType::kInt64)), e).Backward(nullptr);
+    e.ZeroGrad();
+    Embedding(ids, e).Backward(nullptr);
+    EXPECT_EQ(e.grad().local().ToDoubleVector(), (Values{0, 0, 2, 2, 0, 0, 1, 1}));
+}
+
 TEST(AutogradMainGradTest, CallerBufferReceivesTheGradient) {
     // A view into a caller-owned flat buffer (as GradSync's buckets): the gradients land in it.
     Tensor flat = Tensor::Zeros({20}, DType::kFloat32);

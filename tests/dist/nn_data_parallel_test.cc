@@ -132,6 +132,47 @@ TEST_P(DataParallelTest, GradSyncAllReducesEachBucketOnceDuringBackwardAndGradie
     }
 }
 
+// A bucket holding a parameter that got no gradient this step: ZeroGrad only marks main grads as standing for zeros
+// (the first writer overwrites), so the bucket's all-reduce must fill that parameter's stale slot with zeros first.
+TEST(DataParallelZeroGradTest, AParameterWithoutAGradientReducesAsZeros) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh &mesh = DpTpMesh();
+    const int dp_dim = mesh.dim_index("dp");
+    nn::ColumnParallelLinear column({.in_features = kHidden, .out_features = kFfn}, Tp(mesh),
+                                    WithName(Param(DType::kFloat32), "zg.column"));
+    nn::ColumnParallelLinear idle({.in_features = kHidden, .out_features = kFfn}, Tp(mesh),
+                                  WithName(Param(DType::kFloat32), "zg.idle"));
+    std::vector<Variable> params = column.Parameters();
+    for (const Variable &p : idle.Parameters()) {
+        params.push_back(p);
+    }
+    // One bucket for all: the idle layer's slots share the all-reduce with the column's gradients.
+    nn::GradSync sync(params, mesh, {.dp_dim = "dp", .bucket_bytes = std::int64_t{1} << 30});
+    ASSERT_EQ(sync.num_buckets(), 1);
+    const spmd::Layout x_layout = LayoutOf(3, {{1, {dp_dim}}});
+    for (int step = 0; step < 2; ++step) {
+        SCOPED_TRACE(fmt::format("step {}", step));
+        for (const Variable &p : idle.Parameters()) {
+            Tensor slot = p.grad().local(); // a view into the bucket
+            slot.Fill(3.0);                 // stale values that must not survive ZeroGrad
+        }
+        sync.ZeroGrad();
+        const Tensor x_full = MakeFull({kSeq, kBatch, kHidden}, "x", Data::kInteger, DType::kFloat32, 200 + step);
+        Variable x(DistTensor::FromFull(x_full, x_layout, mesh), false);
+        Variable y = column.Forward(x).output;
+        const DistTensor dy = DistTensor::FromFull(MakeFull(y.shape(), "dy", Data::kInteger, DType::kFloat32, 300),
+                                                   y.value().layout(), mesh);
+        y.Backward(&dy);
+        sync.Finish();
+        for (const Variable &p : idle.Parameters()) {
+            const std::vector<double> g = p.grad().local().ToDoubleVector();
+            EXPECT_EQ(g, std::vector<double>(g.size(), 0.0)) << p.name();
+        }
+        const std::vector<double> dw = column.weight.grad().local().ToDoubleVector();
+        EXPECT_NE(dw, std::vector<double>(dw.size(), 0.0)) << "the column's weight grad arrived";
+    }
+}
+
 std::vector<DataParallelCase> DataParallelCases() {
     std::vector<DType> dtypes = {DType::kFloat32};
 #if SHARDLINE_DIST_TENSOR_TEST_CUDA

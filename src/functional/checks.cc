@@ -103,14 +103,15 @@ public:
                            DTypeName(dtype), DTypeName(v.dtype));
     }
 
-    /// A parameter gradient: the compute dtype, or a float32 main grad when accumulating.
+    /// A parameter gradient: the compute dtype, or a float32 main grad (overwritten or accumulated into) for half
+    /// operands (the GEMMs take no float64 operands with a float32 result).
     void GradDType(const TensorView &v, std::string_view name, DType dtype, GradMode mode) const {
-        SHARDLINE_CHECK_AS(
-            DTypeError, v.dtype == dtype || (mode == GradMode::kAccumulate && v.dtype == DType::kFloat32), op_,
-            "{} must have the compute dtype {} (or be a float32 main grad with GradMode::kAccumulate), "
-            "got {}{}",
-            name, DTypeName(dtype), DTypeName(v.dtype),
-            mode == GradMode::kOverwrite && v.dtype == DType::kFloat32 ? " with GradMode::kOverwrite" : "");
+        const bool main_grad = v.dtype == DType::kFloat32 && dtype != DType::kFloat64;
+        SHARDLINE_CHECK_AS(DTypeError, v.dtype == dtype || main_grad, op_,
+                           "{} must have the compute dtype {} (or be a float32 main grad of half operands), got {} "
+                           "(GradMode::{})",
+                           name, DTypeName(dtype), DTypeName(v.dtype),
+                           mode == GradMode::kOverwrite ? "kOverwrite" : "kAccumulate");
     }
 
     /// The dtypes the mesh's backend and kernels move: CPU/MPI float32, float64; CUDA/NCCL float32, float16, bfloat16.

@@ -45,10 +45,10 @@ void CheckGradient(const Tensor& ids, const Tensor& dout, const Tensor& dweight,
     CheckTensor(dout, op, "dout");
     CheckDeviceDType(dout, op, "dout");
     CheckSameDevice(dout, "dout", dweight, "dweight", op);
-    SHARDLINE_CHECK_AS(DTypeError,
-                       dweight.dtype() == dout.dtype() || (accumulate && dweight.dtype() == DType::kFloat32), op,
-                       "dweight must have dout's dtype {} (or be a float32 main grad with accumulate), got {}",
-                       DTypeName(dout.dtype()), dweight.ToString());
+    // A float32 dweight for half (or float64) dout is a main grad, overwritten or accumulated into.
+    SHARDLINE_CHECK_AS(DTypeError, dweight.dtype() == dout.dtype() || dweight.dtype() == DType::kFloat32, op,
+                       "dweight must have dout's dtype {} or be a float32 main grad, got {}", DTypeName(dout.dtype()),
+                       dweight.ToString());
 }
 
 } // namespace

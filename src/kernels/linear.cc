@@ -190,9 +190,10 @@ void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweigh
     CheckSameDevice(dy, "dy", x, "x", op);
     CheckSameDevice(dweight, "dweight", x, "x", op);
     CheckSameDType(dy, "dy", x, "x", op);
-    SHARDLINE_CHECK_AS(DTypeError, dweight.dtype() == x.dtype() || (accumulate && dweight.dtype() == DType::kFloat32),
-                       op, "dweight must have x's dtype {} (or be a float32 main grad with accumulate), got {}",
-                       DTypeName(x.dtype()), dweight.ToString());
+    // A float32 dweight for half x is a main grad, overwritten (beta = 0) or accumulated into (beta = 1).
+    SHARDLINE_CHECK_AS(DTypeError, dweight.dtype() == x.dtype() || dweight.dtype() == DType::kFloat32, op,
+                       "dweight must have x's dtype {} or be a float32 main grad, got {}", DTypeName(x.dtype()),
+                       dweight.ToString());
     SHARDLINE_CHECK_AS(ShapeError, dy.rank() >= 1 && x.rank() == dy.rank(), op,
                        "dy and x must have the same rank >= 1, got dy {} and x {}", dy.ToString(), x.ToString());
     SHARDLINE_CHECK_AS(ShapeError, std::equal(dy.shape().begin(), dy.shape().end() - 1, x.shape().begin()), op,

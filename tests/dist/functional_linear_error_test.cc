@@ -124,7 +124,7 @@ TEST(FunctionalLinearErrorTest, ShapeAndDTypeMismatchesRaiseNamingTheTensorAndTh
     args.weight = ViewOf(w_other);
     ExpectColumnForwardError(m, options, args,
                              {fmt::format("weight must have x's dtype float32, got {}", DTypeName(other))});
-    // A float32 main grad for float64 parameters needs GradMode::kAccumulate (CPU only: float64 is not a CUDA dtype).
+    // A float32 main grad is for half parameters: float64 ones cannot have one (CPU only: float64 is not a CUDA dtype).
     if (TestDevice().is_cpu()) {
         const Tensor dy = Tensor::Zeros({8, kOut / tp}, DType::kFloat64, TestDevice());
         const Tensor x64 = Tensor::Zeros({8, kIn}, DType::kFloat64, TestDevice());
@@ -136,7 +136,7 @@ TEST(FunctionalLinearErrorTest, ShapeAndDTypeMismatchesRaiseNamingTheTensorAndTh
                                                m.group());
                                        },
                                        {"ColumnParallelLinearBackward", "dweight must have the compute dtype float64",
-                                        "got float32 with GradMode::kOverwrite"});
+                                        "got float32 (GradMode::kOverwrite)"});
     }
     // A half type on a CPU mesh (MPI and the CPU kernels take float32 and float64).
     if (TestDevice().is_cpu()) {

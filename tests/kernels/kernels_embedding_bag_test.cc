@@ -400,6 +400,17 @@ TEST_P(EmbeddingBagTest, BackwardAccumulatesIntoAFloat32MainGrad) {
     EXPECT_TRUE(WithinBound(main_grad.ToDoubleVector(), want, DType::kFloat32, device()));
 }
 
+TEST_P(EmbeddingBagTest, BackwardOverwritesAFloat32MainGrad) {
+    // A main grad that stands for zeros (autograd's deferred ZeroGrad) is overwritten: its stale values and the rows
+    // no id touches end up as the gradient and zeros.
+    const Tensor ids = RandomIds({32, 64}, 0, 199, 71);
+    const Tensor dout = Random({64, 24}, dtype(), 71, "dout");
+    Tensor main_grad = Random({200, 24}, DType::kFloat32, 71, "stale");
+    const Reference want = RefBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), 200, 24, 0);
+    EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = main_grad, .accumulate = false});
+    EXPECT_TRUE(WithinBound(main_grad.ToDoubleVector(), want, DType::kFloat32, device()));
+}
+
 TEST_P(EmbeddingBagTest, BackwardWithNoPositionsZeroesOrKeepsTheGradient) {
     for (const Shape &shape : {Shape{0, 5}, Shape{4, 0}}) {
         SCOPED_TRACE(ShapeToString(shape));
@@ -457,7 +468,7 @@ TEST(EmbeddingBagErrorsTest, DTypesAndVocabStartAreChecked) {
                     [&] { EmbeddingBagForward(ids.To(DType::kFloat32), Tensor::Zeros({5, 3}, DType::kFloat32)); }),
                 AllOf(HasSubstr("EmbeddingBagForward"), HasSubstr("ids must be int64")));
     const Tensor dout = Tensor::Zeros({4, 3}, DType::kFloat64);
-    Tensor dweight = Tensor::Zeros({5, 3}, DType::kFloat32);
+    Tensor dweight = Tensor::Zeros({5, 3}, DType::kInt64); // neither dout's dtype nor a float32 main grad
     EXPECT_THAT(MessageOf<DTypeError>([&] {
                     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = dweight});
                 }),

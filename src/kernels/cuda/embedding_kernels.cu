@@ -116,43 +116,15 @@ __global__ void EmbeddingKeysKernel(const std::int64_t *__restrict__ ids, std::i
 
 // The segment sum. Grid: x = column tiles of kSegmentColumns, y = runs of equal sorted keys (grid-stride).
 // Warp w of the block sums the dout rows of the run's entries w, w + kSegmentWarps, w + 2·kSegmentWarps, ... (in
-// increasing position) for its lane's kSegmentVec adjacent columns in fp32; then the kSegmentWarps partial sums are
-// added in warp order and rounded once into dweight. The order of every addition is fixed by the run's length alone,
-// never by scheduling, so the result is bitwise reproducible; and a long run (one frequent id) is summed by
-// kSegmentWarps warps in each of hidden / kSegmentColumns blocks instead of serially by one block.
-// The loop is latency bound (a row index, then the row): each warp loads kSegmentUnroll rows before it adds them
-// (in the same order), and with kVector a lane reads its kSegmentVec columns as one vector.
+// increasing position) for its lane's kSegmentVec columns in fp32; then the kSegmentWarps partial sums are added in
+// warp order and rounded once into dweight. The order of every addition is fixed by the run's length alone, never by
+// scheduling, so the result is bitwise reproducible; and a long run (one frequent id) is summed by kSegmentWarps warps
+// in each of hidden / kSegmentColumns blocks instead of serially by one block.
 constexpr int kSegmentWarps = 4;
 constexpr int kSegmentVec = 4;
-constexpr int kSegmentUnroll = 4;
 constexpr int kSegmentColumns = 32 * kSegmentVec;
 
-template <class In, bool kVector>
-__device__ __forceinline__ void LoadSegment(const In *row, std::int64_t h, std::int64_t hidden,
-                                            float (&out)[kSegmentVec]) {
-    if constexpr (kVector) {
-        // hidden % kSegmentVec == 0 and an aligned dout: the lane's columns are all in or all out.
-        if (h < hidden) {
-            const AlignedVector<In, kSegmentVec> v = *reinterpret_cast<const AlignedVector<In, kSegmentVec> *>(row + h);
-#pragma unroll
-            for (int k = 0; k < kSegmentVec; ++k) {
-                out[k] = ToFloat(v.val[k]);
-            }
-            return;
-        }
-#pragma unroll
-        for (int k = 0; k < kSegmentVec; ++k) {
-            out[k] = 0.0f;
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < kSegmentVec; ++k) {
-            out[k] = h + k < hidden ? ToFloat(row[h + k]) : 0.0f;
-        }
-    }
-}
-
-template <class In, class Out, bool kVector>
+template <class In, class Out>
 __global__ void __launch_bounds__(32 * kSegmentWarps)
     EmbeddingSegmentSumKernel(const std::uint32_t *__restrict__ run_keys, const int *__restrict__ run_lengths,
                               const int *__restrict__ run_offsets, const int *__restrict__ num_runs,
@@ -163,7 +135,6 @@ __global__ void __launch_bounds__(32 * kSegmentWarps)
     const int warp = static_cast<int>(threadIdx.x) / 32;
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.x) * kSegmentColumns;
-    const std::int64_t h0 = col0 + lane * kSegmentVec; // this lane's first column
     const std::int64_t runs = *num_runs < max_runs ? *num_runs : max_runs;
     for (std::int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
         const std::uint32_t key = run_keys[r];
@@ -173,30 +144,19 @@ __global__ void __launch_bounds__(32 * kSegmentWarps)
         const std::int64_t begin = run_offsets[r];
         const std::int64_t end = begin + run_lengths[r];
         float acc[kSegmentVec] = {};
-        constexpr std::int64_t kStride = kSegmentWarps;
-        for (std::int64_t j0 = begin + warp; j0 < end; j0 += kStride * kSegmentUnroll) { // int64: end may be near 2^31
-            float rows[kSegmentUnroll][kSegmentVec];
+        for (std::int64_t j = begin + warp; j < end; j += kSegmentWarps) { // int64: end may be near 2^31
+            const In *row = dout + static_cast<std::int64_t>(dout_row_of[j]) * hidden;
 #pragma unroll
-            for (int u = 0; u < kSegmentUnroll; ++u) {
-                const std::int64_t j = j0 + u * kStride;
-                if (j < end) {
-                    LoadSegment<In, kVector>(dout + static_cast<std::int64_t>(dout_row_of[j]) * hidden, h0, hidden,
-                                             rows[u]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kSegmentUnroll; ++u) {
-                if (j0 + u * kStride < end) {
-#pragma unroll
-                    for (int k = 0; k < kSegmentVec; ++k) {
-                        acc[k] += rows[u][k];
-                    }
+            for (int v = 0; v < kSegmentVec; ++v) {
+                const std::int64_t h = col0 + v * 32 + lane;
+                if (h < hidden) {
+                    acc[v] += ToFloat(row[h]);
                 }
             }
         }
 #pragma unroll
-        for (int k = 0; k < kSegmentVec; ++k) {
-            partial[warp][lane * kSegmentVec + k] = acc[k];
+        for (int v = 0; v < kSegmentVec; ++v) {
+            partial[warp][v * 32 + lane] = acc[v];
         }
         __syncthreads();
         Out *dst = dweight + static_cast<std::int64_t>(key) * hidden;
@@ -418,19 +378,10 @@ cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std
     return WithFloatTypes(dout_dtype, dweight_dtype, [&](auto in_tag, auto out_tag) {
         using In = decltype(in_tag);
         using Out = decltype(out_tag);
-        // Vector reads when every row starts on a vector boundary.
-        const bool vector = hidden % kSegmentVec == 0 && IsAligned(dout, sizeof(In) * kSegmentVec);
-        auto launch = [&](auto kernel) {
-            kernel<<<grid, 32 * kSegmentWarps, 0, stream>>>(
-                w.run_keys, w.run_lengths, w.run_offsets, w.num_runs, max_runs, dout_row_of.Current(),
-                static_cast<std::uint32_t>(rows), static_cast<const In *>(dout), static_cast<Out *>(dweight), hidden,
-                accumulate);
-        };
-        if (vector) {
-            launch(EmbeddingSegmentSumKernel<In, Out, true>);
-        } else {
-            launch(EmbeddingSegmentSumKernel<In, Out, false>);
-        }
+        EmbeddingSegmentSumKernel<In, Out><<<grid, 32 * kSegmentWarps, 0, stream>>>(
+            w.run_keys, w.run_lengths, w.run_offsets, w.num_runs, max_runs, dout_row_of.Current(),
+            static_cast<std::uint32_t>(rows), static_cast<const In *>(dout), static_cast<Out *>(dweight), hidden,
+            accumulate);
         return cudaGetLastError();
     });
 }

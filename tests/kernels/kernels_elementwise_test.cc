@@ -78,6 +78,28 @@ TEST_P(ElementwiseTest, AddMayWriteOverItsSecondOperand) {
     }
 }
 
+TEST_P(ElementwiseTest, MisalignedOperandsGiveTheSameBitsAsAlignedOnes) {
+    // CUDA reads 16-byte vectors only when every pointer allows; an operand one element off the grid takes the scalar
+    // path, which must compute the same bits (the same float math per element).
+    const Shape shape = {(1 << 12) + 3};
+    ASSERT_NO_FATAL_FAILURE(Operands(shape));
+    Tensor aligned = Poison(shape, dtype());
+    Add(AddArgs{.a = a_, .b = b_, .out = aligned, .alpha = -1.5});
+    // The same values at element offset 1 of a larger buffer.
+    Tensor a_big = Poison({shape[0] + 1}, dtype());
+    Tensor out_big = Poison({shape[0] + 1}, dtype());
+    const std::size_t elem = ElementSize(dtype());
+    Tensor a_off = Tensor::FromBlob(static_cast<char *>(a_big.data()) + elem, shape, dtype(), device());
+    Tensor out_off = Tensor::FromBlob(static_cast<char *>(out_big.data()) + elem, shape, dtype(), device());
+    a_off.CopyFrom(a_);
+    Add(AddArgs{.a = a_off, .b = b_, .out = out_off, .alpha = -1.5});
+    EXPECT_EQ(out_off.ToDoubleVector(), aligned.ToDoubleVector());
+    Tensor scaled = Poison(shape, dtype());
+    Scale(ScaleArgs{.x = a_, .out = scaled, .alpha = 0.37});
+    Scale(ScaleArgs{.x = a_off, .out = out_off, .alpha = 0.37});
+    EXPECT_EQ(out_off.ToDoubleVector(), scaled.ToDoubleVector());
+}
+
 TEST_P(ElementwiseTest, ScaleMultipliesEveryElement) {
     for (const Shape &shape : kShapes) {
         const Tensor x = Random(shape, dtype(), 44, "x");

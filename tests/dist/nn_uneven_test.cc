@@ -385,6 +385,25 @@ INSTANTIATE_TEST_SUITE_P(Matrix, UnevenParallelMLPTest,
                                                 info.param.gelu_fusion ? "fused" : "unfused");
                          });
 
+// ---- initialisation: TP-size-invariant with uneven shards ---------------------------------------------------------
+
+// Parameters are a function of (seed, name, global index): the uneven shards of a ParallelMLP gather to the weights of
+// dense Linear layers of the same names, whatever tp is (tp 3: fc1 rows 8, 8, 6).
+TEST(UnevenInitTest, UnevenShardsGatherToTheDenseLayersWeights) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh &mesh = TpMesh();
+    const nn::ParameterOptions param = WithName(Param(kF32), "uneven.init");
+    nn::ParallelMLP mlp({.hidden = kHidden, .ffn_hidden = kUFfn}, Tp(mesh), param);
+    ASSERT_EQ(mlp.fc1->weight.local().shape(), (Shape{Part(mesh, kUFfn), kHidden}));
+    ASSERT_EQ(mlp.fc2->weight.local().shape(), (Shape{kHidden, Part(mesh, kUFfn)}));
+    nn::Linear fc1({.in_features = kHidden, .out_features = kUFfn}, WithName(param, "uneven.init.fc1"));
+    nn::Linear fc2({.in_features = kUFfn, .out_features = kHidden}, WithName(param, "uneven.init.fc2"));
+    EXPECT_TRUE(SameValues(mlp.fc1->weight.value().FullTensor(), fc1.weight.local())) << "fc1 weight";
+    EXPECT_TRUE(SameValues(mlp.fc1->bias.value().FullTensor(), fc1.bias.local())) << "fc1 bias";
+    EXPECT_TRUE(SameValues(mlp.fc2->weight.value().FullTensor(), fc2.weight.local())) << "fc2 weight";
+    EXPECT_TRUE(SameValues(mlp.fc2->bias.value().FullTensor(), fc2.bias.local())) << "fc2 bias";
+}
+
 // ---- the functional layer, as a trainer with its own buffers calls it ---------------------------------------------
 
 // A trainer sizes its buffers with TensorParallelGroup::ShardSize / ShardOffset: column fc1 (22 -> this rank's part of

@@ -246,8 +246,6 @@ Corpus Encode(const std::string &text, std::int64_t context, const char *program
     return c;
 }
 
-std::int64_t PaddedVocab(std::int64_t vocab) { return (vocab + 63) / 64 * 64; }
-
 Batch MakeBatch(const Corpus &corpus, std::int64_t context, std::int64_t batch, std::int64_t vocab_padded,
                 std::uint64_t seed, bool validation) {
     std::mt19937_64 rng(seed);

@@ -104,10 +104,6 @@ struct Corpus {
 
 Corpus Encode(const std::string& text, std::int64_t context, const char* program);
 
-/// The vocabulary padded to a multiple of 64 (Megatron's make-vocab-size-divisible-by), the same for every tp up to
-/// 64, so the model and its loss curve do not depend on tp. Padding classes never occur as labels.
-std::int64_t PaddedVocab(std::int64_t vocab);
-
 /// The global batch of one step: ids [context, batch] (position-major, shifted by position·vocab so one embedding
 /// table holds every position) and labels [batch]. The same on every rank.
 struct Batch {
@@ -115,8 +111,8 @@ struct Batch {
     shardline::Tensor labels;
 };
 
-Batch MakeBatch(const Corpus& corpus, std::int64_t context, std::int64_t batch, std::int64_t vocab_padded,
-                std::uint64_t seed, bool validation);
+Batch MakeBatch(const Corpus& corpus, std::int64_t context, std::int64_t batch, std::int64_t vocab, std::uint64_t seed,
+                bool validation);
 
 /// The seed of training step `step`'s batch and of validation batch `i`.
 inline std::uint64_t TrainBatchSeed(const Config& c, std::int64_t step) {
@@ -128,7 +124,7 @@ inline std::uint64_t EvalBatchSeed(const Config& c, int i) {
 
 class CharLM : public shardline::nn::Module {
 public:
-    CharLM(const Config& c, std::int64_t vocab_padded, shardline::comm::DeviceMesh& mesh,
+    CharLM(const Config& c, std::int64_t vocab, shardline::comm::DeviceMesh& mesh,
            const shardline::nn::ParameterOptions& param);
 
     /// Logits [batch, vocab] sharded on dp (rows) and tp (vocabulary); ids_full [context, batch] on every rank.
@@ -155,7 +151,7 @@ double LossValue(const Variable& loss);
 /// its gradients over dp in buckets during backward.
 class Trainer {
 public:
-    Trainer(const Config& c, std::int64_t vocab_padded, shardline::comm::DeviceMesh& mesh,
+    Trainer(const Config& c, std::int64_t vocab, shardline::comm::DeviceMesh& mesh,
             const shardline::nn::ParameterOptions& param);
 
     /// One step on the global batch `b`: zero the gradients, forward, backward (buckets launched as they complete),

@@ -44,18 +44,18 @@ int Run(launch::Environment &env, Config c) {
     const bool lead = env.rank() == 0;
 
     const Corpus corpus = Encode(ReadCorpus(c.data, kProgram), c.context, kProgram);
+    // Not padded: the head and the vocab-parallel loss split it over tp as torch.chunk (86 over tp 4: 22, 22, 22, 20).
     const std::int64_t vocab = static_cast<std::int64_t>(corpus.vocab.size());
-    const std::int64_t vocab_padded = PaddedVocab(vocab);
 
     comm::DeviceMesh mesh(env.world(), {c.dp, c.tp}, {"dp", "tp"});
     const nn::ParameterOptions param{.dtype = dtype, .device = env.device(), .seed = c.seed};
-    Trainer trainer(c, vocab_padded, mesh, param);
+    Trainer trainer(c, vocab, mesh, param);
     const CharLM &model = trainer.model();
     const std::int64_t numel = trainer.numel();
 
     if (lead) {
-        fmt::print("{}: {} characters ({} train / {} val), vocab {} (padded {}), {} parameters\n", kProgram,
-                   corpus.ids.size(), corpus.split, corpus.ids.size() - corpus.split, vocab, vocab_padded, numel);
+        fmt::print("{}: {} characters ({} train / {} val), vocab {}, {} parameters\n", kProgram, corpus.ids.size(),
+                   corpus.split, corpus.ids.size() - corpus.split, vocab, numel);
         fmt::print("{}: mesh dp {} x tp {} on {} ({}), {}, context {}, hidden {}, ffn {}, layers {}, batch {}\n",
                    kProgram, c.dp, c.tp, gpu ? "GPUs" : "CPU", env.world().backend(), DTypeName(dtype), c.context,
                    c.hidden, c.ffn, c.layers, c.batch);
@@ -70,7 +70,7 @@ int Run(launch::Environment &env, Config c) {
         autograd::NoGradGuard no_grad;
         double total = 0.0;
         for (int i = 0; i < c.eval_batches; ++i) {
-            const Batch b = MakeBatch(corpus, c.context, c.batch, vocab_padded, EvalBatchSeed(c, i), true);
+            const Batch b = MakeBatch(corpus, c.context, c.batch, vocab, EvalBatchSeed(c, i), true);
             total += LossValue(model.Loss(b, env.device()));
         }
         return total / c.eval_batches;
@@ -81,7 +81,7 @@ int Run(launch::Environment &env, Config c) {
     double last_val = std::nan("");
     for (std::int64_t step = 1; step <= c.steps; ++step) {
         const auto host_start = StepWindow::Clock::now();
-        const Batch b = MakeBatch(corpus, c.context, c.batch, vocab_padded, TrainBatchSeed(c, step), false);
+        const Batch b = MakeBatch(corpus, c.context, c.batch, vocab, TrainBatchSeed(c, step), false);
         const Variable loss = trainer.Step(b, env.device());
         window.AddHostTime(StepWindow::Clock::now() - host_start);
 
@@ -155,15 +155,15 @@ int Run(launch::Environment &env, Config c) {
             std::vector<double> ids(static_cast<std::size_t>(c.context * rows));
             for (std::int64_t t = 0; t < c.context; ++t) {
                 for (std::int64_t r = 0; r < rows; ++r) {
-                    ids[static_cast<std::size_t>(t * rows + r)] = static_cast<double>(
-                        t * vocab_padded + ctx[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]);
+                    ids[static_cast<std::size_t>(t * rows + r)] =
+                        static_cast<double>(t * vocab + ctx[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)]);
                 }
             }
             const Variable logits =
                 model.Forward(Tensor::FromVector(ids, {c.context, rows}, DType::kInt64).To(env.device()));
             const std::vector<double> all = logits.value().FullTensor().ToDoubleVector();
             for (std::int64_t r = 0; r < rows; ++r) {
-                const double *row = all.data() + r * vocab_padded;
+                const double *row = all.data() + r * vocab;
                 double m = -1e300;
                 for (std::int64_t v = 0; v < vocab; ++v) {
                     m = std::max(m, row[v]);

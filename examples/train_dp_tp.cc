@@ -66,21 +66,21 @@ int Run(launch::Environment &env, Config c, std::optional<double> rtol_option) {
     const bool lead = env.rank() == 0;
 
     const Corpus corpus = Encode(ReadCorpus(c.data, kProgram), c.context, kProgram);
-    const std::int64_t vocab_padded = PaddedVocab(static_cast<std::int64_t>(corpus.vocab.size()));
+    const std::int64_t vocab = static_cast<std::int64_t>(corpus.vocab.size()); // split over tp as torch.chunk
     const nn::ParameterOptions param{.dtype = dtype, .device = env.device(), .seed = c.seed};
 
     comm::DeviceMesh mesh(env.world(), {c.dp, c.tp}, {"dp", "tp"});
-    Trainer trainer(c, vocab_padded, mesh, param);
+    Trainer trainer(c, vocab, mesh, param);
     // The reference mesh spans this rank's tp group only: every dp replica trains its own copy on the whole batch.
     comm::DeviceMesh reference_mesh(mesh.group("tp"), {1, c.tp}, {"dp", "tp"});
-    Trainer reference(c, vocab_padded, reference_mesh, param);
+    Trainer reference(c, vocab, reference_mesh, param);
 
     const std::string run = fmt::format("dp{}×tp{}", c.dp, c.tp);
     const std::string ref = fmt::format("tp{} (reference)", c.tp);
     if (lead) {
-        fmt::print("{}: vocab {} (padded {}), {} parameters, {} on {} ({}), context {}, hidden {}, ffn {}, layers {}\n",
-                   kProgram, corpus.vocab.size(), vocab_padded, trainer.numel(), DTypeName(dtype), gpu ? "GPUs" : "CPU",
-                   env.world().backend(), c.context, c.hidden, c.ffn, c.layers);
+        fmt::print("{}: vocab {}, {} parameters, {} on {} ({}), context {}, hidden {}, ffn {}, layers {}\n", kProgram,
+                   vocab, trainer.numel(), DTypeName(dtype), gpu ? "GPUs" : "CPU", env.world().backend(), c.context,
+                   c.hidden, c.ffn, c.layers);
         fmt::print("{}: {}: mesh dp {} x tp {}, global batch {} ({} rows per dp rank), GradSync over dp\n", kProgram,
                    run, c.dp, c.tp, c.batch, c.batch / c.dp);
         fmt::print("{}: {}: mesh dp 1 x tp {} per dp replica, the whole batch of {} on each\n", kProgram, ref, c.tp,
@@ -94,7 +94,7 @@ int Run(launch::Environment &env, Config c, std::optional<double> rtol_option) {
     std::int64_t max_step = 0;
     std::int64_t failures = 0;
     for (std::int64_t step = 1; step <= c.steps; ++step) {
-        const Batch b = MakeBatch(corpus, c.context, c.batch, vocab_padded, TrainBatchSeed(c, step), false);
+        const Batch b = MakeBatch(corpus, c.context, c.batch, vocab, TrainBatchSeed(c, step), false);
         // LossValue is a collective on its mesh: every rank computes both numbers, so every rank decides alike.
         const double loss = LossValue(trainer.Step(b, env.device()));
         const double loss_ref = LossValue(reference.Step(b, env.device()));

@@ -111,7 +111,7 @@ def main():
     torch.manual_seed(c["seed"])
     dev = torch.device("cuda")
     ids, split, vocab = read_corpus(c["data"])
-    vocab_padded = (vocab + 63) // 64 * 64
+    vocab_padded = vocab  # shardline no longer pads the vocabulary (tp splits it unevenly, as torch.chunk)
     corpus = torch.tensor(ids, dtype=torch.int64, device=dev)
     model = CharLM(c, vocab_padded, bag=a.mode == "embeddingbag").to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"], fused=True)

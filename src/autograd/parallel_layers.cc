@@ -152,20 +152,22 @@ LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const s
     return layouts;
 }
 
-Shape LayerOutputShape(const Shape &x_local, const ColumnParallelLinearOptions &options, std::int64_t tp) {
+Shape LayerOutputShape(const Shape &x_local, const ColumnParallelLinearOptions &options,
+                       const functional::TensorParallelGroup &tp) {
     Shape y = x_local;
-    y.back() = options.gather_output ? options.out_features : options.out_features / tp;
+    y.back() = options.gather_output ? options.out_features : tp.ShardSize(options.out_features);
     if (options.sequence_parallel) {
-        y.front() *= tp;
+        y.front() *= tp.size();
     }
     return y;
 }
 
-Shape LayerOutputShape(const Shape &x_local, const RowParallelLinearOptions &options, std::int64_t tp) {
+Shape LayerOutputShape(const Shape &x_local, const RowParallelLinearOptions &options,
+                       const functional::TensorParallelGroup &tp) {
     Shape y = x_local;
     y.back() = options.out_features;
     if (options.sequence_parallel) {
-        y.front() /= tp;
+        y.front() /= tp.size();
     }
     return y;
 }

@@ -58,8 +58,11 @@ LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const s
                              const functional::RowParallelLinearOptions &options, const comm::DeviceMesh &mesh,
                              int tp_dim);
 
-/// The local shape of the layer's output for a local input of shape `x_local` (the functional core's y).
-Shape LayerOutputShape(const Shape &x_local, const functional::ColumnParallelLinearOptions &options, std::int64_t tp);
-Shape LayerOutputShape(const Shape &x_local, const functional::RowParallelLinearOptions &options, std::int64_t tp);
+/// The local shape of the layer's output for a local input of shape `x_local` (the functional core's y): column
+/// without gather_output, this rank's torch.chunk part of out_features (tp.ShardSize; uneven allowed).
+Shape LayerOutputShape(const Shape &x_local, const functional::ColumnParallelLinearOptions &options,
+                       const functional::TensorParallelGroup &tp);
+Shape LayerOutputShape(const Shape &x_local, const functional::RowParallelLinearOptions &options,
+                       const functional::TensorParallelGroup &tp);
 
 } // namespace shardline::autograd::detail

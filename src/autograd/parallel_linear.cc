@@ -39,7 +39,7 @@ protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
         const Tensor &x = in[0].local();
         const std::int64_t tp = tp_.size();
-        Tensor y = Tensor::Empty(detail::LayerOutputShape(x.shape(), options_, tp), x.dtype(), x.device());
+        Tensor y = Tensor::Empty(detail::LayerOutputShape(x.shape(), options_, tp_), x.dtype(), x.device());
         const Tensor bias = in[2].defined() ? in[2].local() : Tensor();
         if constexpr (kIsColumn<Options>) {
             // Sequence parallel: the all-gathered input is kept for dweight instead of being gathered again.
@@ -161,6 +161,12 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
     const int t = tp.tp_dim;
     detail::CheckLayerInput(op, x, mesh, options.in_features);
     detail::CheckLayerParameters(op, weight, bias, options, mesh, t);
+    // Uneven sizes are split as torch.chunk; a rank without features is refused here, before x is redistributed.
+    if constexpr (kIsColumn<Options>) {
+        functional::CheckShardsNotEmpty(op, "out_features", options.out_features, tp.size());
+    } else {
+        functional::CheckShardsNotEmpty(op, "in_features", options.in_features, tp.size());
+    }
     const spmd::Layout input_layout = detail::LayerInputLayout(mesh, x.value().layout(), options, t);
     LayerLayouts layouts = detail::LayerLayoutsFor(op, x.shape(), input_layout, options, mesh, t);
     const Variable input = input_layout == x.value().layout() ? x : Redistribute(x, input_layout);

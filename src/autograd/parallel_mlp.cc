@@ -49,7 +49,7 @@ protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
         const Tensor &x = in[kX].local();
         const std::int64_t tp = tp_.size();
-        const Shape h_shape = detail::LayerOutputShape(x.shape(), fc1_, tp);
+        const Shape h_shape = detail::LayerOutputShape(x.shape(), fc1_, tp_);
         Tensor pre = Tensor::Empty(h_shape, x.dtype(), x.device());
         Tensor h = Tensor::Empty(h_shape, x.dtype(), x.device());
         // Sequence parallel: the all-gathered input is kept for fc1's dweight instead of being gathered again.
@@ -68,7 +68,7 @@ protected:
                                                  .activation = LinearActivation::kGeluTanh,
                                                  .pre_activation = View(pre)},
                                                 tp_);
-        Tensor y = Tensor::Empty(detail::LayerOutputShape(h_shape, fc2_, tp), x.dtype(), x.device());
+        Tensor y = Tensor::Empty(detail::LayerOutputShape(h_shape, fc2_, tp_), x.dtype(), x.device());
         const Tensor b2 = in[kB2].defined() ? in[kB2].local() : Tensor();
         functional::RowParallelLinearForward(
             fc2_, {.x = View(h), .weight = View(in[kW2].local()), .bias = View(b2), .y = View(y)}, tp_);
@@ -214,9 +214,7 @@ Variable ParallelMLP(const Variable &x, const Variable &fc1_weight, const Variab
     detail::CheckLayerInput(kOp, x, mesh, fc1.in_features);
     detail::CheckLayerParameters(kOp, fc1_weight, fc1_bias, fc1, mesh, t);
     detail::CheckLayerParameters(kOp, fc2_weight, fc2_bias, fc2, mesh, t);
-    const std::int64_t tp_size = tp.size();
-    SHARDLINE_CHECK_AS(ShapeError, fc1.out_features % tp_size == 0, kOp,
-                       "the ffn size fc1.out_features ({}) must be divisible by tp ({})", fc1.out_features, tp_size);
+    functional::CheckShardsNotEmpty(kOp, "the ffn size fc1.out_features", fc1.out_features, tp.size());
 
     const spmd::Layout input_layout = detail::LayerInputLayout(mesh, x.value().layout(), fc1, t);
     detail::LayerLayouts l1 = detail::LayerLayoutsFor(kOp, x.shape(), input_layout, fc1, mesh, t);

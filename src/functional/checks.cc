@@ -168,7 +168,7 @@ std::int64_t CheckLayer(Checker &check, const ColumnParallelLinearOptions &o, co
     check.SetSizes(SizesOf(o, tp));
     check.Positive(o.in_features, "in_features");
     check.Positive(o.out_features, "out_features");
-    check.Divisible(o.out_features, "out_features", tp);
+    CheckShardsNotEmpty(check.op(), "out_features", o.out_features, tp);
     SHARDLINE_CHECK(!(o.gather_output && o.sequence_parallel), check.op(),
                     "gather_output and sequence_parallel exclude each other (a sequence-parallel column layer's output "
                     "stays split on out_features for the row-parallel layer that follows)");
@@ -182,7 +182,7 @@ std::int64_t CheckLayer(Checker &check, const RowParallelLinearOptions &o, const
     check.SetSizes(SizesOf(o, tp));
     check.Positive(o.in_features, "in_features");
     check.Positive(o.out_features, "out_features");
-    check.Divisible(o.in_features, "in_features", tp);
+    CheckShardsNotEmpty(check.op(), "in_features", o.in_features, tp);
     SHARDLINE_CHECK(!o.sequence_parallel || o.input_is_parallel, check.op(),
                     "sequence_parallel needs input_is_parallel (Megatron: the input of a sequence-parallel row layer "
                     "comes split on in_features from a column layer)");
@@ -190,7 +190,8 @@ std::int64_t CheckLayer(Checker &check, const RowParallelLinearOptions &o, const
     return tp;
 }
 
-/// A layer's local weight and bias shapes, with their formulas for messages.
+/// A layer's local weight and bias shapes, with their formulas for messages. `part` is this rank's part of the sharded
+/// feature dim (TensorParallelGroup::ShardSize: out_features/tp or in_features/tp, uneven as torch.chunk).
 struct ParamShapes {
     Shape weight;
     std::string_view weight_formula;
@@ -198,15 +199,15 @@ struct ParamShapes {
     std::string_view bias_formula;
 };
 
-ParamShapes LocalParams(const ColumnParallelLinearOptions &o, std::int64_t tp) {
-    return {.weight = {o.out_features / tp, o.in_features},
+ParamShapes LocalParams(const ColumnParallelLinearOptions &o, std::int64_t part) {
+    return {.weight = {part, o.in_features},
             .weight_formula = "[out_features/tp, in_features]",
-            .bias = {o.out_features / tp},
+            .bias = {part},
             .bias_formula = "[out_features/tp]"};
 }
 
-ParamShapes LocalParams(const RowParallelLinearOptions &o, std::int64_t tp) {
-    return {.weight = {o.out_features, o.in_features / tp},
+ParamShapes LocalParams(const RowParallelLinearOptions &o, std::int64_t part) {
+    return {.weight = {o.out_features, part},
             .weight_formula = "[out_features, in_features/tp]",
             .bias = {o.out_features},
             .bias_formula = "[out_features]"};
@@ -214,9 +215,9 @@ ParamShapes LocalParams(const RowParallelLinearOptions &o, std::int64_t tp) {
 
 /// The checks both forwards share: the weight, then the bias (given exactly when the options add one).
 template <class Options>
-void CheckForwardParams(const Checker &check, const Options &o, std::int64_t tp, const TensorView &weight,
+void CheckForwardParams(const Checker &check, const Options &o, std::int64_t part, const TensorView &weight,
                         const TensorView &bias, DType dtype) {
-    const ParamShapes shapes = LocalParams(o, tp);
+    const ParamShapes shapes = LocalParams(o, part);
     check.Shaped(weight, "weight", shapes.weight, shapes.weight_formula);
     check.SameDType(weight, "weight", dtype, "x");
     if (o.adds_bias()) {
@@ -231,9 +232,9 @@ void CheckForwardParams(const Checker &check, const Options &o, std::int64_t tp,
 /// The checks both backwards share: x, weight and the wanted gradients (present views) against their local shapes
 /// (x and dx: `x_shape`, described by `x_formula`).
 template <class Options, class Args>
-void CheckBackwardOperands(const Checker &check, const Options &o, std::int64_t tp, const Args &args, DType dtype,
+void CheckBackwardOperands(const Checker &check, const Options &o, std::int64_t part, const Args &args, DType dtype,
                            const Shape &x_shape, std::string_view x_formula) {
-    const ParamShapes shapes = LocalParams(o, tp);
+    const ParamShapes shapes = LocalParams(o, part);
     if (args.x.present()) {
         check.Optional(args.x, "x", 2);
         check.Shaped(args.x, "x", x_shape, x_formula);
@@ -270,6 +271,7 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
     const std::int64_t tp = CheckLayer(check, options, group, cuda);
     const std::int64_t k = options.in_features;
     const std::int64_t n = options.out_features;
+    const std::int64_t n_part = group.ShardSize(n); // this rank's output features (torch.chunk)
     const bool sp = options.sequence_parallel;
 
     check.Required(args.x, "x", 2);
@@ -284,8 +286,8 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
     if (sp) {
         global[0] *= tp;
     }
-    CheckForwardParams(check, options, tp, args.weight, args.bias, dtype);
-    check.Shaped(args.y, "y", WithLast(global, options.gather_output ? n : n / tp),
+    CheckForwardParams(check, options, n_part, args.weight, args.bias, dtype);
+    check.Shaped(args.y, "y", WithLast(global, options.gather_output ? n : n_part),
                  options.gather_output ? "[s, ..., out_features]" : "[s, ..., out_features/tp]");
     check.SameDType(args.y, "y", dtype, "x");
     if (check.Optional(args.x_total, "x_total", 2)) {
@@ -299,7 +301,7 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
                         "activation gelu_tanh applies to this rank's output features (the row layer's parallel "
                         "input): not with gather_output");
         check.Required(args.pre_activation, "pre_activation", 2, " with activation gelu_tanh");
-        check.Shaped(args.pre_activation, "pre_activation", WithLast(global, n / tp), "[s, ..., out_features/tp]");
+        check.Shaped(args.pre_activation, "pre_activation", WithLast(global, n_part), "[s, ..., out_features/tp]");
         check.SameDType(args.pre_activation, "pre_activation", dtype, "x");
     } else {
         SHARDLINE_CHECK(!args.pre_activation.present(), check.op(),
@@ -315,6 +317,7 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     const std::int64_t tp = CheckLayer(check, options, group, cuda);
     const std::int64_t k = options.in_features;
     const std::int64_t n = options.out_features;
+    const std::int64_t n_part = group.ShardSize(n);
     const bool sp = options.sequence_parallel;
 
     check.Required(args.dy, "dy", 2);
@@ -322,7 +325,7 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     check.DeviceDType(dtype, group.mesh->world().device_type(), "dy");
     Shape global = ShapeOf(args.dy);
     global.pop_back();
-    check.Shaped(args.dy, "dy", WithLast(global, options.gather_output ? n : n / tp),
+    check.Shaped(args.dy, "dy", WithLast(global, options.gather_output ? n : n_part),
                  options.gather_output ? "[s, ..., out_features]" : "[s, ..., out_features/tp]");
     Shape lead = global;
     if (sp) {
@@ -343,7 +346,7 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     if (want_dw && !have_total) {
         check.Required(args.x, "x", 2, sp ? " for dweight (or x_total)" : " for dweight");
     }
-    CheckBackwardOperands(check, options, tp, args, dtype, WithLast(lead, k), x_formula);
+    CheckBackwardOperands(check, options, n_part, args, dtype, WithLast(lead, k), x_formula);
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 
@@ -353,7 +356,8 @@ CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowPa
     const std::int64_t tp = CheckLayer(check, options, group, cuda);
     const std::int64_t k = options.in_features;
     const std::int64_t n = options.out_features;
-    const std::int64_t k_local = options.input_is_parallel ? k / tp : k;
+    const std::int64_t k_part = group.ShardSize(k); // this rank's input features (torch.chunk)
+    const std::int64_t k_local = options.input_is_parallel ? k_part : k;
 
     check.Required(args.x, "x", 2);
     check.Required(args.weight, "weight", 2);
@@ -364,7 +368,7 @@ CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowPa
     global.pop_back();
     check.Shaped(args.x, "x", WithLast(global, k_local),
                  options.input_is_parallel ? "[s, ..., in_features/tp]" : "[s, ..., in_features]");
-    CheckForwardParams(check, options, tp, args.weight, args.bias, dtype);
+    CheckForwardParams(check, options, k_part, args.weight, args.bias, dtype);
     Shape y_lead = global;
     if (options.sequence_parallel) {
         check.Divisible(global[0], "the sequence length x.shape[0]", tp);
@@ -382,7 +386,8 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
     const std::int64_t tp = CheckLayer(check, options, group, cuda);
     const std::int64_t k = options.in_features;
     const std::int64_t n = options.out_features;
-    const std::int64_t k_local = options.input_is_parallel ? k / tp : k;
+    const std::int64_t k_part = group.ShardSize(k); // this rank's input features (torch.chunk)
+    const std::int64_t k_local = options.input_is_parallel ? k_part : k;
 
     check.Required(args.dy, "dy", 2);
     const DType dtype = args.dy.dtype;
@@ -400,7 +405,7 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
     if (check.Optional(args.dweight, "dweight", 2)) {
         check.Required(args.x, "x", 2, " for dweight");
     }
-    CheckBackwardOperands(check, options, tp, args, dtype, WithLast(global, k_local), x_formula);
+    CheckBackwardOperands(check, options, k_part, args, dtype, WithLast(global, k_local), x_formula);
     if (args.input_activation != kernels::LinearActivation::kNone) {
         SHARDLINE_CHECK(options.input_is_parallel, check.op(),
                         "input_activation needs input_is_parallel (the activation's output, this layer's input, is "

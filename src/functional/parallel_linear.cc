@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -76,6 +77,31 @@ std::int64_t TensorParallelGroup::size() const {
                     "tp_dim ({}) must name a dim of the mesh [{}] (0 to {})", tp_dim, fmt::join(mesh->shape(), ", "),
                     mesh->ndim() - 1);
     return mesh->shape()[static_cast<std::size_t>(tp_dim)];
+}
+
+std::int64_t TensorParallelGroup::rank() const {
+    size(); // a null mesh or a bad tp_dim raises here
+    return mesh->coordinate()[static_cast<std::size_t>(tp_dim)];
+}
+
+std::int64_t TensorParallelGroup::ShardSize(std::int64_t n) const { return spmd::ChunkRange(n, size(), rank()).second; }
+
+std::int64_t TensorParallelGroup::ShardOffset(std::int64_t n) const {
+    return spmd::ChunkRange(n, size(), rank()).first;
+}
+
+void CheckShardsNotEmpty(std::string_view op, std::string_view name, std::int64_t n, std::int64_t tp) {
+    if (n <= 0 || tp <= 0 || spmd::ChunkRange(n, tp, tp - 1).second > 0) {
+        return; // sizes that are not positive are reported by the callers' own checks
+    }
+    std::vector<std::int64_t> parts;
+    for (std::int64_t r = 0; r < tp && parts.size() < 8; ++r) {
+        parts.push_back(spmd::ChunkRange(n, tp, r).second);
+    }
+    SHARDLINE_THROW(ShapeError, op,
+                    "{} ({}) over tp ({}) gives the ranks {}{} features (torch.chunk: ceil({}/{}) = {} per rank until "
+                    "they run out); every rank needs at least one",
+                    name, n, tp, fmt::join(parts, ", "), tp > 8 ? ", ..., 0" : "", n, tp, (n + tp - 1) / tp);
 }
 
 namespace {

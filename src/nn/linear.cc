@@ -5,6 +5,8 @@
 #include <cmath>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
 #include <shardline/nn/linear.h>
@@ -25,15 +27,14 @@ void CheckFeatures(const char *layer, const std::string &name, std::int64_t in, 
                        "'{}': in_features ({}) and out_features ({}) must be positive", name, in, out);
 }
 
-/// A parallel layer's sizes: positive features, and `dim` (the sharded one: out_features or in_features) divisible by
-/// the tp group's size, which it returns.
+/// A parallel layer's sizes: positive features, and `dim` (the sharded one: out_features or in_features) split over
+/// the tp group as torch.chunk with no rank left empty (uneven is fine: 22 over tp 3 gives 8, 8, 6); returns tp.
 std::int64_t CheckParallelSizes(const char *layer, const std::string &name, std::int64_t in, std::int64_t out,
                                 const TensorParallelGroup &tp, const char *dim, std::int64_t size) {
     CheckFeatures(layer, name, in, out);
     SHARDLINE_CHECK(tp.mesh != nullptr, layer, "'{}' needs a mesh (TensorParallelGroup.mesh is null)", name);
     const std::int64_t tp_size = tp.size();
-    SHARDLINE_CHECK_AS(ShapeError, size % tp_size == 0, layer, "'{}': {} ({}) must be divisible by tp ({})", name, dim,
-                       size, tp_size);
+    functional::CheckShardsNotEmpty(layer, fmt::format("'{}': {}", name, dim), size, tp_size);
     return tp_size;
 }
 

@@ -1,8 +1,10 @@
-# Autograd and training on the CPU/MPI backend (included by tests/dist/CMakeLists.txt), on 1, 2 and 4 ranks.
-# Vocab-parallel cross-entropy and embedding gradients against the same Functions on local Variables.
+# Autograd and training on the CPU/MPI backend (included by tests/dist/CMakeLists.txt), on 1, 2 and 4 ranks (the
+# vocab-parallel tests also on 3).
+# Vocab-parallel cross-entropy and embedding gradients against the same Functions on local Variables; np 3 splits the
+# vocabularies unevenly (torch.chunk).
 shardline_add_dist_test(NAME shardline_autograd_vocab_parallel_tests_cpu
                         SOURCES ${CMAKE_CURRENT_LIST_DIR}/autograd_vocab_parallel_test.cc
-                        NP 1 2 4 BACKEND cpu TIMEOUT 120)
+                        NP 1 2 3 4 BACKEND cpu TIMEOUT 120)
 # The 20-step SGD loss curve of ParallelMLP against a dense single-process run: TP = the world size, and in the same
 # job every TP size that divides it.
 shardline_add_dist_test(NAME shardline_nn_loss_curve_tests_cpu SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_loss_curve_test.cc

@@ -118,13 +118,16 @@ INSTANTIATE_TEST_SUITE_P(
                       CrossEntropyCase{LossReduction::kNone}, CrossEntropyCase{LossReduction::kMean, 2, 1}),
     [](const auto &info) { return Name(info.param.reduction) + (info.param.extra > 0 ? "_UnevenShards" : ""); });
 
-TEST(VocabParallelCrossEntropyHeadTest, GradientFlowsBackThroughAColumnParallelHead) {
-    // h [6, 8] replicated -> ColumnParallelLinear(8 -> 4·tp) without gather_output -> logits S(-1) -> vocab-parallel
-    // cross-entropy. Backward: one all-reduce (dH, Partial over tp), since h requires grad.
+class VocabParallelCrossEntropyHeadTest : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(VocabParallelCrossEntropyHeadTest, GradientFlowsBackThroughAColumnParallelHead) {
+    // h [6, 8] replicated -> ColumnParallelLinear(8 -> V) without gather_output -> logits S(-1) -> vocab-parallel
+    // cross-entropy, V = 4·tp + extra: extra 1 splits the vocabulary unevenly (torch.chunk; tp 3: 5, 5, 3), as the
+    // char-LM's unpadded vocabulary. Backward: one all-reduce (dH, Partial over tp), since h requires grad.
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
-    const std::int64_t vocab = 4 * w;
+    const std::int64_t vocab = 4 * w + GetParam();
     nn::ColumnParallelLinear head({.in_features = 8, .out_features = vocab}, nn::TensorParallelGroup::Named(mesh, "tp"),
                                   {.device = TestDevice(), .seed = 3, .name = "head"});
     nn::Linear dense_head({.in_features = 8, .out_features = vocab},
@@ -153,17 +156,24 @@ TEST(VocabParallelCrossEntropyHeadTest, GradientFlowsBackThroughAColumnParallelH
     EXPECT_TRUE(CloseValues(head.bias.grad().FullTensor(), dense_head.bias.grad().local(), kRtol)) << "db";
 }
 
-TEST(VocabParallelEmbeddingTest, PartialLookupThenAllReduceMatchesDense) {
+INSTANTIATE_TEST_SUITE_P(Vocab, VocabParallelCrossEntropyHeadTest, ::testing::Values(0, 1),
+                         [](const auto &info) { return info.param == 0 ? "EvenShards" : "UnevenShards"; });
+
+class VocabParallelEmbeddingTest : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(VocabParallelEmbeddingTest, PartialLookupThenAllReduceMatchesDense) {
     // table [V, 3] S(0) on tp (rows split by vocab), ids [2, 5] replicated: each rank looks up its rows (zeros for the
     // others) -> Partial(sum) -> Redistribute to replicated: one all-reduce forward. Backward: dOut is replicated and
-    // each rank scatters it into its own rows: no communication, dTable S(0).
+    // each rank scatters it into its own rows: no communication, dTable S(0). V = 3·tp + extra: extra 1 splits the rows
+    // unevenly (torch.chunk; tp 3: 4, 4, 2). Integer-valued table and dOut: the lookups and the row sums are exact, so
+    // the comparison is bitwise.
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
-    const std::int64_t vocab = 3 * w;
-    const Tensor table_full = NormalFull({vocab, 3}, "table");
+    const std::int64_t vocab = 3 * w + GetParam();
+    const Tensor table_full = RandomFull({vocab, 3}, "table");
     const Tensor ids_full = IdsFull({2, 5}, vocab, "ids");
-    const Tensor dout_full = NormalFull({2, 5, 3}, "dout");
+    const Tensor dout_full = RandomFull({2, 5, 3}, "dout");
 
     Variable table(DistTensor::FromFull(table_full, spmd::Layout(std::vector<std::vector<int>>{{0}, {}}), mesh), true);
     Variable ids(DistTensor::FromFull(ids_full, spmd::Layout::Replicated(2), mesh));
@@ -183,9 +193,12 @@ TEST(VocabParallelEmbeddingTest, PartialLookupThenAllReduceMatchesDense) {
     Variable dense_out = autograd::Embedding(Variable(ids_full), dense_table);
     const DistTensor dense_dout = DistTensor::Local(dout_full);
     dense_out.Backward(&dense_dout);
-    EXPECT_TRUE(CloseValues(out.value().FullTensor(), dense_out.local(), kRtol)) << "out";
-    EXPECT_TRUE(CloseValues(table.grad().FullTensor(), dense_table.grad().local(), kRtol)) << "dTable";
+    EXPECT_TRUE(SameValues(out.value().FullTensor(), dense_out.local())) << "out";
+    EXPECT_TRUE(SameValues(table.grad().FullTensor(), dense_table.grad().local())) << "dTable";
 }
+
+INSTANTIATE_TEST_SUITE_P(Vocab, VocabParallelEmbeddingTest, ::testing::Values(0, 1),
+                         [](const auto &info) { return info.param == 0 ? "EvenShards" : "UnevenShards"; });
 
 /// A tp mesh dim sharding dim 0 of a rank-2 table.
 spmd::Layout ShardRows() { return spmd::Layout(std::vector<std::vector<int>>{{0}, {}}); }

@@ -44,6 +44,15 @@ if(SHARDLINE_WITH_NCCL)
                           NP 2 4 BACKEND cuda TIMEOUT 300)
   target_compile_definitions(shardline_nn_gradient_consistency_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
 endif()
+# Uneven shards (issue 19): the modules with a feature size tp does not divide (22 over tp 3: 8, 8, 6), against the
+# dense reference, bitwise for integer operands. np 3 is the uneven run CI makes (np 4: 6, 6, 6, 4).
+shardline_add_dist_test(NAME shardline_nn_uneven_tests_cpu SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_uneven_test.cc
+                        NP 1 2 3 4 BACKEND cpu TIMEOUT 120)
+if(SHARDLINE_WITH_NCCL)
+  shardline_add_dist_test(NAME shardline_nn_uneven_tests_cuda SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_uneven_test.cc
+                          NP 2 3 4 BACKEND cuda TIMEOUT 300)
+  target_compile_definitions(shardline_nn_uneven_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
+endif()
 if(SHARDLINE_WITH_NCCL)
   # A ParallelMLP fwd+bwd step captured into a CUDA graph and replayed, collectives included (issue 7); np 1 has no
   # collectives, np 2 and 4 capture NCCL's.

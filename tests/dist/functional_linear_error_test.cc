@@ -61,31 +61,35 @@ Buffers ColumnBuffers(std::int64_t tp, DType dtype = DType::kFloat32) {
             Tensor::Zeros({kOut / tp}, dtype, TestDevice()), Tensor::Zeros({8, kOut / tp}, dtype, TestDevice())};
 }
 
-TEST(FunctionalLinearErrorTest, SizesThatDoNotDivideByTpRaiseNamingSizeAndTp) {
+// Uneven sizes are accepted (torch.chunk); a size that leaves a rank without features is not: tp - 1 features (tp 2),
+// or tp + 1 for tp >= 3 (2 per rank runs out before the last: tp 4 gives 2, 2, 1, 0).
+TEST(FunctionalLinearErrorTest, SizesLeavingARankWithoutFeaturesRaiseNamingSizeAndTp) {
     SHARDLINE_FUNCTIONAL_TEST_BACKEND();
     const MeshAndDim m = GetMesh(MeshKind::kTp);
     const std::int64_t tp = m.tp();
     if (tp == 1) {
-        GTEST_SKIP() << "every size divides by tp = 1";
+        GTEST_SKIP() << "tp = 1 gives every size to one rank";
     }
     const Tensor x = Tensor::Zeros({8, kIn}, DType::kFloat32, TestDevice());
     const Tensor w = Tensor::Zeros({1, kIn}, DType::kFloat32, TestDevice());
     const Tensor y = Tensor::Zeros({8, 1}, DType::kFloat32, TestDevice());
-    const std::int64_t bad_out = tp + 1;
+    const std::int64_t bad_out = tp >= 3 ? tp + 1 : tp - 1;
     ExpectErrorBeforeAnyCollective(
         m,
         [&] {
             ColumnParallelLinearForward({.in_features = kIn, .out_features = bad_out, .bias = false},
                                         {.x = ViewOf(x), .weight = ViewOf(w), .y = ViewOf(y)}, m.group());
         },
-        {"ColumnParallelLinearForward", fmt::format("out_features ({}) must be divisible by tp ({})", bad_out, tp)});
+        {"ColumnParallelLinearForward", fmt::format("out_features ({}) over tp ({})", bad_out, tp),
+         "every rank needs at least one"});
     ExpectErrorBeforeAnyCollective(
         m,
         [&] {
             RowParallelLinearForward({.in_features = bad_out, .out_features = kOut, .input_is_parallel = true},
                                      {.x = ViewOf(x), .weight = ViewOf(w), .y = ViewOf(y)}, m.group());
         },
-        {"RowParallelLinearForward", fmt::format("in_features ({}) must be divisible by tp ({})", bad_out, tp)});
+        {"RowParallelLinearForward", fmt::format("in_features ({}) over tp ({})", bad_out, tp),
+         "every rank needs at least one"});
     // A sequence that does not split into tp equal parts under sequence parallelism.
     const std::int64_t s = 2 * tp + 1;
     const Tensor xr = Tensor::Zeros({s, kIn / tp}, DType::kFloat32, TestDevice());

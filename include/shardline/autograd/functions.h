@@ -27,14 +27,16 @@ Variable Linear(const Variable& x, const Variable& weight, const Variable& bias 
 /// tp as the minor shard; other mesh dims, e.g. dp, may shard its leading dims). y [..., out] keeps x's leading-dim
 /// layout, sharded on its last dim over tp (replicated with gather_output). The bias is used when
 /// options.adds_bias(). Backward computes only the gradients needed; dweight and dbias are Partial over the mesh dims
-/// that shard x's rows (a GradSync or the engine reduces them).
+/// that shard x's rows (a GradSync or the engine reduces them). out need not divide by tp: the shards are torch.chunk
+/// parts (uneven; ShapeError, before any collective, when a rank would get none).
 Variable ColumnParallelLinear(const Variable& x, const Variable& weight, const Variable& bias,
                               const functional::ColumnParallelLinearOptions& options,
                               const functional::TensorParallelGroup& tp);
 /// Megatron's row-parallel y = Σ_tp x_r·weight_rᵀ + bias (the bias added once, after the reduction). weight [out, in]
 /// is sharded on dim 1 over tp, bias [out] replicated. x [..., in] is moved to the layer's input layout when it is not
 /// in it (sharded on its last dim over tp with input_is_parallel, else replicated over tp). y [..., out] is replicated
-/// over tp, or with sequence_parallel sharded on dim 0 over tp.
+/// over tp, or with sequence_parallel sharded on dim 0 over tp. in need not divide by tp (torch.chunk parts, none
+/// empty), as for ColumnParallelLinear.
 Variable RowParallelLinear(const Variable& x, const Variable& weight, const Variable& bias,
                            const functional::RowParallelLinearOptions& options,
                            const functional::TensorParallelGroup& tp);

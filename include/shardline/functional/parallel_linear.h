@@ -30,7 +30,13 @@
 // (y = gelu_tanh(x·Wᵀ + b), the pre-activation kept) and the row backward with `input_activation` (dx becomes the
 // pre-activation's gradient, and `pre_activation_dbias` the column layer's bias grad), with the pair's collectives.
 //
-// Errors (shape, dtype, a null required pointer, a bad mesh dim, sizes that do not divide by tp) raise
+// Uneven sizes: the sharded feature dim (column: out_features, row: in_features) need not divide by tp. It is split as
+// torch.chunk splits it (every layout of shardline does): the first ranks take ceil(n/tp) features, the last the rest
+// (n = 22 over tp 3: 8, 8, 6); TensorParallelGroup::ShardSize(n) is this rank's part, and the shapes below written
+// N/tp or K/tp mean it. Each rank's part must be non-empty (CheckShardsNotEmpty). The collectives then move uneven
+// blocks (all-gather-v / reduce-scatter-v, docs/comm.md). Sequence parallelism still needs s divisible by tp.
+//
+// Errors (shape, dtype, a null required pointer, a bad mesh dim, a rank left without features) raise
 // shardline::Error naming the function, the values and the expectation, before any collective: when every rank
 // passes the same bad configuration, every rank raises and none waits in a collective.
 
@@ -88,7 +94,20 @@ struct TensorParallelGroup {
     static TensorParallelGroup Named(comm::DeviceMesh &mesh, std::string_view dim_name = "tp");
     /// tp, the group's size; throws Error for a null mesh or a tp_dim that is not a dim of the mesh.
     std::int64_t size() const;
+    /// This rank's index in the group (its coordinate on tp_dim).
+    std::int64_t rank() const;
+    /// This rank's part of a dim of `n` split over the group, as every layout of shardline splits (torch.chunk,
+    /// spmd::ChunkRange): ranks take ceil(n/tp) in order, the last non-empty one the rest. n = 22 over tp 3: 8, 8, 6.
+    std::int64_t ShardSize(std::int64_t n) const;
+    /// The global index of this rank's first element of that dim (the sum of the parts before it).
+    std::int64_t ShardOffset(std::int64_t n) const;
 };
+
+/// The layers' sizes may be uneven (not divisible by tp; torch.chunk parts as above) but every rank's part must hold
+/// at least one feature: throws ShapeError naming `op`, `name`, n, tp and the parts otherwise (n < tp, or sizes such as
+/// n = 9 over tp 4, whose parts are 3, 3, 3, 0). Depends on n and tp only, so every rank raises alike, before any
+/// collective.
+void CheckShardsNotEmpty(std::string_view op, std::string_view name, std::int64_t n, std::int64_t tp);
 
 /// Where a call's CUDA work goes (ignored on the CPU). Every kernel and copy of the call is queued on `stream`, and
 /// the communicators order their collectives against it with events: no host synchronisation.
@@ -129,7 +148,7 @@ struct BackwardInfo {
 /// nn::ColumnParallelLinear.
 struct ColumnParallelLinearOptions {
     std::int64_t in_features = 0;   ///< K; every rank holds all of it
-    std::int64_t out_features = 0;  ///< N (global); must divide by tp
+    std::int64_t out_features = 0;  ///< N (global); split over tp as torch.chunk (uneven allowed, no rank empty)
     bool bias = true;               ///< a bias [N/tp] per rank, fused into the GEMM
     bool gather_output = false;     ///< all-gather y to [s, ..., N] on every rank (not with sequence_parallel)
     bool sequence_parallel = false; ///< x arrives split on dim 0 ([s/tp, ..., K]) and is all-gathered
@@ -184,7 +203,7 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
 /// Megatron's RowParallelLinear, and its defaults. One options type for the functional layer, autograd and
 /// nn::RowParallelLinear.
 struct RowParallelLinearOptions {
-    std::int64_t in_features = 0;   ///< K (global); must divide by tp
+    std::int64_t in_features = 0;   ///< K (global); split over tp as torch.chunk (uneven allowed, no rank empty)
     std::int64_t out_features = 0;  ///< N; every rank holds all of it
     bool bias = true;               ///< a bias [N], the same on every rank, added once after the reduction
     bool input_is_parallel = false; ///< x arrives split on K ([s, ..., K/tp]); else x is [s, ..., K] and each rank

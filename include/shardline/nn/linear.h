@@ -48,6 +48,9 @@ private:
 
 /// Megatron's ColumnParallelLinear: weight [out, in] Shard(0) on tp, bias [out] Shard(0) on tp; forward and backward
 /// through autograd::ColumnParallelLinear (the functional core). Parameters "<param.name or 'column'>.weight".
+/// out_features need not divide by tp: Shard(0) splits it as torch.chunk (22 over tp 3: rows 8, 8, 6), every rank must
+/// get at least one row (else ShapeError here, on every rank); init is per global element, so it is the same for any
+/// tp.
 class ColumnParallelLinear : public Module {
 public:
     ColumnParallelLinear(const ColumnParallelLinearOptions& options, const TensorParallelGroup& tp,
@@ -67,6 +70,7 @@ private:
 /// Megatron's RowParallelLinear: weight [out, in] Shard(1) on tp, bias [out] replicated and added once, after the
 /// reduction; through autograd::RowParallelLinear. With input_is_parallel the input must already be sharded on its
 /// last dim over tp (a ColumnParallelLinear's output). Parameters "<param.name or 'row'>.weight".
+/// in_features need not divide by tp: Shard(1) splits it as torch.chunk, every rank must get at least one column.
 class RowParallelLinear : public Module {
 public:
     RowParallelLinear(const RowParallelLinearOptions& options, const TensorParallelGroup& tp,

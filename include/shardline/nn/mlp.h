@@ -9,7 +9,8 @@ namespace shardline::nn {
 
 struct ParallelMLPOptions {
     std::int64_t hidden = 0;
-    std::int64_t ffn_hidden = 0; ///< must divide by tp
+    std::int64_t ffn_hidden =
+        0; ///< split over tp as torch.chunk: uneven allowed (22 over tp 3: 8, 8, 6), no rank empty
     bool bias = true;
     bool sequence_parallel = false;
     kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh;

@@ -1,7 +1,10 @@
 // Load: every rank reads the metadata, checks the model against it, reads and verifies the blocks of the saved shards
 // that overlap its own shard into host memory, agrees with the other ranks, and only then writes into the tensors.
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -77,6 +80,43 @@ void ReadInto(const std::string &dir, const Metadata &m, const TensorRecord &rec
                     record.name, dir, covered, box_numel, fmt::join(box.offset, ","), fmt::join(box.shape, ","));
 }
 
+struct ReadJob {
+    const TensorRecord *record = nullptr;
+    spmd::LocalShard box;
+    Tensor *staging = nullptr;
+};
+
+/// Runs the reads on a few threads (a disk serves several requests at once, and crc32 runs beside the reads); throws
+/// the error of the first failing job in list order.
+void ReadAll(const std::string &dir, const Metadata &m, std::vector<ReadJob> &jobs) {
+    const std::size_t threads =
+        std::min<std::size_t>(jobs.size(), std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
+    std::vector<std::string> errors(jobs.size());
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+        for (std::size_t i = next++; i < jobs.size(); i = next++) {
+            try {
+                ReadInto(dir, m, *jobs[i].record, jobs[i].box, *jobs[i].staging);
+            } catch (const std::exception &e) {
+                errors[i] = e.what();
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t) {
+        pool.emplace_back(work);
+    }
+    work();
+    for (std::thread &t : pool) {
+        t.join();
+    }
+    for (const std::string &e : errors) {
+        if (!e.empty()) {
+            throw Error(e);
+        }
+    }
+}
+
 } // namespace
 
 std::string ResolveCheckpoint(const std::string &path) {
@@ -102,6 +142,7 @@ CheckpointInfo Load(const std::string &path, const TensorList &tensors, comm::Co
     std::string dir;
     Metadata m;
     std::vector<Tensor> staging(tensors.size());
+    std::vector<ReadJob> jobs;
     std::string error;
     try {
         dir = ResolveCheckpoint(path);
@@ -128,8 +169,9 @@ CheckpointInfo Load(const std::string &path, const TensorList &tensors, comm::Co
                             "tensor '{}': the local shard {} must be contiguous with the layout's shape [{}]", name,
                             t.local().ToString(), fmt::join(box.shape, ","));
             staging[i] = Tensor::Empty(t.local().shape(), t.dtype());
-            ReadInto(dir, m, *record, box, staging[i]);
+            jobs.push_back({.record = record, .box = box, .staging = &staging[i]});
         }
+        ReadAll(dir, m, jobs);
         if (options.strict) {
             for (const TensorRecord &record : m.tensors) {
                 bool asked = false;

@@ -1,10 +1,14 @@
 #include "char_lm_checkpoint.h"
 
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 
 namespace char_lm {
@@ -73,10 +77,16 @@ void Checkpointer::MaybeSave(Trainer &trainer, std::int64_t step, bool lead) {
                                   {"data", {{"next_step", step + 1}, {"consumed_samples", step * c_.batch}}},
                                   {"rng", {{"seed", c_.seed}, {"batches", "a pure function of (seed, step)"}}},
                                   {"config", ConfigJson(c_)}};
+    // Test hook (tests/dist/scripts/char_lm_checkpoint_test.py crash): the process dies between the writes and the
+    // commit of this step's save, as a killed job would.
+    ckpt::SaveOptions options;
+    if (env::GetInt("SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP", -1, -1, INT64_MAX) == step) {
+        options.before_commit = [] { std::_Exit(9); };
+    }
     if (async_) {
         async_->Save(c_.save, step, trainer.CheckpointTensors(), extra);
     } else {
-        ckpt::Save(c_.save, step, trainer.CheckpointTensors(), extra, &world_);
+        ckpt::Save(c_.save, step, trainer.CheckpointTensors(), extra, &world_, options);
     }
     if (lead) {
         fmt::print("{}: {} checkpoint of step {} to '{}' ({:.3f} s{})\n", program_,

@@ -66,6 +66,14 @@ nlohmann::ordered_json ToJson(const Metadata &m) {
     j["step"] = m.step;
     j["world_size"] = m.world_size;
     j["block_bytes"] = m.block_bytes;
+    // The saving job's mesh(es), for readers; each tensor names its own below (the load needs only those).
+    j["meshes"] = nlohmann::ordered_json::array();
+    for (const TensorRecord &t : m.tensors) {
+        const nlohmann::ordered_json mesh = {{"shape", t.mesh_shape}, {"dim_names", t.mesh_dim_names}};
+        if (!t.mesh_shape.empty() && std::find(j["meshes"].begin(), j["meshes"].end(), mesh) == j["meshes"].end()) {
+            j["meshes"].push_back(mesh);
+        }
+    }
     j["files"] = nlohmann::ordered_json::array();
     for (const FileRecord &f : m.files) {
         j["files"].push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}});

@@ -10,6 +10,9 @@ reshard: saves after step 4 of 8 on dp x tp = 1x2 and 2x2, loaded on 1x1, 1x4 an
          losses of steps 5..8 within fp32 rounding (rtol 1e-5) of the uninterrupted run; then the 2x2 checkpoint
          exported to safetensors is read back by the independent reader below (json + struct only) and compared with
          the full tensors assembled, also independently, from metadata.json and the rank files.
+crash:   a job killed (SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP) between the writes and the commit of its second save:
+         `latest` still names the first, the partial one is listed by shardline-ckpt inspect as uncommitted, and a
+         run loaded from the root resumes from the first with bitwise the losses of the uninterrupted run.
 MPIEXEC ARGS is the launcher without -n (e.g. mpiexec --oversubscribe --bind-to none --timeout 120).
 """
 import json
@@ -23,9 +26,13 @@ ARGS = ["--context", "8", "--hidden", "32", "--ffn", "64", "--layers", "1", "--b
         "--eval-interval", "1000", "--sample-chars", "0"]
 
 
-def run(launcher, exe, np, extra):
+def run(launcher, exe, np, extra, env=None, expect_failure=False):
     cmd = launcher + ["-n", str(np), exe] + ARGS + extra
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=dict(os.environ, **(env or {})))
+    if expect_failure:
+        check(proc.returncode != 0, f"expected a failure: {' '.join(cmd)}\n{proc.stdout}")
+        return proc.stdout
     if proc.returncode != 0:
         sys.exit(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}")
     return proc.stdout
@@ -153,6 +160,31 @@ def reshard(work, exe, tool, launcher):
     print(f"safetensors: {len(exported)} tensors read back with json + struct, equal to the checkpoint")
 
 
+def crash(work, exe, tool, launcher):
+    """A job killed between the writes and the commit of its step-4 save leaves step 2 loadable."""
+    root = os.path.join(work, "ckpt")
+    ref = os.path.join(work, "ref.jsonl")
+    run(launcher, exe, 2, ["--tp", "2", "--steps", "4", "--metrics", ref])
+    run(launcher, exe, 2, ["--tp", "2", "--steps", "4", "--metrics", os.path.join(work, "killed.jsonl"), "--save",
+                           root, "--save-interval", "2"], env={"SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP": "4"},
+        expect_failure=True)
+    with open(os.path.join(root, "latest")) as f:
+        check(f.read().strip() == "step_00000002", "latest moved to the uncommitted save")
+    check(os.path.isdir(os.path.join(root, ".tmp_step_00000004")), "the killed save left no temporary directory")
+    check(not os.path.exists(os.path.join(root, "step_00000004")), "the killed save was committed")
+    inspect = subprocess.run([tool, "inspect", root], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(inspect.stdout)
+    check(inspect.returncode == 0 and "uncommitted" in inspect.stdout and "step 2" in inspect.stdout,
+          "shardline-ckpt inspect does not show step 2 as sound and the partial save as uncommitted")
+    resumed = os.path.join(work, "resumed.jsonl")
+    out = run(launcher, exe, 2, ["--tp", "2", "--steps", "4", "--metrics", resumed, "--load", root])
+    check(progress_steps(out) == [3, 4], f"the resumed run logged steps {progress_steps(out)}, not 3..4")
+    a, b = losses(ref), losses(resumed)
+    for step in (3, 4):
+        check(a[step] == b[step], f"step {step}: loss {b[step]!r} after the crash and resume, {a[step]!r} without")
+    print("crash before commit: step 2 loaded, the partial save ignored, steps 3..4 bitwise")
+
+
 def main():
     argv = sys.argv[1:]
     sep = argv.index("--")
@@ -161,7 +193,7 @@ def main():
     work = opts["--work"]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    {"exact": exact, "reshard": reshard}[mode](work, opts["--exe"], opts["--tool"], launcher)
+    {"exact": exact, "reshard": reshard, "crash": crash}[mode](work, opts["--exe"], opts["--tool"], launcher)
 
 
 if __name__ == "__main__":

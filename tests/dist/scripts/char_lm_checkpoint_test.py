@@ -4,8 +4,9 @@
   char_lm_checkpoint_test.py exact   --work DIR --exe train_char_lm --tool shardline-ckpt -- MPIEXEC ARGS...
   char_lm_checkpoint_test.py reshard --work DIR --exe train_char_lm --tool shardline-ckpt -- MPIEXEC ARGS...
 
-exact:   8 steps on tp 2 == 4 steps + save + load + 4 steps: the losses of steps 5..8 and the final weights and
-         optimizer state bitwise equal (shardline-ckpt diff), the resumed run's progress lines numbered 5..8.
+exact:   8 steps on tp 2 (async saves at 3, 6, 8) == 4 steps + save + load + 4 steps: the losses of steps 5..8 and
+         the final weights and optimizer state bitwise equal (shardline-ckpt diff), the resumed run's progress lines
+         numbered 5..8.
 reshard: saves after step 4 of 8 on dp x tp = 1x2 and 2x2, loaded on 1x1, 1x4 and 2x1: training goes on with the
          losses of steps 5..8 within fp32 rounding (rtol 1e-5) of the uninterrupted run; then the 2x2 checkpoint
          exported to safetensors is read back by the independent reader below (json + struct only) and compared with
@@ -59,7 +60,9 @@ def check(cond, message):
 def exact(work, exe, tool, launcher):
     full = os.path.join(work, "full.jsonl")
     resumed = os.path.join(work, "resumed.jsonl")
-    run(launcher, exe, 2, ["--tp", "2", "--steps", "8", "--metrics", full, "--save", os.path.join(work, "full")])
+    # The uninterrupted run saves asynchronously every 3 steps (the writes overlap steps 4..6), then after step 8.
+    run(launcher, exe, 2, ["--tp", "2", "--steps", "8", "--metrics", full, "--save", os.path.join(work, "full"),
+                           "--save-interval", "3", "--async-save"])
     run(launcher, exe, 2, ["--tp", "2", "--steps", "4", "--metrics", os.path.join(work, "first.jsonl"),
                            "--save", os.path.join(work, "part"), "--save-interval", "2"])
     out = run(launcher, exe, 2, ["--tp", "2", "--steps", "8", "--metrics", resumed, "--load",

@@ -154,20 +154,24 @@ void WriteFiles(PendingSave &p) noexcept {
     }
 }
 
-std::int64_t StepOf(const std::string &name) {
-    static const std::regex pattern("step_([0-9]+)");
+/// (step, revision) of a committed directory's name "step_<N>" or "step_<N>.<revision>"; step -1 for other names.
+std::pair<std::int64_t, std::int64_t> StepOf(const std::string &name) {
+    static const std::regex pattern("step_([0-9]+)(\\.([0-9]+))?");
     std::smatch m;
-    return std::regex_match(name, m, pattern) ? std::stoll(m[1].str()) : -1;
+    if (!std::regex_match(name, m, pattern)) {
+        return {-1, 0};
+    }
+    return {std::stoll(m[1].str()), m[3].matched ? std::stoll(m[3].str()) : 0};
 }
 
 /// Keeps the newest `keep_last` committed checkpoints (and the one `latest` names), removes stale temporaries.
 void Prune(const std::string &root, const std::string &latest, int keep_last) {
-    std::vector<std::pair<std::int64_t, std::string>> committed;
+    std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, std::string>> committed;
     for (const auto &entry : fs::directory_iterator(root)) {
         const std::string name = entry.path().filename().string();
         if (entry.is_directory() && name.rfind(".tmp_", 0) == 0) {
             detail::RemoveTree(entry.path().string());
-        } else if (entry.is_directory() && StepOf(name) >= 0 && fs::exists(entry.path() / kMetadataFile)) {
+        } else if (entry.is_directory() && StepOf(name).first >= 0 && fs::exists(entry.path() / kMetadataFile)) {
             committed.emplace_back(StepOf(name), name);
         }
     }
@@ -183,8 +187,8 @@ void Prune(const std::string &root, const std::string &latest, int keep_last) {
     detail::FsyncDir(root);
 }
 
-/// Rank 0: metadata.json, then the renames that commit.
-void CommitOnRank0(const PendingSave &p, const std::vector<double> &crcs, const SaveOptions &options) {
+/// Rank 0: metadata.json, then the renames that commit. Returns the committed directory's name.
+std::string CommitOnRank0(const PendingSave &p, const std::vector<double> &crcs, const SaveOptions &options) {
     Metadata m;
     m.library_version = SHARDLINE_VERSION;
     m.step = p.step;
@@ -216,15 +220,13 @@ void CommitOnRank0(const PendingSave &p, const std::vector<double> &crcs, const 
     if (options.before_commit) {
         options.before_commit();
     }
-    const std::string name = StepName(p.step);
-    const std::string final_dir = (fs::path(p.root) / name).string();
-    if (fs::exists(final_dir)) {
-        // A re-save of the same step: move the old one aside first (rename cannot replace a non-empty directory).
-        const std::string old = (fs::path(p.root) / fmt::format(".tmp_old_{}", name)).string();
-        detail::RemoveTree(old);
-        detail::RenameSynced(final_dir, old, p.root);
+    // A re-save of a step gets a new revision ("step_<N>.1", ...): rename cannot replace a non-empty directory, and
+    // moving the old one aside first would leave `latest` naming nothing until the second rename.
+    std::string name = StepName(p.step);
+    for (int revision = 1; fs::exists(fs::path(p.root) / name); ++revision) {
+        name = fmt::format("{}.{}", StepName(p.step), revision);
     }
-    detail::RenameSynced(p.tmp, final_dir, p.root);
+    detail::RenameSynced(p.tmp, (fs::path(p.root) / name).string(), p.root);
     const std::string latest_tmp = (fs::path(p.root) / ".latest.tmp").string();
     detail::WriteTextSynced(latest_tmp, name + "\n");
     detail::RenameSynced(latest_tmp, (fs::path(p.root) / "latest").string(), p.root);
@@ -234,6 +236,7 @@ void CommitOnRank0(const PendingSave &p, const std::vector<double> &crcs, const 
         SHARDLINE_LOG_WARN("ckpt::Save: step {} is committed, but removing old checkpoints failed: {}", p.step,
                            e.what());
     }
+    return name;
 }
 
 /// Collective: agrees on the writes, gathers the checksums, rank 0 commits, everyone agrees on the commit.
@@ -247,15 +250,20 @@ CheckpointInfo Finish(PendingSave &p, comm::Communicator *world, const SaveOptio
     }
     crcs = detail::AllReduceSum(world, std::move(crcs));
     std::string error;
+    std::string name;
     if (p.plan.rank == 0) {
         try {
-            CommitOnRank0(p, crcs, options);
+            name = CommitOnRank0(p, crcs, options);
         } catch (const std::exception &e) {
             error = e.what();
         }
     }
     detail::AgreeOrThrow(world, "ckpt::Save", error);
-    return {.path = (fs::path(p.root) / StepName(p.step)).string(), .step = p.step, .extra = p.extra};
+    // The other ranks learn the revision rank 0 committed (0 for a first save of the step).
+    const std::int64_t revision = static_cast<std::int64_t>(
+        detail::AllReduceMax(world, {p.plan.rank == 0 ? static_cast<double>(StepOf(name).second) : 0.0})[0]);
+    name = revision == 0 ? StepName(p.step) : fmt::format("{}.{}", StepName(p.step), revision);
+    return {.path = (fs::path(p.root) / name).string(), .step = p.step, .extra = p.extra};
 }
 
 } // namespace

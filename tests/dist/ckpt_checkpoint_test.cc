@@ -162,6 +162,23 @@ TEST(CheckpointTest, ACrashBeforeTheCommitLeavesThePreviousCheckpointLoadable) {
     EXPECT_EQ(fs::path(ckpt::ResolveCheckpoint(dir)).filename().string(), "step_00000003");
 }
 
+// Saving a step again never leaves `latest` without a directory: the new save is a revision beside the old one.
+TEST(CheckpointTest, ASecondSaveOfAStepCommitsARevision) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const std::string dir = SharedTempDir("revision");
+    SubMesh m = MakeDpTp(1, World().size());
+    ckpt::Save(dir, 5, MakeTensors(*m.mesh, kSaved), {}, m.comm.get());
+    const ckpt::CheckpointInfo again = ckpt::Save(dir, 5, MakeTensors(*m.mesh, kSaved + 1), {}, m.comm.get());
+    EXPECT_EQ(fs::path(again.path).filename().string(), "step_00000005.1");
+    EXPECT_EQ(fs::path(ckpt::ResolveCheckpoint(dir)).filename().string(), "step_00000005.1");
+    const ckpt::TensorList loaded = MakeTensors(*m.mesh, kOther);
+    EXPECT_EQ(ckpt::Load(dir, loaded, m.comm.get()).step, 5);
+    ExpectHolds(loaded, kSaved + 1, "the revision");
+    const ckpt::TensorList first = MakeTensors(*m.mesh, kOther);
+    ckpt::Load(dir + "/step_00000005", first, m.comm.get());
+    ExpectHolds(first, kSaved, "the first save of the step");
+}
+
 TEST(CheckpointTest, KeepLastKeepsTheNewestCheckpoints) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const std::string dir = SharedTempDir("keep");

@@ -2,6 +2,7 @@
 // AsyncSaver runs the write on a thread and the commit at the next Save() or Wait().
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -118,6 +119,42 @@ Snapshot TakeSnapshot(const detail::SavePlan &plan, const TensorList &tensors, b
     return s;
 }
 
+/// The block crc32s of `shards` ((first block, crcs) per shard), blocks spread over up to 4 threads.
+std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>>
+Checksums(const std::vector<std::pair<const detail::PlannedShard *, const void *>> &shards, std::int64_t block) {
+    std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>> out;
+    std::vector<std::pair<std::size_t, std::int64_t>> blocks; // (shard, block)
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+        out.emplace_back(shards[i].first->first_block,
+                         std::vector<std::uint32_t>(static_cast<std::size_t>(shards[i].first->num_blocks)));
+        for (std::int64_t b = 0; b < shards[i].first->num_blocks; ++b) {
+            blocks.emplace_back(i, b);
+        }
+    }
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+        for (std::size_t k = next++; k < blocks.size(); k = next++) {
+            const auto [i, b] = blocks[k];
+            const detail::PlannedShard &shard = *shards[i].first;
+            const std::int64_t begin = b * block;
+            const std::int64_t bytes = std::min(block, shard.length - begin);
+            out[i].second[static_cast<std::size_t>(b)] =
+                detail::Crc32(static_cast<const char *>(shards[i].second) + begin, static_cast<std::size_t>(bytes));
+        }
+    };
+    const std::size_t threads =
+        std::min<std::size_t>(blocks.size(), std::max(1u, std::min(4u, std::thread::hardware_concurrency())));
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t) {
+        pool.emplace_back(work);
+    }
+    work();
+    for (std::thread &t : pool) {
+        t.join();
+    }
+    return out;
+}
+
 /// Writes and fsyncs this rank's file (no collective: may run on a thread). Never throws.
 void WriteFiles(PendingSave &p) noexcept {
     try {
@@ -129,15 +166,10 @@ void WriteFiles(PendingSave &p) noexcept {
                 mine.emplace_back(&shard, p.snapshot.data[k++]);
             }
         }
-        // The checksums on a second thread while this one writes: the bytes are in memory already, so the two overlap
-        // and the save runs at the slower of the disk and crc32, not their sum.
-        auto crcs = std::async(std::launch::async, [&mine, block = p.plan.block_bytes] {
-            std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>> out;
-            for (const auto &[shard, data] : mine) {
-                out.emplace_back(shard->first_block, detail::BlockCrc32(data, shard->length, block));
-            }
-            return out;
-        });
+        // The checksums on other threads while this one writes: the bytes are in memory already, so the two overlap
+        // and the save runs at the slower of the disk and crc32 (a few blocks at once), not their sum.
+        auto crcs =
+            std::async(std::launch::async, [&mine, block = p.plan.block_bytes] { return Checksums(mine, block); });
         detail::OutFile file(path);
         try {
             for (const auto &[shard, data] : mine) {

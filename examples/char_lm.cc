@@ -16,6 +16,7 @@
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
 #include <shardline/dist/dist_tensor.h>
+#include <shardline/nn/checkpoint.h>
 
 namespace char_lm {
 
@@ -88,12 +89,22 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
             integer(c.sample_chars);
         } else if (k == "peak_tflops") {
             number(c.peak_tflops);
+        } else if (k == "save") {
+            text(c.save);
+        } else if (k == "save_interval") {
+            integer(c.save_interval);
+        } else if (k == "load") {
+            text(c.load);
+        } else if (k == "async_save") {
+            SHARDLINE_CHECK(v.is_boolean(), program, "config key '{}' must be true or false, got {}", k, v.dump());
+            c.async_save = v.get<bool>();
         } else {
-            SHARDLINE_THROW(Error, program,
-                            "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
-                            "batch, lr, warmup_steps, weight_decay, dtype, seed, log_interval, eval_interval, "
-                            "eval_batches, data, metrics, sample_chars, peak_tflops)",
-                            k, path);
+            SHARDLINE_THROW(
+                Error, program,
+                "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
+                "batch, lr, warmup_steps, weight_decay, dtype, seed, log_interval, eval_interval, "
+                "eval_batches, data, metrics, sample_chars, peak_tflops, save, save_interval, load, async_save)",
+                k, path);
         }
     }
 }
@@ -117,6 +128,12 @@ void ConfigFlags::Add(CLI::App &app) {
     log_interval_ = app.add_option("--log-interval", cli_.log_interval, "steps between progress lines");
     eval_interval_ = app.add_option("--eval-interval", cli_.eval_interval, "steps between validation losses");
     sample_ = app.add_option("--sample-chars", cli_.sample_chars, "characters to sample at the end");
+    save_ = app.add_option("--save", cli_.save, "directory to save checkpoints into (Megatron's --save)");
+    save_interval_ = app.add_option("--save-interval", cli_.save_interval,
+                                    "steps between checkpoints (0: only after the last step)");
+    load_ = app.add_option("--load", cli_.load,
+                           "checkpoint to resume from, on any rank count / --tp / --dp (--steps stays the total)");
+    async_save_ = app.add_flag("--async-save", cli_.async_save, "write checkpoints on a background thread");
 }
 
 Config ConfigFlags::Resolve(Config c, const char *program) const {
@@ -174,6 +191,18 @@ Config ConfigFlags::Resolve(Config c, const char *program) const {
     }
     if (*sample_) {
         c.sample_chars = cli_.sample_chars;
+    }
+    if (*save_) {
+        c.save = cli_.save;
+    }
+    if (*save_interval_) {
+        c.save_interval = cli_.save_interval;
+    }
+    if (*load_) {
+        c.load = cli_.load;
+    }
+    if (*async_save_) {
+        c.async_save = cli_.async_save;
     }
     return c;
 }
@@ -345,6 +374,19 @@ Variable Trainer::Step(const Batch &b, Device device) {
                           : lr_);
     optimizer_.Step();
     return loss;
+}
+
+ckpt::TensorList Trainer::CheckpointTensors() { return nn::TrainingTensors(params_, &optimizer_); }
+
+nlohmann::json Trainer::CheckpointState() {
+    return {{"steps", step_}, {"optimizer", nn::OptimizerScalars(optimizer_)}};
+}
+
+void Trainer::RestoreState(const nlohmann::json &state) {
+    SHARDLINE_CHECK(state.contains("steps") && state.contains("optimizer"), "Trainer::RestoreState",
+                    "a state with \"steps\" and \"optimizer\" expected, got {}", state.dump());
+    step_ = state.at("steps").get<std::int64_t>();
+    nn::LoadOptimizerScalars(optimizer_, state.at("optimizer"));
 }
 
 std::int64_t Trainer::numel() const {

@@ -15,8 +15,10 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <shardline/autograd/variable.h>
+#include <shardline/ckpt/checkpoint.h>
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/tensor.h>
 #include <shardline/nn/grad_sync.h>
@@ -52,6 +54,11 @@ struct Config {
     std::string metrics = "train_char_lm_metrics.jsonl";
     int sample_chars = 200;
     double peak_tflops = 989.0; ///< per GPU, for MFU (H100/H200 dense bf16)
+    // Checkpoints (Megatron's names; examples/char_lm_checkpoint.h). --steps stays the total.
+    std::string save;               ///< directory to save into ("" = none)
+    std::int64_t save_interval = 0; ///< steps between saves (0: only after the last step)
+    std::string load;               ///< checkpoint (or directory with `latest`) to resume from
+    bool async_save = false;        ///< write on a background thread; the next save or the exit waits
 };
 
 /// The JSON config: every key must be known and of the right type (checked before anything starts). Errors name
@@ -85,6 +92,10 @@ private:
     CLI::Option* log_interval_ = nullptr;
     CLI::Option* eval_interval_ = nullptr;
     CLI::Option* sample_ = nullptr;
+    CLI::Option* save_ = nullptr;
+    CLI::Option* save_interval_ = nullptr;
+    CLI::Option* load_ = nullptr;
+    CLI::Option* async_save_ = nullptr;
 };
 
 /// Fills tp (0: world / dp) and checks sizes, the mesh against `world` ranks, divisibility and the dtype's name.
@@ -161,6 +172,13 @@ public:
     const CharLM& model() const { return model_; }
     /// Parameters of the global model.
     std::int64_t numel() const;
+
+    /// A checkpoint's tensors: the parameters and AdamW's moments, aliasing the live ones (a load writes into them).
+    shardline::ckpt::TensorList CheckpointTensors();
+    /// The rest of the training state: steps taken and the optimizer's scalars.
+    nlohmann::json CheckpointState();
+    /// Restores CheckpointState() (after the tensors were loaded).
+    void RestoreState(const nlohmann::json& state);
 
 private:
     CharLM model_;

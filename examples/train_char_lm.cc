@@ -27,6 +27,7 @@
 #include <shardline/launch/bootstrap.h>
 
 #include "char_lm.h"
+#include "char_lm_checkpoint.h"
 
 namespace {
 
@@ -52,6 +53,9 @@ int Run(launch::Environment &env, Config c) {
     Trainer trainer(c, vocab, mesh, param);
     const CharLM &model = trainer.model();
     const std::int64_t numel = trainer.numel();
+    // --load: resume on this mesh (any rank count / tp / dp); --steps stays the total, so training goes on from there.
+    Checkpointer checkpoints(c, env.world(), kProgram);
+    const std::int64_t first_step = checkpoints.Load(trainer, lead) + 1;
 
     if (lead) {
         fmt::print("{}: {} characters ({} train / {} val), vocab {}, {} parameters\n", kProgram, corpus.ids.size(),
@@ -77,15 +81,16 @@ int Run(launch::Environment &env, Config c) {
     };
 
     StepWindow window;
-    window.Open(1, StepWindow::Clock::now());
+    window.Open(first_step, StepWindow::Clock::now());
     double last_val = std::nan("");
-    for (std::int64_t step = 1; step <= c.steps; ++step) {
+    for (std::int64_t step = first_step; step <= c.steps; ++step) {
         const auto host_start = StepWindow::Clock::now();
         const Batch b = MakeBatch(corpus, c.context, c.batch, vocab, TrainBatchSeed(c, step), false);
         const Variable loss = trainer.Step(b, env.device());
         window.AddHostTime(StepWindow::Clock::now() - host_start);
+        checkpoints.MaybeSave(trainer, step, lead);
 
-        const bool log = step % c.log_interval == 0 || step == c.steps || step == 1;
+        const bool log = step % c.log_interval == 0 || step == c.steps || step == first_step;
         const bool eval = step % c.eval_interval == 0 || step == c.steps;
         if (!log && !eval) {
             continue;
@@ -138,6 +143,8 @@ int Run(launch::Environment &env, Config c) {
             }
         }
     }
+
+    checkpoints.Finish(lead);
 
     // A few sampled lines: dp sequences (one per dp rank's row), the same random stream on every rank.
     if (c.sample_chars > 0) {

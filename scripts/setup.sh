@@ -8,7 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 packages=(build-essential cmake ninja-build libgtest-dev libgmock-dev openmpi-bin libopenmpi-dev
-          nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libopenblas-dev
+          nlohmann-json3-dev zlib1g-dev libcli11-dev libspdlog-dev libfmt-dev libopenblas-dev
           python3-venv)
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

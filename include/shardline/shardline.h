@@ -10,6 +10,8 @@
 #include <shardline/autograd/function.h>
 #include <shardline/autograd/functions.h>
 #include <shardline/autograd/variable.h>
+#include <shardline/ckpt/checkpoint.h>
+#include <shardline/ckpt/metadata.h>
 #include <shardline/comm/communicator.h>
 #include <shardline/comm/device_mesh.h>
 #include <shardline/config.h>
@@ -24,6 +26,7 @@
 #include <shardline/dist/ops.h>
 #include <shardline/functional/parallel_linear.h>
 #include <shardline/kernels/ops.h>
+#include <shardline/nn/checkpoint.h>
 #include <shardline/nn/grad_sync.h>
 #include <shardline/nn/init.h>
 #include <shardline/nn/linear.h>

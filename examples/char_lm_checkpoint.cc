@@ -1,0 +1,110 @@
+#include "char_lm_checkpoint.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include <shardline/core/env.h>
+#include <shardline/core/error.h>
+
+namespace char_lm {
+
+using namespace shardline;
+
+nlohmann::json ConfigJson(const Config &c) {
+    return {{"steps", c.steps},
+            {"tp", c.tp},
+            {"dp", c.dp},
+            {"context", c.context},
+            {"hidden", c.hidden},
+            {"ffn", c.ffn},
+            {"layers", c.layers},
+            {"batch", c.batch},
+            {"lr", c.lr},
+            {"warmup_steps", c.warmup_steps},
+            {"weight_decay", c.weight_decay},
+            {"dtype", c.dtype},
+            {"seed", c.seed},
+            {"data", c.data}};
+}
+
+Checkpointer::Checkpointer(const Config &c, comm::Communicator &world, const char *program)
+    : c_(c), world_(world), program_(program) {
+    SHARDLINE_CHECK(c.save_interval >= 0, program, "--save-interval must be >= 0, got {}", c.save_interval);
+    if (c.async_save && !c.save.empty()) {
+        async_ = std::make_unique<ckpt::AsyncSaver>(&world);
+    }
+}
+
+Checkpointer::~Checkpointer() = default;
+
+std::int64_t Checkpointer::Load(Trainer &trainer, bool lead) {
+    if (c_.load.empty()) {
+        return 0;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const ckpt::CheckpointInfo info = ckpt::Load(c_.load, trainer.CheckpointTensors(), &world_);
+    const nlohmann::json &extra = info.extra;
+    SHARDLINE_CHECK(extra.contains("trainer") && extra.contains("config"), program_,
+                    "'{}' is not a char-LM checkpoint (no \"trainer\" and \"config\" in its extra JSON)", info.path);
+    const std::uint64_t seed = extra.at("config").at("seed").get<std::uint64_t>();
+    SHARDLINE_CHECK(seed == c_.seed, program_,
+                    "'{}' was trained with seed {}, this run has seed {}: the batches after the resume would differ "
+                    "(pass --seed {})",
+                    info.path, seed, c_.seed, seed);
+    trainer.RestoreState(extra.at("trainer"));
+    if (lead) {
+        const nlohmann::json &saved = extra.at("config");
+        fmt::print("{}: loaded '{}' (step {}, saved on dp {} x tp {}) onto dp {} x tp {} in {:.2f} s\n", program_,
+                   info.path, info.step, saved.value("dp", 0), saved.value("tp", 0), c_.dp, c_.tp,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        std::fflush(stdout);
+    }
+    return info.step;
+}
+
+void Checkpointer::MaybeSave(Trainer &trainer, std::int64_t step, bool lead) {
+    if (c_.save.empty() || !((c_.save_interval > 0 && step % c_.save_interval == 0) || step == c_.steps)) {
+        return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const nlohmann::json extra = {{"step", step},
+                                  {"trainer", trainer.CheckpointState()},
+                                  {"data", {{"next_step", step + 1}, {"consumed_samples", step * c_.batch}}},
+                                  {"rng", {{"seed", c_.seed}, {"batches", "a pure function of (seed, step)"}}},
+                                  {"config", ConfigJson(c_)}};
+    // Test hook (tests/dist/scripts/char_lm_checkpoint_test.py crash): the process dies between the writes and the
+    // commit of this step's save, as a killed job would.
+    ckpt::SaveOptions options;
+    if (env::GetInt("SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP", -1, -1, INT64_MAX) == step) {
+        options.before_commit = [] { std::_Exit(9); };
+    }
+    if (async_) {
+        async_->Save(c_.save, step, trainer.CheckpointTensors(), extra);
+    } else {
+        ckpt::Save(c_.save, step, trainer.CheckpointTensors(), extra, &world_, options);
+    }
+    if (lead) {
+        fmt::print("{}: {} checkpoint of step {} to '{}' ({:.3f} s{})\n", program_,
+                   async_ ? "started the" : "saved the", step, c_.save,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                   async_ ? fmt::format(", host copy {:.3f} s", async_->last_snapshot_seconds()) : std::string());
+        std::fflush(stdout);
+    }
+}
+
+void Checkpointer::Finish(bool lead) {
+    if (async_ && async_->pending()) {
+        const ckpt::CheckpointInfo info = async_->Wait();
+        if (lead) {
+            fmt::print("{}: committed the checkpoint of step {} to '{}'\n", program_, info.step, info.path);
+            std::fflush(stdout);
+        }
+    }
+}
+
+} // namespace char_lm

@@ -50,7 +50,11 @@ public:
     bool aborted() const override;
 
 protected:
-    std::vector<DType> dtypes() const override { return {DType::kFloat32, DType::kFloat16, DType::kBFloat16}; }
+    /// The model dtypes, and float64 for exact small reductions (checksums, byte counts and agreement in checkpoints;
+    /// ncclFloat64 takes every reduce op), as torch's ProcessGroupNCCL moves double.
+    std::vector<DType> dtypes() const override {
+        return {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64};
+    }
     std::string AbortReason() const override;
     void CheckAgreement(const Collective& call) override;
 

@@ -50,11 +50,12 @@ inline ncclDataType_t ToNccl(DType dtype) {
     case DType::kBFloat16:
         return ncclBfloat16;
     case DType::kFloat64:
+        return ncclFloat64;
     case DType::kInt64:
         break;
     }
-    SHARDLINE_THROW(DTypeError, "NcclCommunicator", "NCCL collectives take float32, float16 or bfloat16, got {}",
-                    DTypeName(dtype));
+    SHARDLINE_THROW(DTypeError, "NcclCommunicator",
+                    "NCCL collectives take float32, float16, bfloat16 or float64, got {}", DTypeName(dtype));
 }
 
 inline ncclRedOp_t ToNccl(ReduceOp op) {

@@ -303,10 +303,24 @@ TEST_F(NcclCommunicatorTest, SplitTwoByTwoRowsAndColumns) {
     EXPECT_EQ(world.Counts().TotalCalls(), before.TotalCalls());
 }
 
-TEST_F(NcclCommunicatorTest, RejectsFloat64CpuTensorsAndWrongSizes) {
+TEST_F(NcclCommunicatorTest, Float64AllReduceIsExact) {
+    // float64 moves for exact small reductions (checkpoint checksums and byte counts): integers past 2^24 stay exact.
     comm::Communicator& world = World();
-    Tensor f64 = Tensor::Zeros({8}, DType::kFloat64, MyGpu());
-    EXPECT_THROW(world.AllReduce(f64, ReduceOp::kSum), DTypeError);
+    const double big = 4294967295.0; // a crc32
+    Tensor t =
+        Tensor::FromVector(std::vector<double>{big, static_cast<double>(world.rank() + 1), -0.5}, {3}, DType::kFloat64)
+            .To(MyGpu());
+    world.AllReduce(t, ReduceOp::kSum)->Wait(true);
+    const double p = world.size();
+    EXPECT_EQ(t.ToDoubleVector(), (std::vector<double>{big * p, p * (p + 1) / 2, -0.5 * p}));
+    world.AllReduce(t, ReduceOp::kMax)->Wait(true);
+    EXPECT_EQ(t.ToDoubleVector()[0], big * p);
+}
+
+TEST_F(NcclCommunicatorTest, RejectsInt64CpuTensorsAndWrongSizes) {
+    comm::Communicator& world = World();
+    Tensor i64 = Tensor::Zeros({8}, DType::kInt64, MyGpu());
+    EXPECT_THROW(world.AllReduce(i64, ReduceOp::kSum), DTypeError);
     Tensor cpu = Tensor::Zeros({8}, DType::kFloat32, Device::CPU());
     EXPECT_THROW(world.AllReduce(cpu, ReduceOp::kSum), DeviceError);
     Tensor in = Tensor::Zeros({8}, DType::kFloat32, MyGpu());

@@ -2,6 +2,12 @@
 // group, each dispatched (OpenBLAS on the CPU, the cached cuBLASLt plans on CUDA; a provider that supplies only Gemm
 // serves the grouped ops too).
 
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include <shardline/config.h>
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/tensor.h>
 #include <shardline/kernels/dispatcher.h>
@@ -21,21 +27,6 @@ void CheckOperand(const GroupedOperand& o, std::string_view op, std::string_view
 
 const char* OffsetBy(const void* base, std::int64_t elements, DType dtype) {
     return static_cast<const char*>(base) + elements * static_cast<std::int64_t>(ElementSize(dtype));
-}
-
-/// The default provider: one Gemm per group. A kN group of size 0 has nothing to compute; a kK group of size 0 still
-/// runs (Gemm with k = 0 writes beta·C: zeros, or nothing with beta = 1).
-void LoopGroupedGemm(const GroupedGemmParams& p) {
-    const std::vector<std::int64_t> sizes =
-        HostGroupSizes(p.sizes, p.group_count, p.sizes_device, p.total, GroupedGemmOp::kName);
-    std::int64_t offset = 0;
-    for (std::int64_t e = 0; e < p.group_count; ++e) {
-        const std::int64_t size = sizes[static_cast<std::size_t>(e)];
-        if (size > 0 || p.grouped_dim == GroupedDim::kK) {
-            Gemm(GroupGemmParams(p, e, size, offset));
-        }
-        offset += size;
-    }
 }
 
 } // namespace
@@ -123,12 +114,61 @@ GemmParams GroupGemmParams(const GroupedGemmParams& p, std::int64_t group, std::
                       .device = p.device};
 }
 
+namespace {
+GroupedGemmChoice InitialChoice() {
+    GroupedGemmChoice c;
+    const std::string impl = env::GetChoice("SHARDLINE_GROUPED_GEMM", "auto", {"auto", "cutlass", "loop"});
+    c.impl = impl == "cutlass" ? GroupedGemmImpl::kCutlass
+                               : (impl == "loop" ? GroupedGemmImpl::kLoop : GroupedGemmImpl::kAuto);
+    const std::string tile = env::GetChoice("SHARDLINE_GROUPED_GEMM_TILE", "auto", {"auto", "256x128", "128x128"});
+    c.tile = tile == "256x128" ? GroupedGemmTile::k256x128
+                               : (tile == "128x128" ? GroupedGemmTile::k128x128 : GroupedGemmTile::kAuto);
+    return c;
+}
+std::atomic<std::uint16_t>& ChoiceWord() {
+    static std::atomic<std::uint16_t> word = [] {
+        const GroupedGemmChoice c = InitialChoice();
+        return static_cast<std::uint16_t>(static_cast<unsigned>(c.impl) | (static_cast<unsigned>(c.tile) << 8));
+    }();
+    return word;
+}
+} // namespace
+
+GroupedGemmChoice GetGroupedGemmChoice() {
+    const std::uint16_t w = ChoiceWord().load(std::memory_order_relaxed);
+    return {.impl = static_cast<GroupedGemmImpl>(w & 0xff), .tile = static_cast<GroupedGemmTile>(w >> 8)};
+}
+
+void SetGroupedGemmChoice(const GroupedGemmChoice& c) {
+    ChoiceWord().store(static_cast<std::uint16_t>(static_cast<unsigned>(c.impl) | (static_cast<unsigned>(c.tile) << 8)),
+                       std::memory_order_relaxed);
+}
+
+#if !SHARDLINE_HAVE_CUDA
+std::string GroupedGemmPath(const GroupedGemmParams&) { return "loop (a CPU build)"; }
+#endif
+
 void GroupedGemm(const GroupedGemmParams& params) {
     ValidateGroupedGemmParams(params, GroupedGemmOp::kName);
     Dispatch<GroupedGemmOp>(params.device.type, params);
 }
 
 namespace detail {
+/// The default provider: one Gemm per group. A kN group of size 0 has nothing to compute; a kK group of size 0 still
+/// runs (Gemm with k = 0 writes beta·C: zeros, or nothing with beta = 1).
+void LoopGroupedGemm(const GroupedGemmParams& p) {
+    const std::vector<std::int64_t> sizes =
+        HostGroupSizes(p.sizes, p.group_count, p.sizes_device, p.total, GroupedGemmOp::kName);
+    std::int64_t offset = 0;
+    for (std::int64_t e = 0; e < p.group_count; ++e) {
+        const std::int64_t size = sizes[static_cast<std::size_t>(e)];
+        if (size > 0 || p.grouped_dim == GroupedDim::kK) {
+            Gemm(GroupGemmParams(p, e, size, offset));
+        }
+        offset += size;
+    }
+}
+
 void RegisterGroupedLinearCompositions(); // grouped_linear.cc
 
 void RegisterGroupedCompositions() {

@@ -146,24 +146,6 @@ void DefaultGroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& a
     }
 }
 
-void DefaultGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
-    const std::vector<std::int64_t> sizes =
-        SizesOf(args.group_sizes, args.dy.size(0), GroupedLinearBackwardBiasOp::kName);
-    std::int64_t offset = 0;
-    for (std::size_t e = 0; e < sizes.size(); ++e) {
-        Tensor db = GroupView(args.dbias, static_cast<std::int64_t>(e));
-        if (sizes[e] == 0) {
-            if (!args.accumulate) {
-                db.Fill(0.0); // a sum over no rows
-            }
-            continue;
-        }
-        LinearBackwardBias(LinearBackwardBiasArgs{
-            .dy = RowsView(args.dy, offset, sizes[e]), .dbias = db, .accumulate = args.accumulate});
-        offset += sizes[e];
-    }
-}
-
 } // namespace
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -279,6 +261,24 @@ void GroupedBiasAdd(const Tensor& y, const Tensor& bias, const Tensor& group_siz
 }
 
 namespace detail {
+void DefaultGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
+    const std::vector<std::int64_t> sizes =
+        SizesOf(args.group_sizes, args.dy.size(0), GroupedLinearBackwardBiasOp::kName);
+    std::int64_t offset = 0;
+    for (std::size_t e = 0; e < sizes.size(); ++e) {
+        Tensor db = GroupView(args.dbias, static_cast<std::int64_t>(e));
+        if (sizes[e] == 0) {
+            if (!args.accumulate) {
+                db.Fill(0.0); // a sum over no rows
+            }
+            continue;
+        }
+        LinearBackwardBias(LinearBackwardBiasArgs{
+            .dy = RowsView(args.dy, offset, sizes[e]), .dbias = db, .accumulate = args.accumulate});
+        offset += sizes[e];
+    }
+}
+
 void RegisterGroupedLinearCompositions() {
     for (DeviceType d : kBuiltDeviceTypes) {
         Register<GroupedLinearForwardOp>(d, kDefaultProvider, &DefaultGroupedLinearForward);

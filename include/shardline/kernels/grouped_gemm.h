@@ -5,6 +5,7 @@
 // description, built with designated initializers at each call site, and one dispatch.
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -78,6 +79,22 @@ struct GroupedGemmOp {
 /// provider: a loop of Gemm over the non-empty groups (OpenBLAS on the CPU, the cached cuBLASLt plans on CUDA), which
 /// reads device-resident sizes on the host first (one synchronisation; refused while a CUDA graph is captured).
 void GroupedGemm(const GroupedGemmParams& params);
+
+/// The CUDA provider's implementation choice. kAuto: the CUTLASS SM90 grouped GEMM for device-resident sizes (the path
+/// without a host synchronisation) and for many small experts, the loop of cached cuBLASLt GEMMs for few large ones
+/// (docs/kernels.md); kCutlass / kLoop force one (kCutlass where it is eligible). The tile of the CUTLASS kernel:
+/// 256×128×64 (cluster 1×2) or 128×128×64, kAuto by the rows per group. Start: SHARDLINE_GROUPED_GEMM
+/// (auto|cutlass|loop) and SHARDLINE_GROUPED_GEMM_TILE (auto|256x128|128x128).
+enum class GroupedGemmImpl : std::uint8_t { kAuto, kCutlass, kLoop };
+enum class GroupedGemmTile : std::uint8_t { kAuto, k256x128, k128x128 };
+struct GroupedGemmChoice {
+    GroupedGemmImpl impl = GroupedGemmImpl::kAuto;
+    GroupedGemmTile tile = GroupedGemmTile::kAuto;
+};
+GroupedGemmChoice GetGroupedGemmChoice();
+void SetGroupedGemmChoice(const GroupedGemmChoice& choice);
+/// What the default provider runs for this problem: "cutlass 256x128", "cutlass 128x128", or "loop (<why>)".
+std::string GroupedGemmPath(const GroupedGemmParams& params);
 
 /// Checks the description (sizes, leading dims, pointers, dtypes, epilogue); throws ShapeError naming `op`.
 void ValidateGroupedGemmParams(const GroupedGemmParams& params, std::string_view op);

@@ -128,9 +128,15 @@ Tensor DeviceSizes(const GroupedGemmParams& p) {
     return p.sizes_device.is_cpu() ? view.To(p.device) : view;
 }
 
-/// Runs the CUTLASS grouped GEMM; false (nothing enqueued) when CUTLASS refuses the arguments.
+/// Runs the CUTLASS grouped GEMM; false when CUTLASS refuses the arguments (only the setup kernel, which writes the
+/// scratch, has run then).
 bool RunCutlass(const GroupedGemmParams& p, cg::Args args) {
     CudaContext& ctx = CudaContext::Get(p.device.index);
+    if (p.sizes_device.is_cpu()) {
+        // Host sizes are checked (each >= 0, Σ = total) as the loop checks them; device sizes are clamped on the
+        // device.
+        HostGroupSizes(p.sizes, p.group_count, p.sizes_device, p.total, GroupedGemmOp::kName);
+    }
     const Tensor sizes = DeviceSizes(p);
     args.tile = ChooseTile(p);
     args.groups = static_cast<int>(p.group_count);

@@ -48,6 +48,21 @@ commit="${GPU_CHECK_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null 
 if [[ -z "${GPU_CHECK_COMMIT:-}" && -n "$(git -C "$root" status --porcelain 2>/dev/null)" ]]; then
   commit="$commit+dirty"
 fi
+# CUTLASS (the grouped GEMM) is not on the GPU hosts: the development machine's scripts/setup.sh downloads the
+# nvidia-cutlass wheel into third_party/cutlass-wheel, which the run carries; unpack it here when that was not done.
+cutlass_args=()
+cutlass_state="absent (grouped GEMM: cuBLASLt loop only)"
+wheel_dir="$root/third_party/cutlass-wheel"
+if compgen -G "$wheel_dir/nvidia_cutlass-*.whl" >/dev/null; then
+  if [[ ! -f "$wheel_dir/unpacked/cutlass_library/source/include/cutlass/cutlass.h" ]]; then
+    python3 -m zipfile -e "$(compgen -G "$wheel_dir/nvidia_cutlass-*.whl" | head -n 1)" "$wheel_dir/unpacked" ||
+      echo "gpu_check: could not unpack the CUTLASS wheel" >&2
+  fi
+  if [[ -f "$wheel_dir/unpacked/cutlass_library/source/include/cutlass/cutlass.h" ]]; then
+    cutlass_args=(-DSHARDLINE_WITH_CUTLASS=ON)
+    cutlass_state="$(basename "$(compgen -G "$wheel_dir/nvidia_cutlass-*.whl" | head -n 1)")"
+  fi
+fi
 say "== shardline GPU check =="
 say "host:    $(hostname 2>/dev/null || echo unknown)"
 say "date:    $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
@@ -55,12 +70,13 @@ say "commit:  $commit"
 say "gpu:     $gpus"
 say "nvcc:    $( (nvcc --version 2>/dev/null || "${CUDACXX:-false}" --version 2>/dev/null) | grep -o 'release [0-9.]*' | head -n 1)"
 say "cmake:   $(cmake --version 2>/dev/null | head -n 1)"
+say "cutlass: $cutlass_state"
 say "logs:    $log_dir"
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Configure and build.
 echo "== configure (log: $log_dir/configure.log)"
-if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 "$@" \
+if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 "${cutlass_args[@]}" "$@" \
     2>&1 | tee "$log_dir/configure.log"; then
   say "RESULT: FAIL (configure; see $log_dir/configure.log)"
   exit 2

@@ -38,6 +38,30 @@ if [[ -z "${CUDACXX:-}" ]] && ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/lo
   export CUDACXX=/usr/local/cuda/bin/nvcc
 fi
 
+# CUTLASS's headers for the grouped GEMM (SHARDLINE_WITH_CUTLASS): the nvidia-cutlass wheel, downloaded once into the
+# ignored third_party/cutlass-wheel and unpacked there, where CMake finds it (and which a GPU run carries: the GPU hosts
+# have no package registry). Without a network the build goes on without CUTLASS (the cuBLASLt loop serves grouped GEMMs).
+cutlass_wheel_dir="$root/third_party/cutlass-wheel"
+if [[ -n "${CUDACXX:-}" ]] || command -v nvcc >/dev/null 2>&1; then
+  if ! compgen -G "$cutlass_wheel_dir/nvidia_cutlass-4.2.0.0-*.whl" >/dev/null; then
+    mkdir -p "$cutlass_wheel_dir"
+    pip=(python3 -m pip)
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+      # Debian's python3 has no pip: a virtual environment's (python3-venv, installed above) downloads the wheel.
+      venv="${XDG_CACHE_HOME:-$HOME/.cache}/shardline/pip-venv"
+      [[ -x "$venv/bin/pip" ]] || python3 -m venv "$venv" >/dev/null 2>&1 || true
+      pip=("$venv/bin/pip")
+    fi
+    "${pip[@]}" download --quiet --no-deps --only-binary=:all: nvidia-cutlass==4.2.0.0 -d "$cutlass_wheel_dir" ||
+      echo "setup: warning: could not download the nvidia-cutlass wheel; building without CUTLASS" >&2
+  fi
+  wheel="$(compgen -G "$cutlass_wheel_dir/nvidia_cutlass-4.2.0.0-*.whl" | head -n 1 || true)"
+  if [[ -n "$wheel" && ! -f "$cutlass_wheel_dir/unpacked/cutlass_library/source/include/cutlass/cutlass.h" ]]; then
+    python3 -m zipfile -e "$wheel" "$cutlass_wheel_dir/unpacked" ||
+      echo "setup: warning: could not unpack $wheel; building without CUTLASS" >&2
+  fi
+fi
+
 build_dir="${SHARDLINE_BUILD_DIR:-build}"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)

@@ -408,7 +408,7 @@ json HandleRequest(const json &request, const CostModel &base) {
                             {"what", c.what}});
     }
     answer["internal"] = internal;
-    if (op == "linear") {
+    if (op == "linear" || op == "grouped_linear") {
         answer["bias_after_reduction"] = info.bias_after_reduction;
     }
     if (rule.options.mode == RuleMode::kCostBased) {

@@ -226,9 +226,10 @@ uint64_t HashWords(const std::vector<int64_t> &words) {
 
 const std::vector<std::string> &RuleOpNames() {
     static const std::vector<std::string> names = [] {
-        std::vector<std::string> n = {"matmul",      "linear",        "embedding", "embedding_bag", "softmax",
-                                      "log_softmax", "cross_entropy", "transpose", "reshape",       "einsum",
-                                      "sum",         "mean",          "max",       "min",           "prod"};
+        std::vector<std::string> n = {"matmul",  "linear",      "grouped_linear", "embedding", "embedding_bag",
+                                      "softmax", "log_softmax", "cross_entropy",  "transpose", "reshape",
+                                      "einsum",  "sum",         "mean",           "max",       "min",
+                                      "prod"};
         for (std::string &name : ElementwiseOpNames()) {
             n.push_back(std::move(name));
         }
@@ -265,6 +266,20 @@ SpmdInfo InferRule(const RuleRequest &r) {
                 return InferLinearReverse(mesh, r.inputs[0], r.inputs[1], bias, out, a, opt);
             },
             [&](const TensorSpec &dy) { return InferLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, a, opt); });
+    }
+    if (op == "grouped_linear") {
+        ExpectInputs(r, 2, 3, "x, weight, optional bias");
+        AttrsOf<std::monostate>(r);
+        const std::optional<TensorSpec> bias =
+            r.inputs.size() == 3 ? std::optional<TensorSpec>(r.inputs[2]) : std::nullopt;
+        return ByDirection(
+            r, [&] { return InferGroupedLinearForward(mesh, r.inputs[0], r.inputs[1], bias, opt); },
+            [&](const TensorSpec &out) {
+                return InferGroupedLinearReverse(mesh, r.inputs[0], r.inputs[1], bias, out, opt);
+            },
+            [&](const TensorSpec &dy) {
+                return InferGroupedLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, opt);
+            });
     }
     if (op == "embedding") {
         ExpectInputs(r, 2, 2, "ids, weight");

@@ -94,9 +94,25 @@ LayerLayouts Layouts(const spmd::Layout &input, int tp_dim, bool y_tp_on_seq, bo
                         .bias = ParamGradLayout(bias, input, tp_dim)};
 }
 
-spmd::Layout ColumnWeightLayout(int t) { return spmd::Layout(std::vector<std::vector<int>>{{t}, {}}); }
-spmd::Layout ColumnBiasLayout(int t) { return spmd::Layout(std::vector<std::vector<int>>{{t}}); }
-spmd::Layout RowWeightLayout(int t) { return spmd::Layout(std::vector<std::vector<int>>{{}, {t}}); }
+/// A grouped layer's (num_experts > 0) parameters have a leading experts dim, which no mesh dim shards here (expert
+/// parallelism places whole experts: the parameters of this rank's experts are the layer's).
+std::vector<std::vector<int>> ExpertDims(std::vector<std::vector<int>> dims, std::int64_t experts) {
+    if (experts > 0) {
+        dims.insert(dims.begin(), std::vector<int>{});
+    }
+    return dims;
+}
+Shape ExpertShape(Shape shape, std::int64_t experts) {
+    if (experts > 0) {
+        shape.insert(shape.begin(), experts);
+    }
+    return shape;
+}
+
+spmd::Layout ColumnWeightLayout(int t, std::int64_t experts) { return spmd::Layout(ExpertDims({{t}, {}}, experts)); }
+spmd::Layout ColumnBiasLayout(int t, std::int64_t experts) { return spmd::Layout(ExpertDims({{t}}, experts)); }
+spmd::Layout RowWeightLayout(int t, std::int64_t experts) { return spmd::Layout(ExpertDims({{}, {t}}, experts)); }
+spmd::Layout RowBiasLayout(std::int64_t experts) { return spmd::Layout::Replicated(experts > 0 ? 2 : 1); }
 
 } // namespace
 
@@ -110,17 +126,22 @@ void CheckLayerInput(std::string_view op, const Variable &x, const comm::DeviceM
 
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
                           const ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
-    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, ColumnWeightLayout(tp_dim));
+    const std::int64_t e = options.num_experts;
+    CheckParameter(op, "weight", weight, mesh, ExpertShape(Shape{options.out_features, options.in_features}, e),
+                   ColumnWeightLayout(tp_dim, e));
     if (options.adds_bias()) {
-        CheckParameter(op, "bias", bias, mesh, {options.out_features}, ColumnBiasLayout(tp_dim));
+        CheckParameter(op, "bias", bias, mesh, ExpertShape(Shape{options.out_features}, e),
+                       ColumnBiasLayout(tp_dim, e));
     }
 }
 
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
                           const RowParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
-    CheckParameter(op, "weight", weight, mesh, {options.out_features, options.in_features}, RowWeightLayout(tp_dim));
+    const std::int64_t e = options.num_experts;
+    CheckParameter(op, "weight", weight, mesh, ExpertShape(Shape{options.out_features, options.in_features}, e),
+                   RowWeightLayout(tp_dim, e));
     if (options.adds_bias()) {
-        CheckParameter(op, "bias", bias, mesh, {options.out_features}, spmd::Layout::Replicated(1));
+        CheckParameter(op, "bias", bias, mesh, ExpertShape(Shape{options.out_features}, e), RowBiasLayout(e));
     }
 }
 
@@ -139,13 +160,14 @@ LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const s
     if (options.sequence_parallel) {
         CheckEvenRows(op, x_global, input, mesh);
     }
-    return Layouts(input, tp_dim, false, !options.gather_output, ColumnWeightLayout(tp_dim), ColumnBiasLayout(tp_dim));
+    return Layouts(input, tp_dim, false, !options.gather_output, ColumnWeightLayout(tp_dim, options.num_experts),
+                   ColumnBiasLayout(tp_dim, options.num_experts));
 }
 
 LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
                              const RowParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim) {
-    LayerLayouts layouts =
-        Layouts(input, tp_dim, options.sequence_parallel, false, RowWeightLayout(tp_dim), spmd::Layout::Replicated(1));
+    LayerLayouts layouts = Layouts(input, tp_dim, options.sequence_parallel, false,
+                                   RowWeightLayout(tp_dim, options.num_experts), RowBiasLayout(options.num_experts));
     if (options.sequence_parallel) {
         CheckEvenRows(op, x_global, layouts.y, mesh);
     }

@@ -29,9 +29,14 @@ using detail::LayerLayouts;
 
 template <class Options> class ParallelLinearFunction final : public Function {
 public:
-    ParallelLinearFunction(const Options &options, const TensorParallelGroup &tp, LayerLayouts layouts)
-        : options_(options), tp_(tp), layouts_(std::move(layouts)) {}
+    /// group_sizes: a grouped layer's (options.num_experts > 0), int64 [E] on the host or the mesh's device.
+    ParallelLinearFunction(const Options &options, const TensorParallelGroup &tp, LayerLayouts layouts,
+                           Tensor group_sizes)
+        : options_(options), tp_(tp), layouts_(std::move(layouts)), group_sizes_(std::move(group_sizes)) {}
     std::string name() const override {
+        if (options_.num_experts > 0) {
+            return kIsColumn<Options> ? "ColumnParallelGroupedLinearBackward" : "RowParallelGroupedLinearBackward";
+        }
         return kIsColumn<Options> ? "ColumnParallelLinearBackward" : "RowParallelLinearBackward";
     }
 
@@ -53,11 +58,19 @@ protected:
                                                      .weight = View(in[1].local()),
                                                      .bias = View(bias),
                                                      .y = View(y),
-                                                     .x_total = View(x_total_)},
+                                                     .x_total = View(x_total_),
+                                                     .group_sizes = SizesView(),
+                                                     .group_sizes_on_device = SizesOnDevice()},
                                                     tp_);
         } else {
-            functional::RowParallelLinearForward(
-                options_, {.x = View(x), .weight = View(in[1].local()), .bias = View(bias), .y = View(y)}, tp_);
+            functional::RowParallelLinearForward(options_,
+                                                 {.x = View(x),
+                                                  .weight = View(in[1].local()),
+                                                  .bias = View(bias),
+                                                  .y = View(y),
+                                                  .group_sizes = SizesView(),
+                                                  .group_sizes_on_device = SizesOnDevice()},
+                                                 tp_);
         }
         Shape y_global = in[0].global_shape();
         y_global.back() = options_.out_features;
@@ -77,8 +90,13 @@ protected:
         x_local_shape_ = in[0].local().shape();
         weight_global_ = in[1].global_shape();
         weight_local_shape_ = in[1].local().shape();
-        bias_global_ = {options_.out_features};
-        bias_local_shape_ = {weight_local_shape_.front()};
+        if (options_.num_experts > 0) {
+            bias_global_ = {options_.num_experts, options_.out_features};
+            bias_local_shape_ = {weight_local_shape_[0], weight_local_shape_[1]};
+        } else {
+            bias_global_ = {options_.out_features};
+            bias_local_shape_ = {weight_local_shape_.front()};
+        }
     }
 
     std::vector<Grad> Backward(const std::vector<DistTensor> &g) override {
@@ -113,7 +131,9 @@ protected:
                                                       .dx = View(dx),
                                                       .dweight = View(dweight),
                                                       .dbias = View(dbias),
-                                                      .param_grads = mode},
+                                                      .param_grads = mode,
+                                                      .group_sizes = SizesView(),
+                                                      .group_sizes_on_device = SizesOnDevice()},
                                                      tp_);
         } else {
             functional::RowParallelLinearBackward(options_,
@@ -123,7 +143,9 @@ protected:
                                                    .dx = View(dx),
                                                    .dweight = View(dweight),
                                                    .dbias = View(dbias),
-                                                   .param_grads = mode},
+                                                   .param_grads = mode,
+                                                   .group_sizes = SizesView(),
+                                                   .group_sizes_on_device = SizesOnDevice()},
                                                   tp_);
         }
         if (needs_input_grad(0)) {
@@ -141,6 +163,9 @@ protected:
     }
 
 private:
+    functional::TensorView SizesView() const { return View(group_sizes_); }
+    bool SizesOnDevice() const { return group_sizes_.defined() && !group_sizes_.device().is_cpu(); }
+
     Options options_; ///< bias = whether this call adds one; skip_bias_add already applied
     TensorParallelGroup tp_;
     LayerLayouts layouts_;
@@ -151,15 +176,23 @@ private:
     Shape x_global_, x_local_shape_;
     Shape weight_global_, weight_local_shape_;
     Shape bias_global_, bias_local_shape_;
+    Tensor group_sizes_; ///< undefined for a Linear
 };
 
 template <class Options>
 Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Variable &weight, const Variable &bias,
-                             const Options &options, const TensorParallelGroup &tp) {
+                             const Options &options, const TensorParallelGroup &tp, const Tensor &group_sizes = {}) {
     tp.size(); // a null mesh or a bad tp_dim raises here
     comm::DeviceMesh &mesh = *tp.mesh;
     const int t = tp.tp_dim;
     detail::CheckLayerInput(op, x, mesh, options.in_features);
+    if (options.num_experts > 0) {
+        SHARDLINE_CHECK(group_sizes.defined(), op, "a grouped layer (num_experts {}) needs the group sizes",
+                        options.num_experts);
+        SHARDLINE_CHECK_AS(ShapeError, x.shape().size() == 2, op,
+                           "a grouped layer takes x [tokens, in_features] with its rows grouped by expert, got {}",
+                           x.value().ToString());
+    }
     detail::CheckLayerParameters(op, weight, bias, options, mesh, t);
     // Uneven sizes are split as torch.chunk; a rank without features is refused here, before x is redistributed.
     if constexpr (kIsColumn<Options>) {
@@ -174,7 +207,7 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
     Options call = options;
     call.bias = options.adds_bias();
     call.skip_bias_add = false;
-    auto fn = std::make_shared<ParallelLinearFunction<Options>>(call, tp, std::move(layouts));
+    auto fn = std::make_shared<ParallelLinearFunction<Options>>(call, tp, std::move(layouts), group_sizes);
     return Function::Apply(fn, {input, weight, options.adds_bias() ? bias : Variable()}).at(0);
 }
 
@@ -182,12 +215,34 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
 
 Variable ColumnParallelLinear(const Variable &x, const Variable &weight, const Variable &bias,
                               const ColumnParallelLinearOptions &options, const TensorParallelGroup &tp) {
+    SHARDLINE_CHECK(options.num_experts == 0, "autograd::ColumnParallelLinear",
+                    "options.num_experts is {}: call ColumnParallelGroupedLinear with the group sizes",
+                    options.num_experts);
     return ApplyParallelLinear("autograd::ColumnParallelLinear", x, weight, bias, options, tp);
 }
 
 Variable RowParallelLinear(const Variable &x, const Variable &weight, const Variable &bias,
                            const RowParallelLinearOptions &options, const TensorParallelGroup &tp) {
+    SHARDLINE_CHECK(options.num_experts == 0, "autograd::RowParallelLinear",
+                    "options.num_experts is {}: call RowParallelGroupedLinear with the group sizes",
+                    options.num_experts);
     return ApplyParallelLinear("autograd::RowParallelLinear", x, weight, bias, options, tp);
+}
+
+Variable ColumnParallelGroupedLinear(const Variable &x, const Variable &weight, const Variable &bias,
+                                     const Tensor &group_sizes, const ColumnParallelLinearOptions &options,
+                                     const TensorParallelGroup &tp) {
+    SHARDLINE_CHECK(options.num_experts > 0, "autograd::ColumnParallelGroupedLinear",
+                    "options.num_experts must be > 0 (the experts), got {}", options.num_experts);
+    return ApplyParallelLinear("autograd::ColumnParallelGroupedLinear", x, weight, bias, options, tp, group_sizes);
+}
+
+Variable RowParallelGroupedLinear(const Variable &x, const Variable &weight, const Variable &bias,
+                                  const Tensor &group_sizes, const RowParallelLinearOptions &options,
+                                  const TensorParallelGroup &tp) {
+    SHARDLINE_CHECK(options.num_experts > 0, "autograd::RowParallelGroupedLinear",
+                    "options.num_experts must be > 0 (the experts), got {}", options.num_experts);
+    return ApplyParallelLinear("autograd::RowParallelGroupedLinear", x, weight, bias, options, tp, group_sizes);
 }
 
 } // namespace shardline::autograd

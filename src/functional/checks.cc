@@ -161,11 +161,37 @@ private:
     LayerSizes sizes_;
 };
 
+/// A grouped layer (num_experts > 0): no sequence parallelism (its rows are grouped by expert, not a sequence).
+void CheckExperts(const Checker &check, std::int64_t experts, bool sequence_parallel) {
+    SHARDLINE_CHECK_AS(ShapeError, experts >= 0, check.op(), "num_experts must be >= 0 (0: a Linear), got {}", experts);
+    SHARDLINE_CHECK(experts == 0 || !sequence_parallel, check.op(),
+                    "a grouped layer (num_experts {}) takes no sequence_parallel: its rows are grouped by expert",
+                    experts);
+}
+
+/// The group sizes of a call: int64 [E] exactly when the layer is grouped, which also needs x (`rows`, the view whose
+/// dim 0 is the grouped rows) 2-D.
+template <class Args>
+void CheckGroupSizes(const Checker &check, std::int64_t experts, const Args &args, const TensorView &rows) {
+    if (experts == 0) {
+        SHARDLINE_CHECK(!args.group_sizes.present(), check.op(),
+                        "group_sizes is given but options.num_experts is 0 (a Linear, not a grouped layer)");
+        return;
+    }
+    check.Required(args.group_sizes, "group_sizes", 1, " (options.num_experts > 0)");
+    SHARDLINE_CHECK_AS(DTypeError, args.group_sizes.dtype == DType::kInt64, check.op(),
+                       "group_sizes must be int64, got {}", DTypeName(args.group_sizes.dtype));
+    check.Shaped(args.group_sizes, "group_sizes", {experts}, "[experts]");
+    SHARDLINE_CHECK_AS(ShapeError, rows.ndim == 2, check.op(),
+                       "a grouped layer takes 2-D rows [tokens, features] grouped by expert, got ndim {}", rows.ndim);
+}
+
 /// Checks shared by a layer's forward and backward: sizes, flags, the group and the stream/workspace. Returns tp.
 std::int64_t CheckLayer(Checker &check, const ColumnParallelLinearOptions &o, const TensorParallelGroup &group,
                         const CudaExecution &cuda) {
     const std::int64_t tp = check.TpSize(group);
     check.SetSizes(SizesOf(o, tp));
+    CheckExperts(check, o.num_experts, o.sequence_parallel);
     check.Positive(o.in_features, "in_features");
     check.Positive(o.out_features, "out_features");
     CheckShardsNotEmpty(check.op(), "out_features", o.out_features, tp);
@@ -180,6 +206,7 @@ std::int64_t CheckLayer(Checker &check, const RowParallelLinearOptions &o, const
                         const CudaExecution &cuda) {
     const std::int64_t tp = check.TpSize(group);
     check.SetSizes(SizesOf(o, tp));
+    CheckExperts(check, o.num_experts, o.sequence_parallel);
     check.Positive(o.in_features, "in_features");
     check.Positive(o.out_features, "out_features");
     CheckShardsNotEmpty(check.op(), "in_features", o.in_features, tp);
@@ -199,7 +226,24 @@ struct ParamShapes {
     std::string_view bias_formula;
 };
 
+/// A grouped layer's parameters: the experts dim in front.
+ParamShapes Grouped(ParamShapes shapes, std::int64_t experts, std::string_view weight_formula,
+                    std::string_view bias_formula) {
+    shapes.weight.insert(shapes.weight.begin(), experts);
+    shapes.bias.insert(shapes.bias.begin(), experts);
+    shapes.weight_formula = weight_formula;
+    shapes.bias_formula = bias_formula;
+    return shapes;
+}
+
+/// `part`: this rank's share of the sharded feature dim (torch.chunk).
 ParamShapes LocalParams(const ColumnParallelLinearOptions &o, std::int64_t part) {
+    if (o.num_experts > 0) {
+        ColumnParallelLinearOptions linear = o;
+        linear.num_experts = 0;
+        return Grouped(LocalParams(linear, part), o.num_experts, "[experts, out_features/tp, in_features]",
+                       "[experts, out_features/tp]");
+    }
     return {.weight = {part, o.in_features},
             .weight_formula = "[out_features/tp, in_features]",
             .bias = {part},
@@ -207,6 +251,12 @@ ParamShapes LocalParams(const ColumnParallelLinearOptions &o, std::int64_t part)
 }
 
 ParamShapes LocalParams(const RowParallelLinearOptions &o, std::int64_t part) {
+    if (o.num_experts > 0) {
+        RowParallelLinearOptions linear = o;
+        linear.num_experts = 0;
+        return Grouped(LocalParams(linear, part), o.num_experts, "[experts, out_features, in_features/tp]",
+                       "[experts, out_features]");
+    }
     return {.weight = {o.out_features, part},
             .weight_formula = "[out_features, in_features/tp]",
             .bias = {o.out_features},
@@ -296,7 +346,9 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
         check.Shaped(args.x_total, "x_total", WithLast(global, k), "[s, ..., in_features]");
         check.SameDType(args.x_total, "x_total", dtype, "x");
     }
+    CheckGroupSizes(check, options.num_experts, args, args.x);
     if (args.activation != kernels::LinearActivation::kNone) {
+        SHARDLINE_CHECK(options.num_experts == 0, check.op(), "a grouped layer takes no activation");
         SHARDLINE_CHECK(!options.gather_output, check.op(),
                         "activation gelu_tanh applies to this rank's output features (the row layer's parallel "
                         "input): not with gather_output");
@@ -347,6 +399,7 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
         check.Required(args.x, "x", 2, sp ? " for dweight (or x_total)" : " for dweight");
     }
     CheckBackwardOperands(check, options, n_part, args, dtype, WithLast(lead, k), x_formula);
+    CheckGroupSizes(check, options.num_experts, args, args.dy);
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 
@@ -377,6 +430,7 @@ CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowPa
     check.Shaped(args.y, "y", WithLast(y_lead, n),
                  options.sequence_parallel ? "[s/tp, ..., out_features]" : "[s, ..., out_features]");
     check.SameDType(args.y, "y", dtype, "x");
+    CheckGroupSizes(check, options.num_experts, args, args.x);
     return {.x_global = WithLast(global, k), .dtype = dtype};
 }
 
@@ -406,7 +460,9 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
         check.Required(args.x, "x", 2, " for dweight");
     }
     CheckBackwardOperands(check, options, k_part, args, dtype, WithLast(global, k_local), x_formula);
+    CheckGroupSizes(check, options.num_experts, args, args.dy);
     if (args.input_activation != kernels::LinearActivation::kNone) {
+        SHARDLINE_CHECK(options.num_experts == 0, check.op(), "a grouped layer takes no input_activation");
         SHARDLINE_CHECK(options.input_is_parallel, check.op(),
                         "input_activation needs input_is_parallel (the activation's output, this layer's input, is "
                         "the column layer's output split on in_features)");

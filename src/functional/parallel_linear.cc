@@ -21,6 +21,7 @@
 #include <shardline/dist/dist_tensor.h>
 #include <shardline/functional/parallel_linear.h>
 #include <shardline/kernels/elementwise.h>
+#include <shardline/kernels/grouped_linear.h>
 #include <shardline/kernels/linear.h>
 #include <shardline/spmd/layout.h>
 #include <shardline/spmd/mesh.h>
@@ -162,6 +163,11 @@ public:
     Tensor Wrap(const TensorView &v) const {
         return v.present() ? Tensor::FromBlob(v.data, ShapeOf(v), v.dtype, device_) : Tensor();
     }
+    /// A grouped layer's group sizes: host memory, or the call's device.
+    Tensor WrapSizes(const TensorView &v, bool on_device) const {
+        return v.present() ? Tensor::FromBlob(v.data, ShapeOf(v), v.dtype, on_device ? device_ : Device::CPU())
+                           : Tensor();
+    }
 
     /// This rank's shard shape of a global tensor in `layout`.
     Shape LocalShape(const Shape &global, const spmd::Layout &layout) const {
@@ -223,6 +229,7 @@ struct ForwardTensors {
     Tensor x_total{}; ///< undefined unless the caller keeps the gathered input
     kernels::LinearActivation activation = kernels::LinearActivation::kNone; ///< column, without gather_output
     Tensor pre_activation{};                                                 ///< with an activation
+    Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
 };
 
 ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors &t) {
@@ -251,16 +258,26 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
                     "after a reduction)");
     Tensor y_local = y_plan.steps.empty() ? t.y : OutputBuffer(t.y, call.LocalShape(plan.y_shape, y_rule.layout));
     Tensor pre_activation = t.pre_activation;
-    kernels::LinearForward(kernels::LinearForwardArgs{.x = x_used,
-                                                      .weight = t.weight,
-                                                      .bias = t.bias.defined() && !bias_after ? &t.bias : nullptr,
-                                                      .y = y_local,
-                                                      .activation = t.activation,
-                                                      .pre_activation = activation ? &pre_activation : nullptr});
+    const Tensor *local_bias = t.bias.defined() && !bias_after ? &t.bias : nullptr;
+    if (t.group_sizes.defined()) {
+        kernels::GroupedLinearForward(kernels::GroupedLinearForwardArgs{
+            .x = x_used, .weight = t.weight, .bias = local_bias, .group_sizes = t.group_sizes, .y = y_local});
+    } else {
+        kernels::LinearForward(kernels::LinearForwardArgs{.x = x_used,
+                                                          .weight = t.weight,
+                                                          .bias = local_bias,
+                                                          .y = y_local,
+                                                          .activation = t.activation,
+                                                          .pre_activation = activation ? &pre_activation : nullptr});
+    }
     // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
     Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan), t.y);
     if (bias_after) {
-        AddBiasRows(t.y, t.bias);
+        if (t.group_sizes.defined()) {
+            kernels::GroupedBiasAdd(t.y, t.bias, t.group_sizes); // each expert's bias on its rows
+        } else {
+            AddBiasRows(t.y, t.bias);
+        }
     }
     info.collectives = call.collectives();
     return info;
@@ -278,7 +295,34 @@ struct BackwardTensors {
     kernels::LinearActivation input_activation = kernels::LinearActivation::kNone; ///< row, input_is_parallel
     Tensor pre_activation{};                                                       ///< with dx and an activation
     Tensor pre_activation_dbias{};                                                 ///< undefined: not wanted
+    Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
 };
+
+/// A grouped layer's local backward: the split grouped kernels for exactly the wanted gradients (the bias grad rides
+/// with the weight grad when both are in one dtype).
+void RunGroupedBackwardKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, Tensor &dx,
+                               bool accumulate) {
+    if (t.dx.defined()) {
+        kernels::GroupedLinearBackwardInput(kernels::GroupedLinearBackwardInputArgs{
+            .dy = dy, .weight = t.weight, .group_sizes = t.group_sizes, .dx = dx});
+    }
+    Tensor dweight = t.dweight;
+    Tensor dbias = t.dbias;
+    const bool bias_with_weight = t.dweight.defined() && t.dbias.defined() && t.dbias.dtype() == t.dweight.dtype();
+    if (t.dweight.defined()) {
+        kernels::GroupedLinearBackwardWeight(
+            kernels::GroupedLinearBackwardWeightArgs{.dy = dy,
+                                                     .x = x,
+                                                     .group_sizes = t.group_sizes,
+                                                     .dweight = dweight,
+                                                     .dbias = bias_with_weight ? &dbias : nullptr,
+                                                     .accumulate = accumulate});
+    }
+    if (t.dbias.defined() && !bias_with_weight) {
+        kernels::GroupedLinearBackwardBias(kernels::GroupedLinearBackwardBiasArgs{
+            .dy = dy, .group_sizes = t.group_sizes, .dbias = dbias, .accumulate = accumulate});
+    }
+}
 
 BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTensors &t) {
     const spmd::CachedRule &rule = *plan.grad;
@@ -325,20 +369,24 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
     Tensor pre_dbias = t.pre_activation_dbias;
-    kernels::LinearBackward(kernels::LinearBackwardArgs{
-        .dy = dy_used,
-        .x = want_dw ? &x_used : nullptr,
-        .weight = want_dx ? &t.weight : nullptr,
-        .dx = want_dx ? &dx_local : nullptr,
-        .dweight = want_dw ? &dweight : nullptr,
-        .dbias = want_db && !bias_apart ? &dbias : nullptr,
-        .accumulate = accumulate,
-        .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
-        .pre_activation = activation ? &t.pre_activation : nullptr,
-        .pre_activation_dbias = want_pre_db ? &pre_dbias : nullptr});
-    if (bias_apart) {
-        kernels::LinearBackwardBias(
-            kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
+    if (t.group_sizes.defined()) {
+        RunGroupedBackwardKernels(t, dy_used, x_used, dx_local, accumulate);
+    } else {
+        kernels::LinearBackward(kernels::LinearBackwardArgs{
+            .dy = dy_used,
+            .x = want_dw ? &x_used : nullptr,
+            .weight = want_dx ? &t.weight : nullptr,
+            .dx = want_dx ? &dx_local : nullptr,
+            .dweight = want_dw ? &dweight : nullptr,
+            .dbias = want_db && !bias_apart ? &dbias : nullptr,
+            .accumulate = accumulate,
+            .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
+            .pre_activation = activation ? &t.pre_activation : nullptr,
+            .pre_activation_dbias = want_pre_db ? &pre_dbias : nullptr});
+        if (bias_apart) {
+            kernels::LinearBackwardBias(
+                kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
+        }
     }
     if (want_dx) {
         Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan), t.dx);
@@ -364,7 +412,8 @@ ForwardInfo ColumnParallelLinearForward(const ColumnParallelLinearOptions &optio
                                      .y = call.Wrap(args.y),
                                      .x_total = call.Wrap(args.x_total),
                                      .activation = args.activation,
-                                     .pre_activation = call.Wrap(args.pre_activation)});
+                                     .pre_activation = call.Wrap(args.pre_activation),
+                                     .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
 }
 
 BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &options,
@@ -384,7 +433,8 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
                                        .dx = call.Wrap(args.dx),
                                        .dweight = call.Wrap(args.dweight),
                                        .dbias = call.Wrap(args.dbias),
-                                       .mode = args.param_grads});
+                                       .mode = args.param_grads,
+                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
 }
 
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
@@ -396,7 +446,8 @@ ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, co
                       ForwardTensors{.x = call.Wrap(args.x),
                                      .weight = call.Wrap(args.weight),
                                      .bias = call.Wrap(args.bias),
-                                     .y = call.Wrap(args.y)});
+                                     .y = call.Wrap(args.y),
+                                     .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
 }
 
 BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
@@ -415,7 +466,8 @@ BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
                                        .mode = args.param_grads,
                                        .input_activation = args.input_activation,
                                        .pre_activation = args.dx.present() ? call.Wrap(args.pre_activation) : Tensor(),
-                                       .pre_activation_dbias = call.Wrap(args.pre_activation_dbias)});
+                                       .pre_activation_dbias = call.Wrap(args.pre_activation_dbias),
+                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
 }
 
 } // namespace shardline::functional

@@ -122,11 +122,13 @@ void RegisterOuterCompositions() {
 }
 void RegisterLinearCompositions();
 void RegisterMatmulCompositions();
+void RegisterGroupedCompositions();
 
 void RegisterCompositeKernels() {
     RegisterLinearCompositions();
     RegisterMatmulCompositions();
     RegisterOuterCompositions();
+    RegisterGroupedCompositions();
 }
 } // namespace detail
 

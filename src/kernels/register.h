@@ -18,7 +18,8 @@ inline constexpr std::initializer_list<DeviceType> kBuiltDeviceTypes =
     {DeviceType::kCPU};
 #endif
 
-/// Linear*, Matmul*, Outer*: device-agnostic compositions over Gemm (src/kernels/{linear,matmul,outer}.cc),
+/// Linear*, Matmul*, Outer*, GroupedGemm (a loop of Gemm) and GroupedLinear*: device-agnostic compositions over Gemm
+/// (src/kernels/{linear,matmul,outer,grouped_gemm,grouped_linear}.cc),
 /// registered as "default" for every device type.
 void RegisterCompositeKernels();
 /// src/kernels/cpu: Gemm (OpenBLAS), LinearBackwardBias, GELU, Add, Scale, Sum, BiasAdd, Embedding*, CrossEntropy*,

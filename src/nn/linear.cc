@@ -62,15 +62,38 @@ RandomSpec Uniform(const std::string &name, std::int64_t in) {
 
 /// The weight [out, in] and, with `with_bias`, the bias [out] of a Linear layer on `mesh` (null: local) in the given
 /// layouts, initialised as torch.nn.Linear; the bias is undefined without one.
+/// experts > 0: E experts' parameters in one tensor each, weight [E, out, in] and bias [E, out] (the layouts then
+/// have the experts dim in front). Expert e's values are those of global indices e·out·in + … of the one stream, so
+/// they depend neither on tp nor on how experts are placed.
 std::pair<Variable, Variable> MakeLinearParameters(std::int64_t in, std::int64_t out, bool with_bias,
                                                    comm::DeviceMesh *mesh, const spmd::Layout &weight_layout,
-                                                   const spmd::Layout &bias_layout, const ParameterOptions &p) {
-    Variable weight = MakeParameter({out, in}, weight_layout, mesh, p, Uniform(p.name + ".weight", in));
+                                                   const spmd::Layout &bias_layout, const ParameterOptions &p,
+                                                   std::int64_t experts = 0) {
+    Shape weight_shape{out, in};
+    Shape bias_shape{out};
+    if (experts > 0) {
+        weight_shape.insert(weight_shape.begin(), experts);
+        bias_shape.insert(bias_shape.begin(), experts);
+    }
+    Variable weight = MakeParameter(weight_shape, weight_layout, mesh, p, Uniform(p.name + ".weight", in));
     Variable bias;
     if (with_bias) {
-        bias = MakeParameter({out}, bias_layout, mesh, p, Uniform(p.name + ".bias", in));
+        bias = MakeParameter(bias_shape, bias_layout, mesh, p, Uniform(p.name + ".bias", in));
     }
     return {std::move(weight), std::move(bias)};
+}
+
+/// A grouped layer's input: [tokens, in_features] with rows grouped by expert, and int64 [experts] group sizes.
+void CheckGroupedInput(const char *layer, const std::string &name, const Variable &x, std::int64_t in_features,
+                       const Tensor &group_sizes, std::int64_t experts) {
+    SHARDLINE_CHECK_AS(ShapeError, x.defined() && x.shape().size() == 2 && x.shape().back() == in_features, layer,
+                       "'{}': the input must be [tokens, {}] (rows grouped by expert), got {}", name, in_features,
+                       x.defined() ? ShapeToString(x.shape()) : std::string("undefined"));
+    SHARDLINE_CHECK_AS(ShapeError,
+                       group_sizes.defined() && group_sizes.dtype() == DType::kInt64 &&
+                           group_sizes.shape() == Shape{experts},
+                       layer, "'{}': group_sizes must be int64 [num_experts] = [{}], got {}", name, experts,
+                       group_sizes.defined() ? group_sizes.ToString() : std::string("undefined"));
 }
 
 } // namespace
@@ -140,6 +163,73 @@ LinearOutput RowParallelLinear::Forward(const Variable &x) const {
                         name_, tp_.tp_dim, layout.ToString());
     }
     return WithSkippedBias(autograd::RowParallelLinear(x, weight, bias, options_, tp_), options_, bias);
+}
+
+// ---- Mixture-of-experts --------------------------------------------------------------------------------------------
+
+GroupedLinear::GroupedLinear(const GroupedLinearOptions &options, const ParameterOptions &param) : options_(options) {
+    const ParameterOptions p = Named(param, "grouped");
+    name_ = p.name;
+    CheckFeatures("GroupedLinear", p.name, options.in_features, options.out_features);
+    SHARDLINE_CHECK_AS(ShapeError, options.num_experts > 0, "GroupedLinear", "'{}': num_experts must be > 0, got {}",
+                       name_, options.num_experts);
+    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, nullptr, {}, {}, p,
+                                       options.num_experts);
+    weight = RegisterParameter("weight", std::move(w));
+    bias = RegisterOptionalParameter("bias", std::move(b));
+}
+
+Variable GroupedLinear::Forward(const Variable &x, const Tensor &group_sizes) const {
+    CheckGroupedInput("GroupedLinear", name_, x, options_.in_features, group_sizes, options_.num_experts);
+    return autograd::GroupedLinear(x, weight, bias, group_sizes);
+}
+
+ColumnParallelGroupedLinear::ColumnParallelGroupedLinear(const ColumnParallelLinearOptions &options,
+                                                         const TensorParallelGroup &tp, const ParameterOptions &param)
+    : options_(options), tp_(tp) {
+    constexpr const char *kLayer = "ColumnParallelGroupedLinear";
+    const ParameterOptions p = Named(param, "column_grouped");
+    name_ = p.name;
+    CheckParallelSizes(kLayer, name_, options.in_features, options.out_features, tp, "out_features",
+                       options.out_features);
+    SHARDLINE_CHECK_AS(ShapeError, options.num_experts > 0 && !options.sequence_parallel, kLayer,
+                       "'{}': needs num_experts > 0 (got {}) and no sequence_parallel", name_, options.num_experts);
+    const int t = tp.tp_dim;
+    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, tp.mesh,
+                                       spmd::Layout(std::vector<std::vector<int>>{{}, {t}, {}}),
+                                       spmd::Layout(std::vector<std::vector<int>>{{}, {t}}), p, options.num_experts);
+    weight = RegisterParameter("weight", std::move(w));
+    bias = RegisterOptionalParameter("bias", std::move(b));
+}
+
+LinearOutput ColumnParallelGroupedLinear::Forward(const Variable &x, const Tensor &group_sizes) const {
+    CheckGroupedInput("ColumnParallelGroupedLinear", name_, x, options_.in_features, group_sizes, options_.num_experts);
+    return WithSkippedBias(autograd::ColumnParallelGroupedLinear(x, weight, bias, group_sizes, options_, tp_), options_,
+                           bias);
+}
+
+RowParallelGroupedLinear::RowParallelGroupedLinear(const RowParallelLinearOptions &options,
+                                                   const TensorParallelGroup &tp, const ParameterOptions &param)
+    : options_(options), tp_(tp) {
+    constexpr const char *kLayer = "RowParallelGroupedLinear";
+    const ParameterOptions p = Named(param, "row_grouped");
+    name_ = p.name;
+    CheckParallelSizes(kLayer, name_, options.in_features, options.out_features, tp, "in_features",
+                       options.in_features);
+    SHARDLINE_CHECK_AS(ShapeError, options.num_experts > 0 && !options.sequence_parallel, kLayer,
+                       "'{}': needs num_experts > 0 (got {}) and no sequence_parallel", name_, options.num_experts);
+    const int t = tp.tp_dim;
+    auto [w, b] = MakeLinearParameters(options.in_features, options.out_features, options.bias, tp.mesh,
+                                       spmd::Layout(std::vector<std::vector<int>>{{}, {}, {t}}),
+                                       spmd::Layout::Replicated(2), p, options.num_experts);
+    weight = RegisterParameter("weight", std::move(w));
+    bias = RegisterOptionalParameter("bias", std::move(b));
+}
+
+LinearOutput RowParallelGroupedLinear::Forward(const Variable &x, const Tensor &group_sizes) const {
+    CheckGroupedInput("RowParallelGroupedLinear", name_, x, options_.in_features, group_sizes, options_.num_experts);
+    return WithSkippedBias(autograd::RowParallelGroupedLinear(x, weight, bias, group_sizes, options_, tp_), options_,
+                           bias);
 }
 
 } // namespace shardline::nn

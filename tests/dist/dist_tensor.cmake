@@ -34,6 +34,7 @@ set(_shardline_nn_gradient_sources
     ${CMAKE_CURRENT_LIST_DIR}/nn_column_parallel_linear_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/nn_row_parallel_linear_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/nn_parallel_mlp_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/nn_grouped_mlp_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/nn_data_parallel_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/nn_parallel_linear_init_test.cc)
 shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cpu SOURCES ${_shardline_nn_gradient_sources}

@@ -35,6 +35,21 @@ TEST(ShardlineSpmdCliTest, RuleRequestAnswersRowParallelLinear) {
     EXPECT_EQ(steps[0]["bytes_per_rank"], 3 * 16 * 48 * 4);
 }
 
+// grouped_linear x[-1,-1], W[0,-1,-1] (experts over ep), W[.,.,tp] (in over tp) on ep=2 x tp=2: x needs [0,1], y is
+// [0,-1] Partial over tp only, the bias after the reduction
+TEST(ShardlineSpmdCliTest, RuleRequestAnswersGroupedLinearWithExpertAndRowParallelism) {
+    const Result r = RunTool(R"j({"op":"grouped_linear","mesh":{"shape":[2,2],"dim_names":["ep","tp"]},
+        "inputs":[{"name":"x","shape":[64,32],"dims_mapping":[-1,-1]},
+                  {"name":"weight","shape":[8,48,32],"dims_mapping":["ep",-1,"tp"]},
+                  {"name":"bias","shape":[8,48],"dims_mapping":["ep",-1]}]})j",
+                             "grouped");
+    ASSERT_EQ(r.exit_code, kExitAnswered) << r.out;
+    EXPECT_EQ(r.answer["bias_after_reduction"], true);
+    EXPECT_EQ(r.answer["inputs"][0]["dims_mapping"], json::parse("[0,1]"));
+    EXPECT_EQ(r.answer["outputs"][0]["dims_mapping"], json::parse("[0,-1]"));
+    EXPECT_EQ(r.answer["outputs"][0]["placements"], json::parse(R"j(["S(0)","P(sum)"])j"));
+}
+
 // [0,1] -> R,R on 2x4, 8x8 fp32: gather dp off dim 0 (1 * 4*2*4 B), then tp off dim 1 (3 * 8*2*4 B)
 TEST(ShardlineSpmdCliTest, RedistributeRequestAnswersPlan) {
     const Result r = RunTool(R"j({"op":"redistribute","mesh":{"shape":[2,4]},"shape":[8,8],
@@ -640,6 +655,15 @@ std::vector<RoundTripCase> RoundTripCases() {
         R"j("op":"linear","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[-1,0]},
            {"name":"weight","shape":[4,6],"dims_mapping":[-1,0]}])j",
         R"j({"shape":[8,4],"dims_mapping":[-1,-1],"partial":[0]})j");
+    add("grouped_linear", m2,
+        R"j("op":"grouped_linear","inputs":[{"name":"x","shape":[8,6],"dims_mapping":["dp",-1]},
+           {"name":"weight","shape":[4,5,6],"dims_mapping":[-1,"tp",-1]},
+           {"name":"bias","shape":[4,5],"dims_mapping":[-1,"tp"]}])j",
+        R"j({"shape":[8,5],"dims_mapping":[0,1]})j");
+    add("grouped_linear_expert_parallel", m2,
+        R"j("op":"grouped_linear","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]},
+           {"name":"weight","shape":[4,5,6],"dims_mapping":[0,-1,1]}])j",
+        R"j({"shape":[8,5],"dims_mapping":[0,-1],"partial":[1]})j");
     add("embedding", m2,
         R"j("op":"embedding","inputs":[{"name":"ids","shape":[4,5],"dims_mapping":[0,-1]},
            {"name":"weight","shape":[16,8],"dims_mapping":[1,-1]}])j",

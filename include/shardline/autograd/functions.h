@@ -54,6 +54,23 @@ Variable ParallelMLP(const Variable& x, const Variable& fc1_weight, const Variab
                      const functional::ColumnParallelLinearOptions& fc1,
                      const functional::RowParallelLinearOptions& fc2, const functional::TensorParallelGroup& tp);
 
+/// Mixture-of-experts experts on local Variables: y_e = x_e·W_eᵀ + b_e for every expert e, where x [T, in] has its
+/// rows grouped by expert (group e owns group_sizes[e] consecutive rows; group_sizes int64 [E] on the host or x's
+/// device), weight [E, out, in], bias [E, out] (undefined: none). Strided inputs are copied contiguous for the
+/// kernels. Backward runs only the kernels of the gradients needed (kernels::GroupedLinearBackward*): frozen experts
+/// skip dW, an x without grad skips dx; saves x only for dW and W only for dx.
+Variable GroupedLinear(const Variable& x, const Variable& weight, const Variable& bias, const Tensor& group_sizes);
+/// ColumnParallelLinear over E experts (expert tensor parallelism): weight [E, out, in] sharded on out (dim 1) over
+/// tp, bias [E, out] too; x [T, in] replicated over tp with its rows grouped by expert. options.num_experts = E;
+/// no sequence_parallel.
+Variable ColumnParallelGroupedLinear(const Variable& x, const Variable& weight, const Variable& bias,
+                                     const Tensor& group_sizes, const functional::ColumnParallelLinearOptions& options,
+                                     const functional::TensorParallelGroup& tp);
+/// RowParallelLinear over E experts: weight [E, out, in] sharded on in (dim 2) over tp, bias [E, out] replicated and
+/// added per expert once, after the all-reduce. options.num_experts = E; no sequence_parallel.
+Variable RowParallelGroupedLinear(const Variable& x, const Variable& weight, const Variable& bias,
+                                  const Tensor& group_sizes, const functional::RowParallelLinearOptions& options,
+                                  const functional::TensorParallelGroup& tp);
 Variable Gelu(const Variable& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh);
 /// a + alpha·b (same shape).
 Variable Add(const Variable& a, const Variable& b, double alpha = 1.0);

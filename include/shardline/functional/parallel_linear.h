@@ -36,6 +36,11 @@
 // N/tp or K/tp mean it. Each rank's part must be non-empty (CheckShardsNotEmpty). The collectives then move uneven
 // blocks (all-gather-v / reduce-scatter-v, docs/comm.md). Sequence parallelism still needs s divisible by tp.
 //
+// Mixture-of-experts layers (options.num_experts = E > 0) are the same calls on grouped Linears: weight [E, out, in]
+// (sharded on out or in over tp exactly as a Linear's), x [T, in] with its rows grouped by expert (group_sizes), the
+// local GEMMs kernels::GroupedLinear*, the same plans and collectives, a row layer's bias [E, out] added per expert
+// once after the reduction.
+//
 // Errors (shape, dtype, a null required pointer, a bad mesh dim, a rank left without features) raise
 // shardline::Error naming the function, the values and the expectation, before any collective: when every rank
 // passes the same bad configuration, every rank raises and none waits in a collective.
@@ -155,6 +160,11 @@ struct ColumnParallelLinearOptions {
     /// The layer leaves the bias out and the caller adds it (e.g. fused into the next op): the module returns it, and
     /// the functional calls neither read `bias` nor write `dbias` (both must be absent).
     bool skip_bias_add = false;
+    /// Mixture-of-experts expert tensor parallelism: 0 for a Linear; E > 0 makes the layer E experts, a grouped Linear
+    /// (kernels/grouped_linear.h): the weight and bias gain a leading experts dim ([E, ...] of the shapes below), x is
+    /// [T, in] with its rows grouped by expert as the call's group_sizes say. Not with sequence_parallel or an
+    /// activation.
+    std::int64_t num_experts = 0;
 
     /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
     bool adds_bias() const { return bias && !skip_bias_add; }
@@ -173,6 +183,10 @@ struct ColumnParallelLinearForwardArgs {
     kernels::LinearActivation activation = kernels::LinearActivation::kNone;
     TensorView
         pre_activation{}; ///< out with an activation: [s, ..., N/tp] receives x·Wᵀ + b, which that backward needs
+    /// num_experts > 0: int64 [E], the rows of x (and dy) per expert, Σ = T; host memory, or device memory of the
+    /// call's device with group_sizes_on_device (read on the host by the loop provider, see kernels/grouped_gemm.h).
+    TensorView group_sizes{};
+    bool group_sizes_on_device = false;
 };
 
 struct ColumnParallelLinearBackwardArgs {
@@ -184,6 +198,10 @@ struct ColumnParallelLinearBackwardArgs {
     TensorView dweight{}; ///< out, [N/tp, K]; absent: not computed
     TensorView dbias{};   ///< out, [N/tp] (options.adds_bias() only); absent: not computed
     GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
+    /// num_experts > 0: int64 [E], the rows of x (and dy) per expert, Σ = T; host memory, or device memory of the
+    /// call's device with group_sizes_on_device (read on the host by the loop provider, see kernels/grouped_gemm.h).
+    TensorView group_sizes{};
+    bool group_sizes_on_device = false;
 };
 
 /// y = x·weightᵀ + bias (gelu_tanh of it with activation, the pre-activation kept) on this rank's N/tp output features.
@@ -212,6 +230,11 @@ struct RowParallelLinearOptions {
     /// The layer leaves the bias out and the caller adds it: the module returns it, and the functional calls neither
     /// read `bias` nor write `dbias` (both must be absent).
     bool skip_bias_add = false;
+    /// Mixture-of-experts expert tensor parallelism: 0 for a Linear; E > 0 makes the layer E experts, a grouped Linear
+    /// (kernels/grouped_linear.h): the weight and bias gain a leading experts dim ([E, ...] of the shapes below), x is
+    /// [T, in] with its rows grouped by expert as the call's group_sizes say. Not with sequence_parallel or an
+    /// activation.
+    std::int64_t num_experts = 0;
 
     /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
     bool adds_bias() const { return bias && !skip_bias_add; }
@@ -222,6 +245,10 @@ struct RowParallelLinearForwardArgs {
     TensorView weight; ///< [N, K/tp]: this rank's columns of W
     TensorView bias{}; ///< [N]; required when options.adds_bias(), absent otherwise
     TensorView y;      ///< out: [s, ..., N]; sequence_parallel: this rank's [s/tp, ..., N]
+    /// num_experts > 0: int64 [E], the rows of x (and dy) per expert, Σ = T; host memory, or device memory of the
+    /// call's device with group_sizes_on_device (read on the host by the loop provider, see kernels/grouped_gemm.h).
+    TensorView group_sizes{};
+    bool group_sizes_on_device = false;
 };
 
 struct RowParallelLinearBackwardArgs {
@@ -240,6 +267,10 @@ struct RowParallelLinearBackwardArgs {
     /// out, [K/tp]: Σ_rows dx, the column layer's dbias (in the dgrad epilogue where that measures faster), so that
     /// its backward needs no dbias; requires dx. The compute dtype or a float32 main grad, as param_grads says.
     TensorView pre_activation_dbias{};
+    /// num_experts > 0: int64 [E], the rows of x (and dy) per expert, Σ = T; host memory, or device memory of the
+    /// call's device with group_sizes_on_device (read on the host by the loop provider, see kernels/grouped_gemm.h).
+    TensorView group_sizes{};
+    bool group_sizes_on_device = false;
 };
 
 /// y = Σ_tp x_r·weight_rᵀ (all-reduced, or reduce-scattered on dim 0 under sequence_parallel), then + bias once.

@@ -7,6 +7,8 @@
 #include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/grouped_gemm.h>
+#include <shardline/kernels/grouped_linear.h>
 #include <shardline/kernels/linear.h>
 #include <shardline/kernels/matmul.h>
 #include <shardline/kernels/optim.h>
@@ -21,7 +23,9 @@ inline void UnregisterProviderEverywhere(std::string_view provider) {
                        OuterForwardOp, OuterBackwardOp, GeluForwardOp, GeluBackwardOp, AddOp, ScaleOp, SumOp, BiasAddOp,
                        EmbeddingForwardOp, EmbeddingBackwardOp, EmbeddingBagForwardOp, EmbeddingBagBackwardOp,
                        CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp,
-                       AdamWStepOp, SgdStepMultiOp, AdamWStepMultiOp>(provider);
+                       AdamWStepOp, SgdStepMultiOp, AdamWStepMultiOp, GroupedGemmOp, GroupedLinearForwardOp,
+                       GroupedLinearBackwardInputOp, GroupedLinearBackwardWeightOp, GroupedLinearBackwardBiasOp>(
+        provider);
 }
 
 } // namespace shardline::kernels

@@ -87,4 +87,67 @@ private:
     std::string name_;
 };
 
+// ---- Mixture-of-experts: E experts, one Linear each, over the rows routed to them ----------------------------------
+
+struct GroupedLinearOptions {
+    std::int64_t num_experts = 0;
+    std::int64_t in_features = 0;
+    std::int64_t out_features = 0;
+    bool bias = true;
+};
+
+/// E experts on one process: y_e = x_e·W_eᵀ + b_e over each expert's rows (autograd::GroupedLinear). weight
+/// [E, out, in], bias [E, out], initialised as torch.nn.Linear from the counter-based RNG: expert e's values are a
+/// function of (seed, name, e and the element) only, the same under any tensor or expert parallelism. Parameters
+/// "<param.name or 'grouped'>.weight" / ".bias"; the dtype and device come from `param`.
+class GroupedLinear : public Module {
+public:
+    explicit GroupedLinear(const GroupedLinearOptions& options, const ParameterOptions& param = {});
+    /// x [tokens, in] with its rows grouped by expert, group_sizes int64 [E] (host or x's device; Σ = tokens).
+    Variable Forward(const Variable& x, const Tensor& group_sizes) const;
+    Variable weight;
+    Variable bias;
+
+private:
+    GroupedLinearOptions options_;
+    std::string name_;
+};
+
+/// Expert tensor parallelism, column: every expert's weight [E, out, in] sharded on out over tp (bias [E, out] too),
+/// through autograd::ColumnParallelGroupedLinear (the functional core). options.num_experts = E; no
+/// sequence_parallel. The global parameters equal a GroupedLinear's of the same name. Parameters
+/// "<param.name or 'column_grouped'>.weight".
+class ColumnParallelGroupedLinear : public Module {
+public:
+    ColumnParallelGroupedLinear(const ColumnParallelLinearOptions& options, const TensorParallelGroup& tp,
+                                const ParameterOptions& param = {});
+    LinearOutput Forward(const Variable& x, const Tensor& group_sizes) const;
+    const ColumnParallelLinearOptions& options() const { return options_; }
+    Variable weight;
+    Variable bias;
+
+private:
+    ColumnParallelLinearOptions options_;
+    TensorParallelGroup tp_;
+    std::string name_;
+};
+
+/// Expert tensor parallelism, row: weight [E, out, in] sharded on in over tp, bias [E, out] replicated and added per
+/// expert once, after the all-reduce; through autograd::RowParallelGroupedLinear. Parameters
+/// "<param.name or 'row_grouped'>.weight".
+class RowParallelGroupedLinear : public Module {
+public:
+    RowParallelGroupedLinear(const RowParallelLinearOptions& options, const TensorParallelGroup& tp,
+                             const ParameterOptions& param = {});
+    LinearOutput Forward(const Variable& x, const Tensor& group_sizes) const;
+    const RowParallelLinearOptions& options() const { return options_; }
+    Variable weight;
+    Variable bias;
+
+private:
+    RowParallelLinearOptions options_;
+    TensorParallelGroup tp_;
+    std::string name_;
+};
+
 } // namespace shardline::nn

@@ -40,6 +40,10 @@ void CudaLinearBackward(const LinearBackwardArgs &args);
 /// (gemm_tuning.h); false for an epilogue that is not measured, or one cuBLASLt cannot fuse (gemm_cublaslt.cc).
 bool EpilogueRunsFused(const GemmParams &params);
 
+// grouped_gemm.cc: GroupedGemm (CUTLASS or the cuBLASLt loop, per shape), the device-size grouped bias grad, and the
+// legacy provider's GroupedGemm loop
+void RegisterCudaGroupedKernels();
+
 // provider "legacy" (seed 002's rollback path), legacy.cc
 void LegacyCudaGemm(const GemmParams &params);
 void LegacyLinearBackwardBias(const LinearBackwardBiasArgs &args);

@@ -46,6 +46,7 @@ void RegisterCudaKernels() {
     Register<LinearBackwardBiasOp>(kCuda, kLegacyProvider, &cuda::LegacyLinearBackwardBias);
     // The split ops one after another, each through the legacy provider (no side stream, no BGRADB).
     Register<LinearBackwardOp>(kCuda, kLegacyProvider, &CompositeLinearBackward);
+    cuda::RegisterCudaGroupedKernels();
 }
 
 } // namespace shardline::kernels::detail

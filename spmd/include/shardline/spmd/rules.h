@@ -80,6 +80,22 @@ SpmdInfo InferLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const Ten
                          const std::optional<TensorSpec> &bias, const TensorSpec &out_grad, const LinearAttrs &attrs,
                          const RuleOptions &options = {});
 
+// ---- grouped_linear: mixture-of-experts experts, y[t] = x[t] @ weight[e(t)]^T + bias[e(t)] over rows grouped by
+// expert.
+/// x [tokens, in] (rows grouped by expert), weight [E, out, in], bias [E, out] -> out [tokens, out]. The expert dim of
+/// weight and bias is its own label: the mesh dims sharding it are expert parallelism (the rows of x, out and their
+/// gradients are sharded on them as the major shards; the parameter gradients stay sharded on the experts, never
+/// Partial over them). Within an expert it is linear's rule: out sharded -> column parallel, in sharded -> Partial
+/// output with the bias added once after the reduction (bias_after_reduction).
+SpmdInfo InferGroupedLinearForward(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                                   const std::optional<TensorSpec> &bias, const RuleOptions &options = {});
+SpmdInfo InferGroupedLinearReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                                   const std::optional<TensorSpec> &bias, const TensorSpec &out,
+                                   const RuleOptions &options = {});
+SpmdInfo InferGroupedLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
+                                const std::optional<TensorSpec> &bias, const TensorSpec &out_grad,
+                                const RuleOptions &options = {});
+
 // ---- elementwise: unary and n-ary with numpy broadcasting. -----------------------------------------------------
 /// Known ops: binary add, subtract, multiply, divide, maximum, minimum, pow; unary relu, gelu, silu, tanh, sigmoid,
 /// exp, log, sqrt, abs, neg, scale, cast, identity. Throws SpmdError for others.

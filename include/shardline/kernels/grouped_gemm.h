@@ -1,0 +1,111 @@
+#pragma once
+
+// Grouped GEMM: one GEMM per group (a mixture-of-experts expert), the groups differing in one dimension — the number
+// of rows routed to the expert. GroupedGemmParams is to GroupedGemm what GemmParams is to Gemm: a pure problem
+// description, built with designated initializers at each call site, and one dispatch.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <shardline/core/device.h>
+#include <shardline/core/dtype.h>
+#include <shardline/kernels/gemm.h>
+
+namespace shardline::kernels {
+
+/// Which GEMM dimension (cuBLAS's column-major m, n, k) is the group's size. The other two are shared by all groups.
+enum class GroupedDim : std::uint8_t {
+    kN, ///< n_e = sizes[e]: a Linear forward or dgrad, the group's rows are D's columns (column-major)
+    kK, ///< k_e = sizes[e]: a Linear wgrad, the group's rows are the reduction
+};
+
+/// One operand of every group, in elements: group e's matrix starts at
+///     data + e·group_stride + offset_e·row_stride,   offset_e = sizes[0] + … + sizes[e-1],
+/// and has leading dimension `ld`. A per-group weight [E, out, in] has group_stride = out·in and row_stride = 0; a
+/// matrix packed by the grouped rows ([T, features], the groups' rows one after another) has group_stride = 0 and
+/// row_stride = features.
+struct GroupedOperand {
+    const void* data = nullptr;
+    std::int64_t ld = 0;
+    std::int64_t group_stride = 0;
+    std::int64_t row_stride = 0;
+};
+
+/// A pure description of E GEMMs in cuBLAS's column-major convention, one per group e:
+///     D_e = alpha · op(A_e) · op(B_e) + beta · C_e  (+ bias_e per row of D_e with kBias),
+/// op(A_e) m×k, op(B_e) k×n, D_e m×n written over C_e, with n (kN) or k (kK) = sizes[e]. A group of size 0 launches
+/// nothing with kN (D_e has no columns) and gives D_e = beta·C_e with kK (zero, or untouched with beta = 1).
+/// `sizes` (E int64 entries, each >= 0, Σ = total) lives on the host (sizes_device = CPU) or on `device`.
+struct GroupedGemmParams {
+    bool trans_a = false;
+    bool trans_b = false;
+    GroupedDim grouped_dim = GroupedDim::kN;
+    std::int64_t m = 0;
+    std::int64_t n = 0; ///< ignored with kN
+    std::int64_t k = 0; ///< ignored with kK
+
+    std::int64_t group_count = 0;
+    const std::int64_t* sizes = nullptr;
+    Device sizes_device;    ///< Device::CPU() (host sizes) or `device`
+    std::int64_t total = 0; ///< Σ sizes: the grouped rows the packed operands hold
+
+    GroupedOperand a;
+    DType a_type = DType::kFloat32;
+    GroupedOperand b;
+    DType b_type = DType::kFloat32;
+    GroupedOperand c; ///< written (D over C); its `data` must be writable memory
+    DType c_type = DType::kFloat32;
+
+    double alpha = 1.0;
+    double beta = 0.0; ///< 0 or 1 (1: accumulate into C, e.g. an fp32 main grad)
+    GemmCompute compute = GemmCompute::kDefault;
+
+    GemmEpilogue epilogue = GemmEpilogue::kNone; ///< kNone or kBias (m entries per group)
+    const void* bias = nullptr;
+    DType bias_type = DType::kFloat32;
+    std::int64_t bias_group_stride = 0; ///< elements between the groups' bias vectors
+
+    Device device;
+};
+
+struct GroupedGemmOp {
+    static constexpr std::string_view kName = "GroupedGemm";
+    using Fn = void (*)(const GroupedGemmParams&);
+};
+
+/// Runs the grouped GEMM through the dispatcher (like Gemm, a nested call inherits its caller's provider). Default
+/// provider: a loop of Gemm over the non-empty groups (OpenBLAS on the CPU, the cached cuBLASLt plans on CUDA), which
+/// reads device-resident sizes on the host first (one synchronisation; refused while a CUDA graph is captured).
+void GroupedGemm(const GroupedGemmParams& params);
+
+/// The CUDA provider's implementation choice. kAuto: the CUTLASS SM90 grouped GEMM for device-resident sizes (the path
+/// without a host synchronisation) and for many small experts, the loop of cached cuBLASLt GEMMs for few large ones
+/// (docs/kernels.md); kCutlass / kLoop force one (kCutlass where it is eligible). The tile of the CUTLASS kernel:
+/// 256×128×64 (cluster 1×2) or 128×128×64, kAuto by the rows per group. Start: SHARDLINE_GROUPED_GEMM
+/// (auto|cutlass|loop) and SHARDLINE_GROUPED_GEMM_TILE (auto|256x128|128x128).
+enum class GroupedGemmImpl : std::uint8_t { kAuto, kCutlass, kLoop };
+enum class GroupedGemmTile : std::uint8_t { kAuto, k256x128, k128x128 };
+struct GroupedGemmChoice {
+    GroupedGemmImpl impl = GroupedGemmImpl::kAuto;
+    GroupedGemmTile tile = GroupedGemmTile::kAuto;
+};
+GroupedGemmChoice GetGroupedGemmChoice();
+void SetGroupedGemmChoice(const GroupedGemmChoice& choice);
+/// What the default provider runs for this problem: "cutlass 256x128", "cutlass 128x128", or "loop (<why>)".
+std::string GroupedGemmPath(const GroupedGemmParams& params);
+
+/// Checks the description (sizes, leading dims, pointers, dtypes, epilogue); throws ShapeError naming `op`.
+void ValidateGroupedGemmParams(const GroupedGemmParams& params, std::string_view op);
+
+/// The group sizes on the host: a copy of host sizes, or device sizes read back (waits for the device's compute
+/// stream). Throws, naming `op`, for a negative size or a sum other than `total`, and for device sizes while the
+/// device's compute stream is being captured into a CUDA graph (which cannot wait for the host).
+std::vector<std::int64_t> HostGroupSizes(const std::int64_t* sizes, std::int64_t group_count, Device sizes_device,
+                                         std::int64_t total, std::string_view op);
+
+/// The GEMM of group e as a GemmParams (the loop provider's call), given the groups' host offsets.
+GemmParams GroupGemmParams(const GroupedGemmParams& params, std::int64_t group, std::int64_t size, std::int64_t offset);
+
+} // namespace shardline::kernels

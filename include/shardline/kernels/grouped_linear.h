@@ -1,0 +1,75 @@
+#pragma once
+
+// Grouped Linear kernels for mixture-of-experts: E experts, W is [E, out, in], bias [E, out]; the rows of x [T, in]
+// are grouped by expert: group e owns rows [offset_e, offset_e + sizes[e]) with offset_e = sizes[0] + … + sizes[e-1]
+// and Σ sizes = T. `group_sizes` is an int64 [E] tensor on the host or on x's device. Groups with no rows are normal
+// (routing produces them): they launch nothing, their dweight/dbias are zero (untouched when accumulating).
+// No kernel takes autograd flags: the caller decides which of them to run.
+
+#include <string_view>
+
+#include <shardline/core/tensor.h>
+
+namespace shardline::kernels {
+
+struct GroupedLinearForwardArgs {
+    const Tensor& x;              ///< [T, in]
+    const Tensor& weight;         ///< [E, out, in]
+    const Tensor* bias = nullptr; ///< [E, out], y's dtype
+    const Tensor& group_sizes;    ///< [E] int64, host or x's device
+    Tensor& y;                    ///< [T, out]
+};
+struct GroupedLinearForwardOp {
+    static constexpr std::string_view kName = "GroupedLinearForward";
+    using Fn = void (*)(const GroupedLinearForwardArgs&);
+};
+/// y_e = x_e·W_eᵀ + b_e for every group e.
+void GroupedLinearForward(const GroupedLinearForwardArgs& args);
+Tensor GroupedLinearForward(const Tensor& x, const Tensor& weight, const Tensor* bias, const Tensor& group_sizes);
+
+struct GroupedLinearBackwardInputArgs {
+    const Tensor& dy;          ///< [T, out]
+    const Tensor& weight;      ///< [E, out, in]
+    const Tensor& group_sizes; ///< [E] int64
+    Tensor& dx;                ///< [T, in], overwritten
+};
+struct GroupedLinearBackwardInputOp {
+    static constexpr std::string_view kName = "GroupedLinearBackwardInput";
+    using Fn = void (*)(const GroupedLinearBackwardInputArgs&);
+};
+/// dx_e = dy_e·W_e.
+void GroupedLinearBackwardInput(const GroupedLinearBackwardInputArgs& args);
+
+struct GroupedLinearBackwardWeightArgs {
+    const Tensor& dy;          ///< [T, out]
+    const Tensor& x;           ///< [T, in]
+    const Tensor& group_sizes; ///< [E] int64
+    Tensor& dweight;           ///< [E, out, in]; x's dtype, or float32 (a main grad) when accumulating
+    Tensor* dbias = nullptr;   ///< [E, out]: also the bias grad, dweight's dtype
+    bool accumulate = false;   ///< dweight (and dbias) += instead of =
+};
+struct GroupedLinearBackwardWeightOp {
+    static constexpr std::string_view kName = "GroupedLinearBackwardWeight";
+    using Fn = void (*)(const GroupedLinearBackwardWeightArgs&);
+};
+/// dW_e (+)= dy_eᵀ·x_e; optionally db_e (+)= Σ_rows dy_e.
+void GroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& args);
+
+struct GroupedLinearBackwardBiasArgs {
+    const Tensor& dy;          ///< [T, out]
+    const Tensor& group_sizes; ///< [E] int64
+    Tensor& dbias;             ///< [E, out]; dy's dtype or float32
+    bool accumulate = false;
+};
+struct GroupedLinearBackwardBiasOp {
+    static constexpr std::string_view kName = "GroupedLinearBackwardBias";
+    using Fn = void (*)(const GroupedLinearBackwardBiasArgs&);
+};
+/// db_e (+)= Σ_rows dy_e, accumulated in fp32 (fp64 for fp64).
+void GroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args);
+
+/// y_e += b_e on every group's rows: the bias a row-parallel grouped layer adds once, after the reduction. A
+/// composition over BiasAdd (reads device-resident sizes on the host).
+void GroupedBiasAdd(const Tensor& y, const Tensor& bias, const Tensor& group_sizes);
+
+} // namespace shardline::kernels

@@ -1,0 +1,112 @@
+// The grouped Linear (mixture-of-experts experts) on local Variables: y_e = x_e·W_eᵀ + b_e over the rows of each
+// expert. The expert-tensor-parallel forms are the parallel-Linear Function over the functional core with
+// options.num_experts (parallel_linear.cc).
+
+#include <memory>
+#include <utility>
+
+#include <shardline/autograd/functions.h>
+#include <shardline/core/error.h>
+#include <shardline/kernels/grouped_linear.h>
+
+#include "param_grads.h"
+
+namespace shardline::autograd {
+namespace {
+
+using dist::DistTensor;
+using dist::Grad;
+
+/// The Function of autograd::GroupedLinear. Strided inputs are made contiguous for the kernels (so a transposed view
+/// gets its correct gradient, in its own shape); the backward runs exactly the kernels of the gradients needed:
+/// GroupedLinearBackwardInput for x, GroupedLinearBackwardWeight for W (with b's grad when both are in one dtype),
+/// GroupedLinearBackwardBias for b alone. Saves x only for W's grad and W only for x's.
+class GroupedLinearFunction final : public Function {
+public:
+    explicit GroupedLinearFunction(Tensor group_sizes) : group_sizes_(std::move(group_sizes)) {}
+    std::string name() const override { return "GroupedLinearBackward"; }
+
+protected:
+    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+        x_ = in[0].local().Contiguous();
+        weight_ = in[1].local().Contiguous();
+        const Tensor bias = in[2].defined() ? in[2].local().Contiguous() : Tensor();
+        return {DistTensor::Local(
+            kernels::GroupedLinearForward(x_, weight_, bias.defined() ? &bias : nullptr, group_sizes_))};
+    }
+    void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {
+        if (!needs_input_grad(1)) {
+            x_ = Tensor();
+        }
+        if (!needs_input_grad(0)) {
+            weight_ = Tensor();
+        }
+        x_shape_ = in[0].local().shape();
+        weight_shape_ = in[1].local().shape();
+    }
+    std::vector<Grad> Backward(const std::vector<DistTensor> &g) override {
+        std::vector<Grad> grads(3);
+        if (!g[0].defined()) {
+            return grads;
+        }
+        const Tensor dy = g[0].local().Contiguous();
+        const detail::ParamGradRequest wreq{
+            .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}};
+        const detail::ParamGradRequest breq{.needed = needs_input_grad(2),
+                                            .sink = GradSinkFor(2),
+                                            .local_shape = {weight_shape_[0], weight_shape_[1]},
+                                            .layout = {}};
+        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, {wreq, breq}, dy.dtype(), dy.device());
+        Tensor &dweight = params.grads[0];
+        Tensor &dbias = params.grads[1];
+        if (needs_input_grad(0)) {
+            Tensor dx = Tensor::Empty(x_shape_, dy.dtype(), dy.device());
+            kernels::GroupedLinearBackwardInput({.dy = dy, .weight = weight_, .group_sizes = group_sizes_, .dx = dx});
+            grads[0].value = DistTensor::Local(std::move(dx));
+        }
+        const bool bias_with_weight = dweight.defined() && dbias.defined() && dweight.dtype() == dbias.dtype();
+        if (dweight.defined()) {
+            kernels::GroupedLinearBackwardWeight({.dy = dy,
+                                                  .x = x_,
+                                                  .group_sizes = group_sizes_,
+                                                  .dweight = dweight,
+                                                  .dbias = bias_with_weight ? &dbias : nullptr,
+                                                  .accumulate = params.accumulate});
+        }
+        if (dbias.defined() && !bias_with_weight) {
+            kernels::GroupedLinearBackwardBias(
+                {.dy = dy, .group_sizes = group_sizes_, .dbias = dbias, .accumulate = params.accumulate});
+        }
+        grads[1] = params.GradOf(0, nullptr, wreq, {});
+        grads[2] = params.GradOf(1, nullptr, breq, {});
+        return grads;
+    }
+    void ReleaseSaved() override {
+        x_ = Tensor();
+        weight_ = Tensor();
+    }
+
+private:
+    Tensor group_sizes_;
+    Tensor x_;
+    Tensor weight_;
+    Shape x_shape_;
+    Shape weight_shape_;
+};
+
+} // namespace
+
+Variable GroupedLinear(const Variable &x, const Variable &weight, const Variable &bias, const Tensor &group_sizes) {
+    constexpr const char *kOp = "autograd::GroupedLinear";
+    for (const Variable *v : {&x, &weight, &bias}) {
+        SHARDLINE_CHECK(!v->defined() || v->value().is_local(), kOp,
+                        "takes local Variables (ColumnParallelGroupedLinear / RowParallelGroupedLinear run on a "
+                        "mesh), got {}",
+                        v->value().ToString());
+    }
+    SHARDLINE_CHECK(x.defined() && weight.defined(), kOp, "x and weight must be defined");
+    SHARDLINE_CHECK(group_sizes.defined(), kOp, "the group sizes (int64 [experts]) must be given");
+    return Function::Apply(std::make_shared<GroupedLinearFunction>(group_sizes), {x, weight, bias}).at(0);
+}
+
+} // namespace shardline::autograd

@@ -1,11 +1,15 @@
 // Which translation unit serves a grouped GEMM: the (element type, tile) pair, when this build compiled the CUTLASS
-// kernels (SHARDLINE_CUTLASS_GROUPED, set by src/kernels/cuda/CMakeLists.txt with the sm_90a objects).
+// kernels (SHARDLINE_HAVE_CUTLASS in shardline/config.h, the same switch that adds the sm_90a objects in
+// src/kernels/cuda/CMakeLists.txt). A source property set in that subdirectory did not reach this file, which
+// shardline_kernels (defined in src/) compiles: every CUTLASS test skipped with "not built" on an H200.
 
 #include "grouped_cutlass.h"
 
+#include <shardline/config.h>
+
 namespace shardline::kernels::cuda::cutlass_grouped {
 
-#if SHARDLINE_CUTLASS_GROUPED
+#if SHARDLINE_HAVE_CUTLASS
 namespace detail {
 int Run_bf16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_bf16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);

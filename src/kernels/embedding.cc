@@ -38,7 +38,7 @@ Shape BagOutputShape(const Tensor& ids, std::int64_t hidden, std::string_view op
 
 /// The checks the two weight gradients share (dout's shape aside).
 void CheckGradient(const Tensor& ids, const Tensor& dout, const Tensor& dweight, std::int64_t vocab_start,
-                   bool accumulate, std::string_view op) {
+                   std::string_view op) {
     CheckTensor(dweight, op, "dweight");
     SHARDLINE_CHECK_AS(ShapeError, dweight.rank() == 2, op, "dweight must be [V_local, H], got {}", dweight.ToString());
     CheckIds(ids, dweight, "dweight", vocab_start, op);
@@ -74,7 +74,7 @@ Tensor EmbeddingForward(const Tensor& ids, const Tensor& weight, std::int64_t vo
 
 void EmbeddingBackward(const EmbeddingBackwardArgs& args) {
     constexpr std::string_view kOp = EmbeddingBackwardOp::kName;
-    CheckGradient(args.ids, args.dout, args.dweight, args.vocab_start, args.accumulate, kOp);
+    CheckGradient(args.ids, args.dout, args.dweight, args.vocab_start, kOp);
     CheckShape(args.dout, WithTrailingDim(args.ids.shape(), args.dweight.size(1)), kOp, "dout");
     if (args.dweight.numel() == 0) {
         return;
@@ -115,7 +115,7 @@ Tensor EmbeddingBagForward(const Tensor& ids, const Tensor& weight, std::int64_t
 
 void EmbeddingBagBackward(const EmbeddingBagBackwardArgs& args) {
     constexpr std::string_view kOp = EmbeddingBagBackwardOp::kName;
-    CheckGradient(args.ids, args.dout, args.dweight, args.vocab_start, args.accumulate, kOp);
+    CheckGradient(args.ids, args.dout, args.dweight, args.vocab_start, kOp);
     CheckShape(args.dout, BagOutputShape(args.ids, args.dweight.size(1), kOp), kOp, "dout");
     if (args.dweight.numel() == 0) {
         return;

@@ -181,8 +181,7 @@ void CheckInputActivation(const Tensor& dx, LinearActivation activation, const T
     }
 }
 
-void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweight, bool accumulate,
-                         std::string_view op) {
+void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweight, std::string_view op) {
     CheckTensor(dy, op, "dy");
     CheckTensor(x, op, "x");
     CheckTensor(dweight, op, "dweight");
@@ -244,7 +243,7 @@ Tensor LinearBackwardInput(const Tensor& dy, const Tensor& weight) {
 
 void LinearBackwardWeight(const LinearBackwardWeightArgs& args) {
     constexpr std::string_view kOp = LinearBackwardWeightOp::kName;
-    CheckBackwardWeight(args.dy, args.x, args.dweight, args.accumulate, kOp);
+    CheckBackwardWeight(args.dy, args.x, args.dweight, kOp);
     if (args.dbias != nullptr) {
         CheckTensor(*args.dbias, kOp, "dbias");
         CheckSameDevice(*args.dbias, "dbias", args.x, "x", kOp);
@@ -306,7 +305,7 @@ void LinearBackward(const LinearBackwardArgs& args) {
     }
     if (args.dweight != nullptr) {
         SHARDLINE_CHECK(args.x != nullptr, kOp, "dweight needs the input x");
-        CheckBackwardWeight(args.dy, *args.x, *args.dweight, args.accumulate, kOp);
+        CheckBackwardWeight(args.dy, *args.x, *args.dweight, kOp);
     }
     if (args.dbias != nullptr) {
         CheckBackwardBias(args.dy, *args.dbias, kOp);

@@ -1,8 +1,9 @@
 #pragma once
 
-// Launchers for the mixture-of-experts kernels (moe_kernels.cu). Declarations only: host code includes this without
-// nvcc. Each returns the launch status for SHARDLINE_CHECK_CUDA. Every kernel is deterministic: sums run in a fixed
-// order (warp butterflies, fixed row chunks, sequential loops), and the only atomics are integer counts.
+// Launchers for the mixture-of-experts kernels (moe_router_kernels.cu: the router; moe_kernels.cu: the permutation).
+// Declarations only: host code includes this without nvcc. Each returns the launch status for SHARDLINE_CHECK_CUDA.
+// Every kernel is deterministic: sums run in a fixed order (warp butterflies, fixed row chunks, sequential loops), and
+// the only atomics are integer counts.
 
 #include <cstddef>
 #include <cstdint>
@@ -65,8 +66,8 @@ cudaError_t LaunchMoEUnpermuteRows(const void *tokens, std::int64_t hidden, DTyp
                                    std::int64_t num_tokens, int topk, const void *weights, DType weights_dtype, void *y,
                                    cudaStream_t stream);
 
-/// dweights[i] = Σ_h dy[i / k, h]·tokens[row_map[i], h] (0 when row_map[i] < 0): one warp per copy, fp32 partial
-/// sums per lane in increasing h, then a fixed butterfly.
+/// dweights[i] = Σ_h dy[i / k, h]·tokens[row_map[i], h] (0 when row_map[i] < 0): one warp per copy, 16-byte loads where
+/// the width and both pointers allow, fp32 partial sums per lane in increasing h, then a fixed butterfly.
 cudaError_t LaunchMoEUnpermuteWeightsGrad(const void *dy, const void *tokens, std::int64_t hidden, DType dtype,
                                           const std::int64_t *row_map, std::int64_t num_tokens, int topk,
                                           void *dweights, DType dweights_dtype, cudaStream_t stream);

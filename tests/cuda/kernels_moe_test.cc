@@ -6,6 +6,7 @@
 // autograd on the GPU against the same graph on the CPU (values and gradients). The tests/kernels cases cover the
 // small and edge routings on both devices.
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -80,7 +81,10 @@ TEST_P(MoECudaTest, RouterMatchesTheCpuProviderAndIsBitwiseDeterministic) {
     EXPECT_TRUE(ValuesMatch(gpu.weights, cpu.weights.ToDoubleVector(), DType::kFloat32, 16)) << "weights";
     EXPECT_TRUE(ValuesMatch(gpu.aux, cpu.aux.ToDoubleVector(), DType::kFloat32, 64)) << "aux loss";
     EXPECT_TRUE(ValuesMatch(gpu.z, cpu.z.ToDoubleVector(), DType::kFloat32, 64)) << "z loss";
-    EXPECT_TRUE(ValuesMatch(gpu.dlogits, cpu.dlogits.ToDoubleVector(), DType::kFloat32, 64)) << "dlogits";
+    // dlogits = p ⊙ (g − Σ_e p_e g_e) (+ the loss terms): an fp32 sum over E experts whose result cancels, so its
+    // error grows with E (measured on an H200: 1.6x the 64-term bound at E = 256; the CPU sums in float64).
+    EXPECT_TRUE(ValuesMatch(gpu.dlogits, cpu.dlogits.ToDoubleVector(), DType::kFloat32, std::max(64, 2 * experts)))
+        << "dlogits";
     ASSERT_GT(AbsSum(cpu.dlogits.ToDoubleVector()), 0.0);
     const RouterRun again = RunRouter(logits.To(Gpu()), c, dw);
     for (const auto &[a, b] :

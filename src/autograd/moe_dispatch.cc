@@ -75,30 +75,49 @@ void Regroup(const ExpertExchangePlan &plan, const Tensor &from, const Tensor &t
     }
 }
 
-/// rows [plan.sent(), h] → the local experts' rows [plan.received(), h], expert-major.
-Tensor DispatchRows(const Tensor &rows, const ExpertExchangePlan &plan, comm::Communicator &ep) {
+bool Exchanges(const ExpertExchangePlan &plan, comm::Communicator *ep) { return ep != nullptr && plan.ep_size > 1; }
+
+/// rows [plan.sent(), h] → the local experts' rows [plan.expert_rows(), h], expert-major (the zero pad row when none
+/// arrives).
+Tensor DispatchRows(const Tensor &rows, const ExpertExchangePlan &plan, comm::Communicator *ep) {
     const std::int64_t h = rows.shape().back();
-    Tensor received = Tensor::Empty({plan.received(), h}, rows.dtype(), rows.device());
-    ep.AllToAllV(rows, Times(plan.send_rows, h), received, Times(plan.recv_rows, h))->Wait();
+    Tensor received = rows;
+    if (Exchanges(plan, ep)) {
+        received = Tensor::Empty({plan.received(), h}, rows.dtype(), rows.device());
+        ep->AllToAllV(rows, Times(plan.send_rows, h), received, Times(plan.recv_rows, h))->Wait();
+    }
+    if (plan.padded()) {
+        return Tensor::Zeros({1, h}, rows.dtype(), rows.device());
+    }
+    if (!Exchanges(plan, ep)) {
+        return rows;
+    }
     Tensor grouped = Tensor::Empty({plan.received(), h}, rows.dtype(), rows.device());
     Regroup(plan, received, grouped, true);
     return grouped;
 }
 
-/// The inverse: the local experts' rows [plan.received(), h] → [plan.sent(), h] in Permute's order.
-Tensor CombineRows(const Tensor &rows, const ExpertExchangePlan &plan, comm::Communicator &ep) {
+/// The inverse: the local experts' rows [plan.expert_rows(), h] → [plan.sent(), h] in Permute's order (the pad row
+/// is dropped).
+Tensor CombineRows(const Tensor &rows, const ExpertExchangePlan &plan, comm::Communicator *ep) {
     const std::int64_t h = rows.shape().back();
-    Tensor by_rank = Tensor::Empty({plan.received(), h}, rows.dtype(), rows.device());
-    Regroup(plan, rows, by_rank, false);
+    Tensor by_rank = plan.padded() ? Tensor::Empty({0, h}, rows.dtype(), rows.device()) : rows;
+    if (!Exchanges(plan, ep)) {
+        return by_rank;
+    }
+    if (!plan.padded()) {
+        by_rank = Tensor::Empty({plan.received(), h}, rows.dtype(), rows.device());
+        Regroup(plan, rows, by_rank, false);
+    }
     Tensor out = Tensor::Empty({plan.sent(), h}, rows.dtype(), rows.device());
-    ep.AllToAllV(by_rank, Times(plan.recv_rows, h), out, Times(plan.send_rows, h))->Wait();
+    ep->AllToAllV(by_rank, Times(plan.recv_rows, h), out, Times(plan.send_rows, h))->Wait();
     return out;
 }
 
 /// ExpertDispatch (combine = false) and ExpertCombine (combine = true): each one's backward is the other's forward.
 class ExpertExchangeFunction final : public Function {
 public:
-    ExpertExchangeFunction(ExpertExchangePlan plan, comm::Communicator &ep, bool combine)
+    ExpertExchangeFunction(ExpertExchangePlan plan, comm::Communicator *ep, bool combine)
         : plan_(std::move(plan)), ep_(ep), combine_(combine) {}
     std::string name() const override { return combine_ ? "ExpertCombineBackward" : "ExpertDispatchBackward"; }
 
@@ -119,7 +138,7 @@ protected:
 
 private:
     ExpertExchangePlan plan_;
-    comm::Communicator &ep_;
+    comm::Communicator *ep_;
     bool combine_;
 };
 
@@ -130,8 +149,6 @@ void CheckRows(const char *op, const Variable &x, std::int64_t rows) {
                        "the rows must be [{}, hidden] as the exchange plan says, got {}", rows,
                        ShapeToString(x.shape()));
 }
-
-bool Exchanges(const ExpertExchangePlan &plan, comm::Communicator *ep) { return ep != nullptr && plan.ep_size > 1; }
 
 /// LocalPart: a mesh Variable's local shard as a local Variable (viewed as `shape`); backward the reverse.
 class LocalPartFunction final : public Function {
@@ -195,6 +212,15 @@ private:
 
 std::int64_t ExpertExchangePlan::sent() const { return Sum(send_rows); }
 std::int64_t ExpertExchangePlan::received() const { return Sum(recv_rows); }
+bool ExpertExchangePlan::padded() const { return received() == 0; }
+std::int64_t ExpertExchangePlan::expert_rows() const { return padded() ? 1 : received(); }
+std::vector<std::int64_t> ExpertExchangePlan::expert_group_sizes() const {
+    std::vector<std::int64_t> sizes = local_group_sizes;
+    if (padded()) {
+        sizes.front() = 1;
+    }
+    return sizes;
+}
 
 ExpertExchangePlan PlanExpertExchange(const std::vector<std::int64_t> &group_sizes, comm::Communicator *ep) {
     const int p = ep != nullptr ? ep->size() : 1;
@@ -244,18 +270,18 @@ ExpertExchangePlan PlanExpertExchange(const std::vector<std::int64_t> &group_siz
 
 Variable ExpertDispatch(const Variable &tokens, const ExpertExchangePlan &plan, comm::Communicator *ep) {
     CheckRows("ExpertDispatch", tokens, plan.sent());
-    if (!Exchanges(plan, ep)) {
+    if (!Exchanges(plan, ep) && !plan.padded()) {
         return tokens;
     }
-    return Function::Apply(std::make_shared<ExpertExchangeFunction>(plan, *ep, false), {tokens}).at(0);
+    return Function::Apply(std::make_shared<ExpertExchangeFunction>(plan, ep, false), {tokens}).at(0);
 }
 
 Variable ExpertCombine(const Variable &expert_rows, const ExpertExchangePlan &plan, comm::Communicator *ep) {
-    CheckRows("ExpertCombine", expert_rows, plan.received());
-    if (!Exchanges(plan, ep)) {
+    CheckRows("ExpertCombine", expert_rows, plan.expert_rows());
+    if (!Exchanges(plan, ep) && !plan.padded()) {
         return expert_rows;
     }
-    return Function::Apply(std::make_shared<ExpertExchangeFunction>(plan, *ep, true), {expert_rows}).at(0);
+    return Function::Apply(std::make_shared<ExpertExchangeFunction>(plan, ep, true), {expert_rows}).at(0);
 }
 
 Variable LocalPart(const Variable &x, const Shape &local_shape) {

@@ -43,7 +43,14 @@ struct ExpertExchangePlan {
     std::vector<std::int64_t> local_group_sizes;
 
     std::int64_t sent() const;     ///< Σ send_rows: the rows of Permute's output
-    std::int64_t received() const; ///< Σ recv_rows: the rows of ExpertDispatch's output
+    std::int64_t received() const; ///< Σ recv_rows: the rows the local experts receive
+    /// No row arrives: the experts run on one zero pad row instead (the grouped layers need memory to point to); its
+    /// output is dropped by the combine and its gradient is zero, so it changes no value and no gradient.
+    bool padded() const;
+    /// The rows of ExpertDispatch's output: received(), or 1 when padded.
+    std::int64_t expert_rows() const;
+    /// The experts' group sizes for ExpertDispatch's output: local_group_sizes, with the pad row on the first expert.
+    std::vector<std::int64_t> expert_group_sizes() const;
 };
 
 /// The plan from this rank's per-expert row counts `group_sizes` (E entries, Permute's host_group_sizes). Collective
@@ -52,10 +59,10 @@ struct ExpertExchangePlan {
 /// collective (the sizes agree on every rank when every rank passes E entries).
 ExpertExchangePlan PlanExpertExchange(const std::vector<std::int64_t>& group_sizes, comm::Communicator* ep);
 
-/// tokens [R, H] (a local Variable, R = plan.sent(), rows in global expert order) → [plan.received(), H], the local
-/// experts' rows grouped expert by expert (group sizes plan.local_group_sizes). Differentiable in tokens.
+/// tokens [R, H] (a local Variable, R = plan.sent(), rows in global expert order) → [plan.expert_rows(), H], the
+/// local experts' rows grouped expert by expert (group sizes plan.expert_group_sizes()). Differentiable in tokens.
 Variable ExpertDispatch(const Variable& tokens, const ExpertExchangePlan& plan, comm::Communicator* ep);
-/// The inverse of ExpertDispatch: expert_rows [plan.received(), H] → [plan.sent(), H] in Permute's order.
+/// The inverse of ExpertDispatch: expert_rows [plan.expert_rows(), H] → [plan.sent(), H] in Permute's order.
 Variable ExpertCombine(const Variable& expert_rows, const ExpertExchangePlan& plan, comm::Communicator* ep);
 
 /// x's local shard as a local Variable of shape `local_shape` (same elements, e.g. [..., H] flattened to [T, H]; x's

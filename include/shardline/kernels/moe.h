@@ -86,8 +86,8 @@ struct MoEPermuteMapOp {
 };
 /// The stable expert order of the copies (t, j), flattened i = t·topk + j: copy i of expert e that is the r-th of
 /// e's copies in increasing i gets row offset_e + r when r < capacity (or dropless), with offset_e = Σ_{e' < e}
-/// group_sizes[e']; the others get -1. Out-of-range ids are an error on the CPU (checked by the wrapper) and are
-/// undefined on CUDA (the wrapper does not read device ids).
+/// group_sizes[e']; the others get -1. Out-of-range ids are an error on the CPU (checked by the wrapper); on CUDA,
+/// whose ids the wrapper does not read, they are dropped (row -1, in no group).
 void MoEPermuteMap(const MoEPermuteMapArgs& args);
 
 struct MoEPermuteRowsArgs {

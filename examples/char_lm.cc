@@ -470,7 +470,8 @@ Variable Trainer::Step(const Batch &b, Device device) {
         optimizer_.ZeroGrad();
     }
     Variable loss = model_.Loss(b, device);
-    (model_.moe() ? autograd::Add(loss, model_.aux()) : loss).Backward();
+    // The auxiliary losses are float32 (the router's); a half-precision model's loss takes them in its dtype.
+    (model_.moe() ? autograd::Add(loss, autograd::Cast(model_.aux(), loss.dtype())) : loss).Backward();
     if (sync_) {
         sync_->Finish();
     }

@@ -95,6 +95,18 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
             integer(c.save_interval);
         } else if (k == "load") {
             text(c.load);
+        } else if (k == "num_experts") {
+            integer(c.num_experts);
+        } else if (k == "moe_router_topk") {
+            integer(c.moe_router_topk);
+        } else if (k == "ep") {
+            integer(c.ep);
+        } else if (k == "etp") {
+            integer(c.etp);
+        } else if (k == "moe_aux_loss_coeff") {
+            number(c.moe_aux_loss_coeff);
+        } else if (k == "moe_capacity_factor") {
+            number(c.moe_capacity_factor);
         } else if (k == "async_save") {
             SHARDLINE_CHECK(v.is_boolean(), program, "config key '{}' must be true or false, got {}", k, v.dump());
             c.async_save = v.get<bool>();
@@ -103,7 +115,8 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
                 Error, program,
                 "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
                 "batch, lr, warmup_steps, weight_decay, dtype, seed, log_interval, eval_interval, "
-                "eval_batches, data, metrics, sample_chars, peak_tflops, save, save_interval, load, async_save)",
+                "eval_batches, data, metrics, sample_chars, peak_tflops, save, save_interval, load, async_save, "
+                "num_experts, moe_router_topk, ep, etp, moe_aux_loss_coeff, moe_capacity_factor)",
                 k, path);
         }
     }
@@ -112,8 +125,17 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
 void ConfigFlags::Add(CLI::App &app) {
     app.add_option("--config", config_path_, "JSON config file (keys as the options below)");
     steps_ = app.add_option("--steps", cli_.steps, "training steps");
-    tp_ = app.add_option("--tp", cli_.tp, "tensor-parallel size (default: ranks / dp)");
-    dp_ = app.add_option("--dp", cli_.dp, "data-parallel size");
+    tp_ = app.add_option("--tp", cli_.tp, "tensor-parallel size (default: ranks / (dp·ep))");
+    dp_ = app.add_option("--dp", cli_.dp, "data-parallel size (default: ranks / (ep·tp), 1 without --tp)");
+    num_experts_ = app.add_option("--num-experts", cli_.num_experts,
+                                  "experts per MoE block (0: dense ParallelMLP blocks; Megatron's --num-experts)");
+    topk_ = app.add_option("--moe-router-topk", cli_.moe_router_topk, "experts per token (default 2)");
+    ep_ = app.add_option("--ep", cli_.ep, "expert-parallel size: the experts split over it, the batch over dp·ep");
+    etp_ =
+        app.add_option("--etp", cli_.etp, "expert tensor-parallel size: tp (the default; etp < tp is not supported)");
+    aux_coeff_ = app.add_option("--moe-aux-loss-coeff", cli_.moe_aux_loss_coeff, "load-balancing loss coefficient");
+    capacity_ = app.add_option("--moe-capacity-factor", cli_.moe_capacity_factor,
+                               "expert capacity factor (tokens beyond it are dropped; default: dropless)");
     hidden_ = app.add_option("--hidden", cli_.hidden, "hidden size");
     ffn_ = app.add_option("--ffn", cli_.ffn, "MLP inner size (divisible by tp)");
     layers_ = app.add_option("--layers", cli_.layers, "ParallelMLP blocks");
@@ -204,19 +226,53 @@ Config ConfigFlags::Resolve(Config c, const char *program) const {
     if (*async_save_) {
         c.async_save = cli_.async_save;
     }
+    if (*num_experts_) {
+        c.num_experts = cli_.num_experts;
+    }
+    if (*topk_) {
+        c.moe_router_topk = cli_.moe_router_topk;
+    }
+    if (*ep_) {
+        c.ep = cli_.ep;
+    }
+    if (*etp_) {
+        c.etp = cli_.etp;
+    }
+    if (*aux_coeff_) {
+        c.moe_aux_loss_coeff = cli_.moe_aux_loss_coeff;
+    }
+    if (*capacity_) {
+        c.moe_capacity_factor = cli_.moe_capacity_factor;
+    }
     return c;
 }
 
 void Validate(Config &c, int world, const char *program) {
+    SHARDLINE_CHECK(c.ep >= 1 && c.num_experts >= 0, program, "ep ({}) must be >= 1 and num_experts ({}) >= 0", c.ep,
+                    c.num_experts);
+    SHARDLINE_CHECK(c.num_experts > 0 || c.ep == 1, program,
+                    "ep ({}) needs a MoE model: --num-experts (expert parallelism splits the experts)", c.ep);
+    if (c.dp == 0) {
+        c.dp = c.tp == 0 ? 1 : std::max(1, world / std::max(1, c.ep * c.tp));
+    }
     if (c.tp == 0) {
-        c.tp = world / std::max(1, c.dp);
+        c.tp = std::max(1, world / std::max(1, c.dp * c.ep));
     }
     SHARDLINE_CHECK(c.steps >= 0 && c.context > 0 && c.hidden > 0 && c.ffn > 0 && c.layers >= 0 && c.batch > 0, program,
                     "steps >= 0 and context, hidden, ffn, batch > 0, layers >= 0 are required, got steps {} "
                     "context {} hidden {} ffn {} batch {} layers {}",
                     c.steps, c.context, c.hidden, c.ffn, c.batch, c.layers);
-    SHARDLINE_CHECK(c.dp >= 1 && c.tp >= 1 && c.dp * c.tp == world, program,
-                    "dp ({}) x tp ({}) must equal the number of ranks ({})", c.dp, c.tp, world);
+    SHARDLINE_CHECK(c.dp >= 1 && c.tp >= 1 && c.dp * c.ep * c.tp == world, program,
+                    "dp ({}) x ep ({}) x tp ({}) must equal the number of ranks ({})", c.dp, c.ep, c.tp, world);
+    if (c.num_experts > 0) {
+        SHARDLINE_CHECK(c.moe_router_topk >= 1 && c.moe_router_topk <= c.num_experts, program,
+                        "moe_router_topk ({}) must be in [1, num_experts] = [1, {}]", c.moe_router_topk, c.num_experts);
+        SHARDLINE_CHECK(c.layers >= 1, program, "a MoE model (num_experts {}) needs layers >= 1", c.num_experts);
+        SHARDLINE_CHECK(c.num_experts % c.ep == 0, program, "num_experts ({}) must be divisible by ep ({})",
+                        c.num_experts, c.ep);
+        SHARDLINE_CHECK(c.etp == 0 || c.etp == c.tp, program,
+                        "etp ({}) must be tp ({}): the experts are tensor-parallel over the tp dim", c.etp, c.tp);
+    }
     SHARDLINE_CHECK(c.ffn % c.tp == 0, program, "ffn ({}) must be divisible by tp ({})", c.ffn, c.tp);
     SHARDLINE_CHECK(c.warmup_steps >= 0, program, "warmup_steps must be >= 0, got {}", c.warmup_steps);
     SHARDLINE_CHECK(c.lr > 0 && c.log_interval > 0 && c.eval_interval > 0 && c.eval_batches > 0, program,
@@ -224,7 +280,27 @@ void Validate(Config &c, int world, const char *program) {
     SHARDLINE_CHECK(c.dtype == "auto" || c.dtype == "fp32" || c.dtype == "float32" || c.dtype == "bf16" ||
                         c.dtype == "bfloat16" || c.dtype == "fp16" || c.dtype == "float16",
                     program, "dtype must be auto, fp32, bf16 or fp16, got '{}'", c.dtype);
-    SHARDLINE_CHECK(c.batch % c.dp == 0, program, "batch ({}) must be divisible by dp ({})", c.batch, c.dp);
+    SHARDLINE_CHECK(c.batch % DataRanks(c) == 0, program, "batch ({}) must be divisible by dp·ep ({})", c.batch,
+                    DataRanks(c));
+}
+
+std::vector<std::int64_t> MeshShape(const Config &c) {
+    if (c.num_experts > 0) {
+        return {c.dp, c.ep, c.tp};
+    }
+    return {c.dp, c.tp};
+}
+std::vector<std::string> MeshDims(const Config &c) {
+    if (c.num_experts > 0) {
+        return {"dp", "ep", "tp"};
+    }
+    return {"dp", "tp"};
+}
+std::vector<std::string> DataDims(const Config &c) {
+    if (c.num_experts > 0) {
+        return {"dp", "ep"};
+    }
+    return {"dp"};
 }
 
 DType ResolveDType(const Config &c, bool gpu, const char *program) {
@@ -310,6 +386,20 @@ CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mes
     for (int l = 0; l < c.layers; ++l) {
         nn::ParameterOptions block_param = param;
         block_param.name = fmt::format("block{}", l);
+        if (c.num_experts > 0) {
+            moe_blocks_.push_back(
+                RegisterModule(block_param.name,
+                               std::make_shared<nn::MoEMLP>(nn::MoEMLPOptions{.hidden = c.hidden,
+                                                                              .ffn = c.ffn,
+                                                                              .num_experts = c.num_experts,
+                                                                              .topk = c.moe_router_topk,
+                                                                              .ep = c.ep,
+                                                                              .etp = c.etp,
+                                                                              .capacity_factor = c.moe_capacity_factor,
+                                                                              .aux_loss_coeff = c.moe_aux_loss_coeff},
+                                                            mesh, block_param)));
+            continue;
+        }
         blocks_.push_back(
             RegisterModule(block_param.name,
                            std::make_shared<nn::ParallelMLP>(
@@ -327,34 +417,50 @@ CharLM::CharLM(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mes
 
 Variable CharLM::Forward(const Tensor &ids_full) const {
     // ids [context, batch]: the batch is split over dp.
-    const DistTensor ids = DistTensor::Sharded(ids_full, mesh_, {{.dim = 1, .over = {"dp"}}});
+    const DistTensor ids = DistTensor::Sharded(ids_full, mesh_, {{.dim = 1, .over = DataDims(c_)}});
     // Σ over the context of the positions' embeddings, fused: no [context, batch, hidden] lookup in the forward or the
     // backward (torch.nn.EmbeddingBag, mode sum).
     Variable x = autograd::EmbeddingBag(Variable(ids), embedding_); // [batch, hidden]
     for (const auto &block : blocks_) {
         x = autograd::Add(x, block->Forward(x));
     }
+    // MoE blocks: the layers' auxiliary losses are summed for the loss, their routing statistics for the log.
+    aux_ = Variable();
+    stats_ = {};
+    for (const auto &block : moe_blocks_) {
+        nn::MoEOutput out = block->Forward(x);
+        x = autograd::Add(x, out.output);
+        aux_ = aux_.defined() ? autograd::Add(aux_, out.aux_loss) : out.aux_loss;
+        const bool first = stats_.tokens == 0;
+        stats_.tokens = out.stats.tokens;
+        stats_.load_min = first ? out.stats.load_min : std::min(stats_.load_min, out.stats.load_min);
+        stats_.load_max = std::max(stats_.load_max, out.stats.load_max);
+        stats_.dropped += out.stats.dropped;
+    }
     return head_->Forward(x).output;
 }
 
 Variable CharLM::Loss(const Batch &b, Device device) const {
     const Variable logits = Forward(b.ids.To(device));
-    const Variable labels(DistTensor::Sharded(b.labels.To(device), mesh_, {{.dim = 0, .over = {"dp"}}}));
+    const Variable labels(DistTensor::Sharded(b.labels.To(device), mesh_, {{.dim = 0, .over = DataDims(c_)}}));
     return autograd::CrossEntropy(logits, labels, {.vocab_parallel = true});
 }
 
 double CharLM::FlopsPerPrediction() const {
-    return 2.0 * (static_cast<double>(c_.layers) * 2.0 * static_cast<double>(c_.hidden * c_.ffn) +
-                  static_cast<double>(c_.hidden * vocab_));
+    // A MoE block runs topk experts per token and the gate.
+    const double block = c_.num_experts > 0 ? 2.0 * static_cast<double>(c_.hidden * c_.ffn * c_.moe_router_topk) +
+                                                  static_cast<double>(c_.hidden * c_.num_experts)
+                                            : 2.0 * static_cast<double>(c_.hidden * c_.ffn);
+    return 2.0 * (static_cast<double>(c_.layers) * block + static_cast<double>(c_.hidden * vocab_));
 }
 
 double LossValue(const Variable &loss) { return loss.value().FullTensor().ToDoubleVector().at(0); }
 
 Trainer::Trainer(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)
     : model_(c, vocab_padded, mesh, param), params_(model_.Parameters()),
-      sync_(mesh.shape().at(static_cast<std::size_t>(mesh.dim_index("dp"))) > 1
-                ? std::make_unique<nn::GradSync>(params_, mesh, nn::GradSyncOptions{.dp_dim = "dp"})
-                : nullptr),
+      sync_(DataRanks(c) > 1 ? std::make_unique<nn::GradSync>(
+                                   params_, mesh, nn::GradSyncOptions{.dp_dim = "dp", .dp_dims = DataDims(c)})
+                             : nullptr),
       optimizer_(params_, {.lr = c.lr, .weight_decay = c.weight_decay}), lr_(c.lr), warmup_steps_(c.warmup_steps) {}
 
 Variable Trainer::Step(const Batch &b, Device device) {
@@ -364,7 +470,8 @@ Variable Trainer::Step(const Batch &b, Device device) {
         optimizer_.ZeroGrad();
     }
     Variable loss = model_.Loss(b, device);
-    loss.Backward();
+    // The auxiliary losses are float32 (the router's); a half-precision model's loss takes them in its dtype.
+    (model_.moe() ? autograd::Add(loss, autograd::Cast(model_.aux(), loss.dtype())) : loss).Backward();
     if (sync_) {
         sync_->Finish();
     }

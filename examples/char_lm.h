@@ -7,6 +7,9 @@
 // one-hot context) -> `layers` residual ParallelMLP blocks (ColumnParallelLinear -> GELU -> RowParallelLinear) -> a
 // ColumnParallelLinear head over the vocabulary -> vocab-parallel cross-entropy (the logits stay sharded). Mesh dp×tp:
 // the batch is sharded on dp (gradients all-reduced in buckets during backward), the layers on tp.
+// With num_experts > 0 (Megatron's --num-experts) every block is an nn::MoEMLP instead of a ParallelMLP, on a
+// (dp, ep, tp) mesh: the batch is sharded over dp and ep, the experts over ep (and each over tp), and the loss adds the
+// layers' auxiliary losses; GradSync reduces dense gradients over dp and ep, the experts' over dp.
 
 #include <chrono>
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include <shardline/nn/linear.h>
 #include <shardline/nn/mlp.h>
 #include <shardline/nn/module.h>
+#include <shardline/nn/moe.h>
 #include <shardline/nn/optim.h>
 
 namespace char_lm {
@@ -34,8 +38,15 @@ using shardline::autograd::Variable;
 
 struct Config {
     std::int64_t steps = 300;
-    int tp = 0; ///< 0: the world size divided by dp
-    int dp = 1;
+    int tp = 0; ///< 0: the world size divided by dp·ep
+    int dp = 0; ///< 0: the world size divided by ep·tp (1 when tp is 0 too)
+    // Mixture of experts (Megatron's names). num_experts 0: dense ParallelMLP blocks.
+    std::int64_t num_experts = 0;
+    int moe_router_topk = 2;
+    int ep = 1;                        ///< expert_model_parallel_size
+    int etp = 0;                       ///< expert_tensor_parallel_size: 0 or tp
+    double moe_aux_loss_coeff = 0.0;   ///< load-balancing loss coefficient
+    double moe_capacity_factor = -1.0; ///< < 0: dropless
     std::int64_t context = 16;
     std::int64_t hidden = 128;
     std::int64_t ffn = 512;
@@ -96,10 +107,25 @@ private:
     CLI::Option* save_interval_ = nullptr;
     CLI::Option* load_ = nullptr;
     CLI::Option* async_save_ = nullptr;
+    CLI::Option* num_experts_ = nullptr;
+    CLI::Option* topk_ = nullptr;
+    CLI::Option* ep_ = nullptr;
+    CLI::Option* etp_ = nullptr;
+    CLI::Option* aux_coeff_ = nullptr;
+    CLI::Option* capacity_ = nullptr;
 };
 
-/// Fills tp (0: world / dp) and checks sizes, the mesh against `world` ranks, divisibility and the dtype's name.
+/// Fills dp and tp (0: derived from the world and the others) and checks sizes, the mesh against `world` ranks,
+/// divisibility, the MoE options and the dtype's name.
 void Validate(Config& c, int world, const char* program);
+
+/// The mesh: (dp, tp), or (dp, ep, tp) for a MoE model.
+std::vector<std::int64_t> MeshShape(const Config& c);
+std::vector<std::string> MeshDims(const Config& c);
+/// The mesh dims that shard the batch: dp, and ep for a MoE model.
+std::vector<std::string> DataDims(const Config& c);
+/// The ranks over which the batch is sharded (dp·ep).
+inline std::int64_t DataRanks(const Config& c) { return static_cast<std::int64_t>(c.dp) * c.ep; }
 
 /// The compute dtype: `auto` is bf16 on GPUs and fp32 on the CPU; a half dtype on the CPU is an error.
 shardline::DType ResolveDType(const Config& c, bool gpu, const char* program);
@@ -140,8 +166,15 @@ public:
 
     /// Logits [batch, vocab] sharded on dp (rows) and tp (vocabulary); ids_full [context, batch] on every rank.
     Variable Forward(const shardline::Tensor& ids_full) const;
-    /// The mean vocab-parallel cross-entropy of a global batch (Partial over dp until LossValue reduces it).
+    /// The mean vocab-parallel cross-entropy of a global batch (Partial over dp until LossValue reduces it). A MoE
+    /// model also keeps the forward's auxiliary loss and routing statistics (aux(), moe_stats()).
     Variable Loss(const Batch& b, shardline::Device device) const;
+    bool moe() const { return c_.num_experts > 0; }
+    /// The last forward's auxiliary losses summed over the MoE blocks (Partial over dp and ep, as the loss).
+    const Variable& aux() const { return aux_; }
+    /// The last forward's routing: tokens this rank routed, the least and most loaded expert over all blocks (copies
+    /// of this rank's tokens), dropped copies.
+    const shardline::nn::MoEStats& moe_stats() const { return stats_; }
 
     /// Multiply-adds of the matmuls per prediction (for TFLOP/s): blocks and head.
     double FlopsPerPrediction() const;
@@ -152,21 +185,25 @@ private:
     shardline::comm::DeviceMesh& mesh_;
     Variable embedding_;
     std::vector<std::shared_ptr<shardline::nn::ParallelMLP>> blocks_;
+    std::vector<std::shared_ptr<shardline::nn::MoEMLP>> moe_blocks_;
+    mutable Variable aux_;
+    mutable shardline::nn::MoEStats stats_;
     std::shared_ptr<shardline::nn::ColumnParallelLinear> head_;
 };
 
 /// The mean loss as a host number (reduces the Partial over dp). A collective: every rank of the mesh takes part.
 double LossValue(const Variable& loss);
 
-/// A CharLM with its optimizer (AdamW) and, when the mesh's dp dim is larger than 1, the GradSync that all-reduces
-/// its gradients over dp in buckets during backward.
+/// A CharLM with its optimizer (AdamW) and, when the batch is split over more than one rank, the GradSync that
+/// all-reduces its gradients over dp (and ep: a MoE model's dense parameters) in buckets during backward.
 class Trainer {
 public:
     Trainer(const Config& c, std::int64_t vocab, shardline::comm::DeviceMesh& mesh,
             const shardline::nn::ParameterOptions& param);
 
-    /// One step on the global batch `b`: zero the gradients, forward, backward (buckets launched as they complete),
-    /// finish the dp reduction, AdamW (at the warmed-up learning rate). Returns the loss (as CharLM::Loss).
+    /// One step on the global batch `b`: zero the gradients, forward, backward of the loss plus the MoE auxiliary
+    /// losses (buckets launched as they complete), finish the dp reduction, AdamW (at the warmed-up learning rate).
+    /// Returns the cross-entropy (as CharLM::Loss).
     Variable Step(const Batch& b, shardline::Device device);
 
     const CharLM& model() const { return model_; }

@@ -5,7 +5,9 @@
 //
 // The model, the config, the corpus and the training step live in char_lm.h (shared with train_dp_tp): embedding ->
 // residual ParallelMLP blocks -> a column-parallel head -> vocab-parallel cross-entropy, on a dp×tp mesh from the
-// config. NCCL on GPUs when present, MPI on the CPU otherwise.
+// config. NCCL on GPUs when present, MPI on the CPU otherwise. --num-experts N --moe-router-topk K --ep E [--etp T]
+// [--moe-aux-loss-coeff C] [--moe-capacity-factor F] make every block a MoE MLP on a (dp, ep, tp) mesh (dp derived from
+// the rank count); the progress line then adds the auxiliary loss and the per-expert load (min/max).
 
 #include <chrono>
 #include <cmath>
@@ -48,7 +50,7 @@ int Run(launch::Environment &env, Config c) {
     // Not padded: the head and the vocab-parallel loss split it over tp as torch.chunk (86 over tp 4: 22, 22, 22, 20).
     const std::int64_t vocab = static_cast<std::int64_t>(corpus.vocab.size());
 
-    comm::DeviceMesh mesh(env.world(), {c.dp, c.tp}, {"dp", "tp"});
+    comm::DeviceMesh mesh(env.world(), MeshShape(c), MeshDims(c));
     const nn::ParameterOptions param{.dtype = dtype, .device = env.device(), .seed = c.seed};
     Trainer trainer(c, vocab, mesh, param);
     const CharLM &model = trainer.model();
@@ -63,6 +65,12 @@ int Run(launch::Environment &env, Config c) {
         fmt::print("{}: mesh dp {} x tp {} on {} ({}), {}, context {}, hidden {}, ffn {}, layers {}, batch {}\n",
                    kProgram, c.dp, c.tp, gpu ? "GPUs" : "CPU", env.world().backend(), DTypeName(dtype), c.context,
                    c.hidden, c.ffn, c.layers, c.batch);
+        if (model.moe()) {
+            fmt::print("{}: MoE blocks: {} experts, top-{}, mesh dp {} x ep {} x tp {}, etp {}, aux loss coeff {}, "
+                       "capacity factor {}\n",
+                       kProgram, c.num_experts, c.moe_router_topk, c.dp, c.ep, c.tp, c.tp, c.moe_aux_loss_coeff,
+                       c.moe_capacity_factor < 0 ? std::string("dropless") : fmt::format("{}", c.moe_capacity_factor));
+        }
         std::fflush(stdout);
     }
     std::ofstream metrics;
@@ -96,6 +104,8 @@ int Run(launch::Environment &env, Config c) {
             continue;
         }
         const double train_loss = LossValue(loss); // a collective: every rank takes part
+        const double aux_loss = model.moe() ? LossValue(model.aux()) : 0.0;
+        const nn::MoEStats moe_stats = model.moe_stats();
         Synchronize(env.device());
         const double ms = window.MsPerStep(step, StepWindow::Clock::now());
         const double host_ms = window.HostMsPerStep(step);
@@ -119,6 +129,14 @@ int Run(launch::Environment &env, Config c) {
                 line += fmt::format(" | MFU {:.2f}% | peak {:.2f} GiB | host {:.2f} ms", 100.0 * tflops / c.peak_tflops,
                                     peak_gib, host_ms);
             }
+            if (model.moe()) {
+                // Rank 0's tokens: the least and most loaded expert over the blocks, copies dropped by the capacity.
+                line += fmt::format(" | aux {:.5f} | load {}/{} of {}", aux_loss, moe_stats.load_min,
+                                    moe_stats.load_max, moe_stats.tokens * c.moe_router_topk);
+                if (moe_stats.dropped > 0) {
+                    line += fmt::format(" | dropped {}", moe_stats.dropped);
+                }
+            }
             fmt::print("{}\n", line);
             std::fflush(stdout);
             if (metrics.is_open()) {
@@ -134,6 +152,13 @@ int Run(launch::Environment &env, Config c) {
                 if (!std::isnan(last_val)) {
                     rec["val_loss"] = last_val;
                 }
+                if (model.moe()) {
+                    rec["ep"] = c.ep;
+                    rec["aux_loss"] = aux_loss;
+                    rec["expert_load_min"] = moe_stats.load_min;
+                    rec["expert_load_max"] = moe_stats.load_max;
+                    rec["dropped"] = moe_stats.dropped;
+                }
                 if (gpu) {
                     rec["mfu"] = tflops / c.peak_tflops;
                     rec["peak_gpu_mem_gib"] = peak_gib;
@@ -146,11 +171,11 @@ int Run(launch::Environment &env, Config c) {
 
     checkpoints.Finish(lead);
 
-    // A few sampled lines: dp sequences (one per dp rank's row), the same random stream on every rank.
+    // A few sampled lines: dp·ep sequences (one per data-parallel rank's row), the same random stream on every rank.
     if (c.sample_chars > 0) {
         autograd::NoGradGuard no_grad;
         std::mt19937_64 rng(c.seed + 99);
-        const std::int64_t rows = c.dp;
+        const std::int64_t rows = DataRanks(c);
         std::vector<std::vector<std::int64_t>> ctx(static_cast<std::size_t>(rows));
         std::vector<std::string> text(static_cast<std::size_t>(rows));
         for (std::int64_t r = 0; r < rows; ++r) {

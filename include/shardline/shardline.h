@@ -10,6 +10,7 @@
 #include <shardline/autograd/function.h>
 #include <shardline/autograd/functions.h>
 #include <shardline/autograd/moe.h>
+#include <shardline/autograd/moe_dispatch.h>
 #include <shardline/autograd/variable.h>
 #include <shardline/ckpt/checkpoint.h>
 #include <shardline/ckpt/metadata.h>
@@ -33,5 +34,6 @@
 #include <shardline/nn/linear.h>
 #include <shardline/nn/mlp.h>
 #include <shardline/nn/module.h>
+#include <shardline/nn/moe.h>
 #include <shardline/nn/optim.h>
 #include <shardline/spmd/spmd.h>

@@ -182,6 +182,27 @@ private:
     double alpha_;
 };
 
+/// The same values in another dtype, in the same layout; the gradient goes back in the input's dtype.
+class CastFunction final : public Function {
+public:
+    explicit CastFunction(DType dtype) : dtype_(dtype) {}
+    std::string name() const override { return "CastBackward"; }
+
+protected:
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        from_ = in[0].dtype();
+        return {in[0].WithLocal(in[0].local().To(dtype_))};
+    }
+    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
+        return {Grad{.value = g[0].WithLocal(g[0].local().To(from_))}};
+    }
+
+private:
+    DType dtype_;
+    DType from_ = DType::kFloat32;
+};
+
 class SumFunction final : public Function {
 public:
     SumFunction(std::vector<int> dims, bool keepdim, bool mean)
@@ -358,6 +379,13 @@ Variable BiasAdd(const Variable& x, const Variable& bias) {
 }
 Variable Scale(const Variable& x, double alpha) {
     return One(Function::Apply(std::make_shared<ScaleFunction>(alpha), {x}));
+}
+Variable Cast(const Variable& x, DType dtype) {
+    SHARDLINE_CHECK(x.defined(), "autograd::Cast", "x is undefined");
+    if (x.dtype() == dtype) {
+        return x;
+    }
+    return One(Function::Apply(std::make_shared<CastFunction>(dtype), {x}));
 }
 Variable Sum(const Variable& x, const std::vector<int>& dims, bool keepdim) {
     return One(Function::Apply(std::make_shared<SumFunction>(dims, keepdim, false), {x}));

@@ -94,25 +94,34 @@ LayerLayouts Layouts(const spmd::Layout &input, int tp_dim, bool y_tp_on_seq, bo
                         .bias = ParamGradLayout(bias, input, tp_dim)};
 }
 
-/// A grouped layer's (num_experts > 0) parameters have a leading experts dim, which no mesh dim shards here (expert
-/// parallelism places whole experts: the parameters of this rank's experts are the layer's).
-std::vector<std::vector<int>> ExpertDims(std::vector<std::vector<int>> dims, std::int64_t experts) {
+/// A grouped layer's (num_experts > 0) parameters have a leading experts dim. Either no mesh dim shards it (every rank
+/// holds the layer's experts), or expert parallelism shards it over mesh dim `ep` (>= 0): each rank holds and computes
+/// its num_experts of the num_experts·P experts, whole.
+std::vector<std::vector<int>> ExpertDims(std::vector<std::vector<int>> dims, std::int64_t experts, int ep) {
     if (experts > 0) {
-        dims.insert(dims.begin(), std::vector<int>{});
+        dims.insert(dims.begin(), ep >= 0 ? std::vector<int>{ep} : std::vector<int>{});
     }
     return dims;
 }
-Shape ExpertShape(Shape shape, std::int64_t experts) {
+Shape ExpertShape(Shape shape, std::int64_t experts, const comm::DeviceMesh &mesh, int ep) {
     if (experts > 0) {
-        shape.insert(shape.begin(), experts);
+        shape.insert(shape.begin(), ep >= 0 ? experts * mesh.shape()[static_cast<std::size_t>(ep)] : experts);
     }
     return shape;
 }
 
-spmd::Layout ColumnWeightLayout(int t, std::int64_t experts) { return spmd::Layout(ExpertDims({{t}, {}}, experts)); }
-spmd::Layout ColumnBiasLayout(int t, std::int64_t experts) { return spmd::Layout(ExpertDims({{t}}, experts)); }
-spmd::Layout RowWeightLayout(int t, std::int64_t experts) { return spmd::Layout(ExpertDims({{}, {t}}, experts)); }
-spmd::Layout RowBiasLayout(std::int64_t experts) { return spmd::Layout::Replicated(experts > 0 ? 2 : 1); }
+spmd::Layout ColumnWeightLayout(int t, std::int64_t experts, int ep) {
+    return spmd::Layout(ExpertDims({{t}, {}}, experts, ep));
+}
+spmd::Layout ColumnBiasLayout(int t, std::int64_t experts, int ep) {
+    return spmd::Layout(ExpertDims({{t}}, experts, ep));
+}
+spmd::Layout RowWeightLayout(int t, std::int64_t experts, int ep) {
+    return spmd::Layout(ExpertDims({{}, {t}}, experts, ep));
+}
+spmd::Layout RowBiasLayout(std::int64_t experts, int ep) {
+    return experts > 0 ? spmd::Layout(ExpertDims({{}}, experts, ep)) : spmd::Layout::Replicated(1);
+}
 
 } // namespace
 
@@ -124,24 +133,36 @@ void CheckLayerInput(std::string_view op, const Variable &x, const comm::DeviceM
                        "x must be [s, ..., in_features] = [s, ..., {}], got {}", in_features, x.value().ToString());
 }
 
+int ExpertParallelDim(const Variable &weight, int tp_dim, std::int64_t num_experts) {
+    if (num_experts <= 0 || !weight.defined() || weight.value().is_local() ||
+        weight.value().layout().TensorRank() < 1) {
+        return -1;
+    }
+    const std::vector<int> &dims = weight.value().layout().MeshDims(0);
+    return dims.size() == 1 && dims.front() != tp_dim ? dims.front() : -1;
+}
+
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
-                          const ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
+                          const ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim, int ep_dim) {
     const std::int64_t e = options.num_experts;
-    CheckParameter(op, "weight", weight, mesh, ExpertShape(Shape{options.out_features, options.in_features}, e),
-                   ColumnWeightLayout(tp_dim, e));
+    CheckParameter(op, "weight", weight, mesh,
+                   ExpertShape(Shape{options.out_features, options.in_features}, e, mesh, ep_dim),
+                   ColumnWeightLayout(tp_dim, e, ep_dim));
     if (options.adds_bias()) {
-        CheckParameter(op, "bias", bias, mesh, ExpertShape(Shape{options.out_features}, e),
-                       ColumnBiasLayout(tp_dim, e));
+        CheckParameter(op, "bias", bias, mesh, ExpertShape(Shape{options.out_features}, e, mesh, ep_dim),
+                       ColumnBiasLayout(tp_dim, e, ep_dim));
     }
 }
 
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
-                          const RowParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim) {
+                          const RowParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim, int ep_dim) {
     const std::int64_t e = options.num_experts;
-    CheckParameter(op, "weight", weight, mesh, ExpertShape(Shape{options.out_features, options.in_features}, e),
-                   RowWeightLayout(tp_dim, e));
+    CheckParameter(op, "weight", weight, mesh,
+                   ExpertShape(Shape{options.out_features, options.in_features}, e, mesh, ep_dim),
+                   RowWeightLayout(tp_dim, e, ep_dim));
     if (options.adds_bias()) {
-        CheckParameter(op, "bias", bias, mesh, ExpertShape(Shape{options.out_features}, e), RowBiasLayout(e));
+        CheckParameter(op, "bias", bias, mesh, ExpertShape(Shape{options.out_features}, e, mesh, ep_dim),
+                       RowBiasLayout(e, ep_dim));
     }
 }
 
@@ -156,18 +177,22 @@ spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x, con
 }
 
 LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
-                             const ColumnParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim) {
+                             const ColumnParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim,
+                             int ep_dim) {
     if (options.sequence_parallel) {
         CheckEvenRows(op, x_global, input, mesh);
     }
-    return Layouts(input, tp_dim, false, !options.gather_output, ColumnWeightLayout(tp_dim, options.num_experts),
-                   ColumnBiasLayout(tp_dim, options.num_experts));
+    return Layouts(input, tp_dim, false, !options.gather_output,
+                   ColumnWeightLayout(tp_dim, options.num_experts, ep_dim),
+                   ColumnBiasLayout(tp_dim, options.num_experts, ep_dim));
 }
 
 LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
-                             const RowParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim) {
-    LayerLayouts layouts = Layouts(input, tp_dim, options.sequence_parallel, false,
-                                   RowWeightLayout(tp_dim, options.num_experts), RowBiasLayout(options.num_experts));
+                             const RowParallelLinearOptions &options, const comm::DeviceMesh &mesh, int tp_dim,
+                             int ep_dim) {
+    LayerLayouts layouts =
+        Layouts(input, tp_dim, options.sequence_parallel, false, RowWeightLayout(tp_dim, options.num_experts, ep_dim),
+                RowBiasLayout(options.num_experts, ep_dim));
     if (options.sequence_parallel) {
         CheckEvenRows(op, x_global, layouts.y, mesh);
     }

@@ -34,12 +34,20 @@ struct LayerLayouts {
 /// x is defined, on the group's mesh, and [s, ..., in_features].
 void CheckLayerInput(std::string_view op, const Variable &x, const comm::DeviceMesh &mesh, std::int64_t in_features);
 
+/// A grouped layer's expert-parallel mesh dim: the one mesh dim other than tp that shards its weight's experts dim
+/// (dim 0), or -1 (a Linear, or a grouped layer whose ranks hold all its experts). With one, the layer's
+/// options.num_experts are this rank's experts: the parameters are [num_experts·P, ...] sharded on dim 0 over it.
+int ExpertParallelDim(const Variable &weight, int tp_dim, std::int64_t num_experts);
+
 /// The layer's weight (and, when options.adds_bias(), its bias) on the mesh, of their global shapes, in the layouts
-/// the layer keeps them in (column: both sharded on dim 0 over tp; row: the weight on dim 1, the bias replicated).
+/// the layer keeps them in (column: both sharded on dim 0 over tp; row: the weight on dim 1, the bias replicated; a
+/// grouped layer's experts dim in front, sharded over `ep_dim` when it is >= 0).
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
-                          const functional::ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim);
+                          const functional::ColumnParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim,
+                          int ep_dim = -1);
 void CheckLayerParameters(std::string_view op, const Variable &weight, const Variable &bias,
-                          const functional::RowParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim);
+                          const functional::RowParallelLinearOptions &options, comm::DeviceMesh &mesh, int tp_dim,
+                          int ep_dim = -1);
 
 /// The layer's input layout for an input in `x` (column + sequence parallel: tp on dim 0; row + input_is_parallel: tp
 /// on the features; else replicated over tp), or `x` itself when it places every element alike on the mesh (so that
@@ -53,10 +61,10 @@ spmd::Layout LayerInputLayout(comm::DeviceMesh &mesh, const spmd::Layout &x,
 /// sequence parallelism splits the rows evenly (on every rank alike, before any collective).
 LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
                              const functional::ColumnParallelLinearOptions &options, const comm::DeviceMesh &mesh,
-                             int tp_dim);
+                             int tp_dim, int ep_dim = -1);
 LayerLayouts LayerLayoutsFor(std::string_view op, const Shape &x_global, const spmd::Layout &input,
                              const functional::RowParallelLinearOptions &options, const comm::DeviceMesh &mesh,
-                             int tp_dim);
+                             int tp_dim, int ep_dim = -1);
 
 /// The local shape of the layer's output for a local input of shape `x_local` (the functional core's y): column
 /// without gather_output, this rank's torch.chunk part of out_features (tp.ShardSize; uneven allowed).

@@ -91,7 +91,7 @@ protected:
         weight_global_ = in[1].global_shape();
         weight_local_shape_ = in[1].local().shape();
         if (options_.num_experts > 0) {
-            bias_global_ = {options_.num_experts, options_.out_features};
+            bias_global_ = {weight_global_[0], options_.out_features}; // all experts, under expert parallelism too
             bias_local_shape_ = {weight_local_shape_[0], weight_local_shape_[1]};
         } else {
             bias_global_ = {options_.out_features};
@@ -193,7 +193,10 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
                            "a grouped layer takes x [tokens, in_features] with its rows grouped by expert, got {}",
                            x.value().ToString());
     }
-    detail::CheckLayerParameters(op, weight, bias, options, mesh, t);
+    // Expert parallelism: the weight's experts dim sharded over a mesh dim (ep); the layer computes this rank's
+    // experts.
+    const int ep = detail::ExpertParallelDim(weight, t, options.num_experts);
+    detail::CheckLayerParameters(op, weight, bias, options, mesh, t, ep);
     // Uneven sizes are split as torch.chunk; a rank without features is refused here, before x is redistributed.
     if constexpr (kIsColumn<Options>) {
         functional::CheckShardsNotEmpty(op, "out_features", options.out_features, tp.size());
@@ -201,7 +204,7 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
         functional::CheckShardsNotEmpty(op, "in_features", options.in_features, tp.size());
     }
     const spmd::Layout input_layout = detail::LayerInputLayout(mesh, x.value().layout(), options, t);
-    LayerLayouts layouts = detail::LayerLayoutsFor(op, x.shape(), input_layout, options, mesh, t);
+    LayerLayouts layouts = detail::LayerLayoutsFor(op, x.shape(), input_layout, options, mesh, t, ep);
     const Variable input = input_layout == x.value().layout() ? x : Redistribute(x, input_layout);
 
     Options call = options;

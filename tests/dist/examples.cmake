@@ -80,3 +80,16 @@ if(Python3_Interpreter_FOUND AND SHARDLINE_BUILD_TOOLS)
                          ENVIRONMENT "SHARDLINE_COMM_TIMEOUT_S=60;SHARDLINE_BACKEND=cpu")
   endforeach()
 endif()
+
+# Mixture of experts (issue 16): the README's MoE run, 4 ranks as dp 1 x ep 2 x tp 2 (4 experts, top-2, an aux loss),
+# a few AdamW steps; the JSON lines must carry the aux loss and the expert load, and the loss must fall.
+set(_char_lm_moe_metrics ${CMAKE_CURRENT_BINARY_DIR}/example_train_char_lm_moe.jsonl)
+shardline_add_example_test(NAME dist.example.train_char_lm_moe.np4 TARGET train_char_lm NP 4 TIMEOUT 120
+                           ARGS --num-experts 4 --moe-router-topk 2 --ep 2 --tp 2 --moe-aux-loss-coeff 0.01
+                                --steps 30 --context 8 --hidden 32 --ffn 64 --layers 1 --batch 64 --log-interval 5
+                                --eval-interval 1000 --sample-chars 0 --metrics ${_char_lm_moe_metrics})
+set_tests_properties(dist.example.train_char_lm_moe.np4 PROPERTIES FIXTURES_SETUP example_char_lm_moe)
+add_test(NAME dist.example.train_char_lm_moe.loss_falls
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/check_moe_loss_falls.sh ${_char_lm_moe_metrics})
+set_tests_properties(dist.example.train_char_lm_moe.loss_falls PROPERTIES
+                     LABELS dist TIMEOUT 30 FIXTURES_REQUIRED example_char_lm_moe)

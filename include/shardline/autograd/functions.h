@@ -62,12 +62,15 @@ Variable ParallelMLP(const Variable& x, const Variable& fc1_weight, const Variab
 Variable GroupedLinear(const Variable& x, const Variable& weight, const Variable& bias, const Tensor& group_sizes);
 /// ColumnParallelLinear over E experts (expert tensor parallelism): weight [E, out, in] sharded on out (dim 1) over
 /// tp, bias [E, out] too; x [T, in] replicated over tp with its rows grouped by expert. options.num_experts = E;
-/// no sequence_parallel.
+/// no sequence_parallel. Expert parallelism: when one mesh dim other than tp (ep, of size P) shards the weight's and
+/// the bias's dim 0, they are [E·P, ...] and this rank computes its E experts (x holds their rows); the parameter
+/// gradients keep that sharding (Partial, as always, over the mesh dims that shard x's rows).
 Variable ColumnParallelGroupedLinear(const Variable& x, const Variable& weight, const Variable& bias,
                                      const Tensor& group_sizes, const functional::ColumnParallelLinearOptions& options,
                                      const functional::TensorParallelGroup& tp);
 /// RowParallelLinear over E experts: weight [E, out, in] sharded on in (dim 2) over tp, bias [E, out] replicated and
-/// added per expert once, after the all-reduce. options.num_experts = E; no sequence_parallel.
+/// added per expert once, after the all-reduce. options.num_experts = E; no sequence_parallel. Expert parallelism as
+/// ColumnParallelGroupedLinear's (the bias [E·P, out] sharded on dim 0 over ep too).
 Variable RowParallelGroupedLinear(const Variable& x, const Variable& weight, const Variable& bias,
                                   const Tensor& group_sizes, const functional::RowParallelLinearOptions& options,
                                   const functional::TensorParallelGroup& tp);
@@ -77,6 +80,8 @@ Variable Add(const Variable& a, const Variable& b, double alpha = 1.0);
 /// x + bias broadcast over the rows of x.
 Variable BiasAdd(const Variable& x, const Variable& bias);
 Variable Scale(const Variable& x, double alpha);
+/// x's values in `dtype` (the same layout; x itself when it has that dtype); the gradient goes back in x's dtype.
+Variable Cast(const Variable& x, DType dtype);
 /// Σ over dims (empty: all), which must be a prefix or a suffix of x's dims.
 Variable Sum(const Variable& x, const std::vector<int>& dims = {}, bool keepdim = false);
 Variable Mean(const Variable& x, const std::vector<int>& dims = {}, bool keepdim = false);

@@ -3,7 +3,13 @@
 // Data-parallel gradient synchronisation (DDP / Megatron's grad buffer): the parameters' fp32 main grads live in
 // flat buckets; backward leaves them Partial(sum) over the dp mesh dim, and as soon as every gradient of a bucket is
 // complete (a post-accumulate hook) the bucket's all-reduce over the dp group is launched asynchronously, overlapping
-// the rest of the backward. Finish() waits for all of them. One all-reduce per bucket per step.
+// the rest of the backward. Finish() waits for all of them. One all-reduce per bucket per step and data-parallel dim.
+//
+// Mixture of experts (Megatron's rule): with several data-parallel mesh dims (dp and ep of a (dp, ep, tp) mesh, the
+// batch sharded over both), a parameter's gradient is reduced over those of them that do not shard the parameter.
+// Dense parameters (the router's gate, attention, embeddings) reduce over every data-parallel rank (dp and ep); expert
+// parameters, sharded on their experts dim over ep, reduce over the expert-data-parallel ranks only (dp). Buckets hold
+// parameters of one such set; a bucket reduced over two dims runs its all-reduces one after the other.
 
 #include <cstdint>
 #include <memory>
@@ -17,21 +23,24 @@ namespace shardline::nn {
 
 struct GradSyncOptions {
     std::string dp_dim = "dp";
+    /// Every data-parallel mesh dim, e.g. {"dp", "ep"} (empty: {dp_dim}). Each parameter reduces over those of them
+    /// that shard none of its dims (see above).
+    std::vector<std::string> dp_dims = {};
     /// Bucket capacity (fp32 bytes); parameters are packed in reverse order (the order backward completes them).
     std::int64_t bucket_bytes = 25 << 20;
 };
 
 class GradSync {
 public:
-    /// Gives every parameter an fp32 main grad inside a bucket and a deferred Partial on the dp dim. The parameters
-    /// must live on `mesh`. GradSync must outlive the backward passes it serves.
+    /// Gives every parameter an fp32 main grad inside a bucket and a deferred Partial on the data-parallel dims it
+    /// reduces over. The parameters must live on `mesh`. GradSync must outlive the backward passes it serves.
     GradSync(std::vector<autograd::Variable> parameters, comm::DeviceMesh& mesh, const GradSyncOptions& options = {});
     ~GradSync();
     GradSync(const GradSync&) = delete;
     GradSync& operator=(const GradSync&) = delete;
 
     /// Launches the buckets that did not complete (parameters without a gradient this step), waits for every
-    /// bucket, and marks the gradients reduced (their layouts lose the dp Partial). Call before the optimizer step.
+    /// bucket, and marks the gradients reduced (their layouts lose the dp Partials). Call before the optimizer step.
     void Finish();
     /// Zeroes the buckets and marks the gradients Partial again (call before the next backward).
     void ZeroGrad();
@@ -40,6 +49,8 @@ public:
     int num_buckets() const;
     /// Parameter names per bucket (for tests and logs).
     std::vector<std::vector<std::string>> BucketNames() const;
+    /// The mesh dims each bucket reduces over (for tests and logs).
+    std::vector<std::vector<int>> BucketDims() const;
 
     struct State;
 

@@ -1,0 +1,222 @@
+// nn::MoEMLP: the gate, the router and the permutation run on this rank's tokens as local Variables (autograd/moe.h);
+// the expert-parallel exchange (autograd/moe_dispatch.h) brings the local experts their rows; the experts are the
+// grouped column → GELU → row layers over tp, on the mesh, so that their parameter gradients carry the right layouts
+// (sharded over ep, Partial over the expert-data-parallel dims) for GradSync.
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <shardline/autograd/functions.h>
+#include <shardline/autograd/moe_dispatch.h>
+#include <shardline/core/error.h>
+#include <shardline/functional/parallel_linear.h>
+#include <shardline/nn/moe.h>
+
+namespace shardline::nn {
+namespace {
+
+constexpr const char *kLayer = "MoEMLP";
+
+RandomSpec Uniform(const std::string &name, std::int64_t in) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    return {.seed = 0, .name = name, .distribution = RandomDistribution::kUniform, .a = -bound, .b = bound};
+}
+
+std::int64_t DimSize(const comm::DeviceMesh &mesh, int d) { return mesh.shape()[static_cast<std::size_t>(d)]; }
+
+/// The mesh dims that shard x's leading (token) dims: the data-parallel dims of this input.
+std::vector<int> TokenDims(const spmd::Layout &x) {
+    std::vector<int> dims;
+    for (int t = 0; t + 1 < x.TensorRank(); ++t) {
+        for (int d : x.MeshDims(t)) {
+            dims.push_back(d);
+        }
+    }
+    std::sort(dims.begin(), dims.end());
+    return dims;
+}
+
+} // namespace
+
+MoEMLP::MoEMLP(const MoEMLPOptions &options, comm::DeviceMesh &mesh, const ParameterOptions &param)
+    : options_(options), mesh_(mesh) {
+    name_ = param.name.empty() ? std::string("moe") : param.name;
+    const auto &names = mesh.dim_names();
+    for (const std::string *dim : {&options.ep_dim, &options.tp_dim}) {
+        SHARDLINE_CHECK(std::find(names.begin(), names.end(), *dim) != names.end(), kLayer,
+                        "'{}': the mesh has no dim named '{}' (its dims are [{}]; a (dp, ep, tp) mesh is expected, "
+                        "dims of size 1 allowed)",
+                        name_, *dim, fmt::join(names, ", "));
+    }
+    ep_dim_ = mesh.dim_index(options.ep_dim);
+    tp_dim_ = mesh.dim_index(options.tp_dim);
+    SHARDLINE_CHECK(ep_dim_ != tp_dim_, kLayer, "'{}': ep_dim and tp_dim must differ, both are '{}'", name_,
+                    options.ep_dim);
+    ep_ = DimSize(mesh, ep_dim_);
+    const std::int64_t tp = DimSize(mesh, tp_dim_);
+    const std::int64_t e = options.num_experts;
+    SHARDLINE_CHECK_AS(ShapeError, options.hidden > 0 && options.ffn > 0 && e > 0, kLayer,
+                       "'{}': hidden ({}), ffn ({}) and num_experts ({}) must be positive", name_, options.hidden,
+                       options.ffn, e);
+    SHARDLINE_CHECK(options.topk >= 1 && options.topk <= e, kLayer,
+                    "'{}': topk ({}) must be in [1, num_experts] = [1, {}]", name_, options.topk, e);
+    SHARDLINE_CHECK(options.ep == 0 || options.ep == ep_, kLayer,
+                    "'{}': ep ({}) must equal the size of mesh dim '{}' ({})", name_, options.ep, options.ep_dim, ep_);
+    SHARDLINE_CHECK(e % ep_ == 0, kLayer, "'{}': num_experts ({}) must be divisible by ep ({})", name_, e, ep_);
+    SHARDLINE_CHECK(options.etp == 0 || options.etp == tp, kLayer,
+                    "'{}': etp ({}) must be the size of mesh dim '{}' ({}): the experts are tensor-parallel over the "
+                    "whole tp dim (an etp below tp is not supported)",
+                    name_, options.etp, options.tp_dim, tp);
+    functional::CheckShardsNotEmpty(kLayer, fmt::format("'{}': ffn", name_), options.ffn, tp);
+
+    const std::int64_t h = options.hidden;
+    const std::int64_t f = options.ffn;
+    const int ep = ep_dim_;
+    const int t = tp_dim_;
+    using Dims = std::vector<std::vector<int>>;
+    ParameterOptions fp32 = param;
+    fp32.dtype = DType::kFloat32;
+    router_weight = RegisterParameter("router.weight", MakeParameter({h, e}, spmd::Layout::Replicated(2), &mesh, fp32,
+                                                                     Uniform(name_ + ".router.weight", h)));
+    fc1_weight =
+        RegisterParameter("experts.fc1.weight", MakeParameter({e, f, h}, spmd::Layout(Dims{{ep}, {t}, {}}), &mesh,
+                                                              param, Uniform(name_ + ".experts.fc1.weight", h)));
+    fc2_weight =
+        RegisterParameter("experts.fc2.weight", MakeParameter({e, h, f}, spmd::Layout(Dims{{ep}, {}, {t}}), &mesh,
+                                                              param, Uniform(name_ + ".experts.fc2.weight", f)));
+    if (options.bias) {
+        fc1_bias = RegisterParameter("experts.fc1.bias", MakeParameter({e, f}, spmd::Layout(Dims{{ep}, {t}}), &mesh,
+                                                                       param, Uniform(name_ + ".experts.fc1.bias", h)));
+        fc2_bias = RegisterParameter("experts.fc2.bias", MakeParameter({e, h}, spmd::Layout(Dims{{ep}, {}}), &mesh,
+                                                                       param, Uniform(name_ + ".experts.fc2.bias", f)));
+    }
+}
+
+std::int64_t MoEMLP::Capacity(std::int64_t tokens) const {
+    if (options_.capacity_factor < 0) {
+        return -1;
+    }
+    return static_cast<std::int64_t>(std::ceil(options_.capacity_factor * static_cast<double>(tokens * options_.topk) /
+                                               static_cast<double>(options_.num_experts)));
+}
+
+void MoEMLP::CheckInput(const Variable &x) const {
+    SHARDLINE_CHECK(x.defined() && !x.value().is_local() && &x.value().mesh() == &mesh_, kLayer,
+                    "'{}': x must be on the layer's mesh, got {}", name_,
+                    x.defined() ? x.value().ToString() : std::string("undefined"));
+    SHARDLINE_CHECK_AS(ShapeError, x.shape().size() >= 2 && x.shape().back() == options_.hidden, kLayer,
+                       "'{}': x must be [..., hidden] = [..., {}], got {}", name_, options_.hidden,
+                       x.value().ToString());
+    const spmd::Layout &layout = x.value().layout();
+    const std::vector<int> used = layout.UsedMeshDims();
+    SHARDLINE_CHECK(!layout.IsPartial() && layout.MeshDims(layout.TensorRank() - 1).empty() &&
+                        (DimSize(mesh_, tp_dim_) == 1 || std::find(used.begin(), used.end(), tp_dim_) == used.end()),
+                    kLayer, "'{}': x must be replicated over '{}' with whole features and no Partial, got {}", name_,
+                    options_.tp_dim, x.value().ToString());
+    const std::vector<int> tokens = TokenDims(layout);
+    SHARDLINE_CHECK(ep_ == 1 || std::find(tokens.begin(), tokens.end(), ep_dim_) != tokens.end(), kLayer,
+                    "'{}': with ep {} the ranks of '{}' must hold different tokens: x's leading dims must be sharded "
+                    "over it, got {}",
+                    name_, ep_, options_.ep_dim, x.value().ToString());
+}
+
+MoEOutput MoEMLP::Forward(const Variable &x) const {
+    CheckInput(x);
+    const std::int64_t h = options_.hidden;
+    const std::int64_t tokens = x.local().numel() / h;
+    // The gate: float32 logits [..., E] on the mesh (its gradient Partial over the token dims, reduced by GradSync).
+    const Variable logits = autograd::Matmul(autograd::Cast(x, DType::kFloat32), router_weight);
+    const autograd::RouterOutput routed = autograd::Router(autograd::LocalPart(logits, {tokens, options_.num_experts}),
+                                                           {.num_experts = static_cast<int>(options_.num_experts),
+                                                            .topk = options_.topk,
+                                                            .score_function = options_.score_function,
+                                                            .normalize_topk = options_.normalize_topk,
+                                                            .aux_loss_coeff = options_.aux_loss_coeff,
+                                                            .z_loss_coeff = options_.z_loss_coeff});
+    MoEOutput out = ForwardRouted(x, routed.indices, routed.weights);
+
+    // Each rank's auxiliary loss over its tokens, averaged over the data-parallel ranks: Partial(sum) of value / n.
+    const std::vector<int> token_dims = TokenDims(x.value().layout());
+    std::int64_t n = 1;
+    std::map<int, spmd::ReduceOp> partial;
+    for (int d : token_dims) {
+        n *= DimSize(mesh_, d);
+        partial[d] = spmd::ReduceOp::kSum;
+    }
+    const Variable aux = autograd::Scale(autograd::Add(routed.aux_loss, routed.z_loss), 1.0 / static_cast<double>(n));
+    const Shape &shape = aux.shape();
+    out.aux_loss = autograd::AsShard(
+        aux, shape, shape,
+        spmd::Layout(std::vector<std::vector<int>>(static_cast<std::size_t>(shape.size())), std::move(partial)), mesh_);
+    return out;
+}
+
+MoEOutput MoEMLP::ForwardRouted(const Variable &x, const Tensor &indices, const Variable &weights) const {
+    CheckInput(x);
+    const std::int64_t h = options_.hidden;
+    const std::int64_t e = options_.num_experts;
+    const std::int64_t tokens = x.local().numel() / h;
+    const Shape routing{tokens, options_.topk};
+    SHARDLINE_CHECK_AS(ShapeError,
+                       indices.defined() && indices.dtype() == DType::kInt64 && indices.shape() == routing &&
+                           weights.defined() && weights.shape() == routing,
+                       kLayer,
+                       "'{}': the routing must be indices int64 and weights [tokens, topk] = [{}, {}], got {} "
+                       "and {}",
+                       name_, tokens, options_.topk, indices.defined() ? indices.ToString() : "undefined",
+                       weights.defined() ? weights.value().ToString() : "undefined");
+
+    const autograd::PermuteOutput perm =
+        autograd::Permute(autograd::LocalPart(x, {tokens, h}), indices, static_cast<int>(e), Capacity(tokens));
+    comm::Communicator *ep = ep_ > 1 ? &mesh_.group(ep_dim_) : nullptr;
+    const autograd::ExpertExchangePlan plan = autograd::PlanExpertExchange(perm.host_group_sizes, ep);
+    const Variable rows = autograd::ExpertDispatch(perm.tokens, plan, ep);
+
+    // The local experts' rows on the mesh: sharded over the token dims other than ep (the expert-data-parallel dims,
+    // over which the experts' gradients are Partial), replicated over tp. The global row count is nominal: each rank
+    // holds a different number of rows, and only the local shards are ever read.
+    std::vector<int> expert_data_dims = TokenDims(x.value().layout());
+    std::erase(expert_data_dims, ep_dim_);
+    std::int64_t parts = 1;
+    for (int d : expert_data_dims) {
+        parts *= DimSize(mesh_, d);
+    }
+    const std::int64_t r = plan.expert_rows(); // received(), or the pad row when none arrives
+    const Variable rows_on_mesh = autograd::AsShard(
+        rows, {r, h}, {r * parts, h}, spmd::Layout(std::vector<std::vector<int>>{expert_data_dims, {}}), mesh_);
+    const std::vector<std::int64_t> group_sizes = plan.expert_group_sizes();
+    const std::vector<double> sizes_values(group_sizes.begin(), group_sizes.end());
+    const Tensor sizes = Tensor::FromVector(sizes_values, Shape{plan.local_experts}, DType::kInt64);
+    const functional::TensorParallelGroup tp{.mesh = &mesh_, .tp_dim = tp_dim_};
+    Variable hidden = autograd::ColumnParallelGroupedLinear(
+        rows_on_mesh, fc1_weight, fc1_bias, sizes,
+        {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = plan.local_experts}, tp);
+    if (options_.activation) {
+        hidden = autograd::Gelu(hidden, options_.approximation);
+    }
+    const Variable y = autograd::RowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes,
+                                                          {.in_features = options_.ffn,
+                                                           .out_features = h,
+                                                           .bias = options_.bias,
+                                                           .input_is_parallel = true,
+                                                           .num_experts = plan.local_experts},
+                                                          tp);
+    const Variable back = autograd::ExpertCombine(autograd::LocalPart(y, {r, h}), plan, ep);
+    const Variable combined = autograd::Unpermute(back, perm.row_map, weights);
+
+    MoEOutput out;
+    out.output = autograd::AsShard(combined, x.local().shape(), x.shape(), x.value().layout(), mesh_);
+    out.stats.tokens = tokens;
+    out.stats.dropped = perm.dropped;
+    const auto [lo, hi] = std::minmax_element(perm.host_group_sizes.begin(), perm.host_group_sizes.end());
+    out.stats.load_min = *lo;
+    out.stats.load_max = *hi;
+    return out;
+}
+
+} // namespace shardline::nn

@@ -187,6 +187,16 @@ public:
         return t.Redistribute(plan.steps.back().after, plan).local();
     }
 
+    /// Move with the plan's last collective left in flight (DistTensor::RedistributeAsync): the same collectives, in
+    /// the same order; Finish gives the moved tensor.
+    dist::PendingRedistribute Start(const Tensor &local, const Shape &global, const spmd::Layout &layout,
+                                    const spmd::RedistributePlan &plan) {
+        collectives_ += plan.NumCollectives();
+        const dist::DistTensor t(local, global, layout, mesh_);
+        return t.RedistributeAsync(plan.steps.empty() ? layout : plan.steps.back().after, plan);
+    }
+    static Tensor Finish(dist::PendingRedistribute &pending) { return pending.Wait().local(); }
+
 private:
     comm::DeviceMesh &mesh_;
     Device device_ = Device::CPU();
@@ -296,16 +306,20 @@ struct BackwardTensors {
     Tensor pre_activation{};                                                       ///< with dx and an activation
     Tensor pre_activation_dbias{};                                                 ///< undefined: not wanted
     Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
+    bool overlap = true;  ///< the options' overlap_grad_comm
 };
 
-/// A grouped layer's local backward: the split grouped kernels for exactly the wanted gradients (the bias grad rides
-/// with the weight grad when both are in one dtype).
-void RunGroupedBackwardKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, Tensor &dx,
-                               bool accumulate) {
+/// A grouped layer's dgrad (when dx is wanted).
+void RunGroupedInputKernel(const BackwardTensors &t, const Tensor &dy, Tensor &dx) {
     if (t.dx.defined()) {
         kernels::GroupedLinearBackwardInput(kernels::GroupedLinearBackwardInputArgs{
             .dy = dy, .weight = t.weight, .group_sizes = t.group_sizes, .dx = dx});
     }
+}
+
+/// A grouped layer's parameter gradients: the split grouped kernels for exactly the wanted ones (the bias grad rides
+/// with the weight grad when both are in one dtype).
+void RunGroupedParamKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, bool accumulate) {
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
     const bool bias_with_weight = t.dweight.defined() && t.dbias.defined() && t.dbias.dtype() == t.dweight.dtype();
@@ -324,6 +338,32 @@ void RunGroupedBackwardKernels(const BackwardTensors &t, const Tensor &dy, const
     }
 }
 
+/// The local kernels of a backward for the gradients given (nullptr: not computed now): one LinearBackward, so the
+/// kernels decide per shape whether the bias grad rides in the wgrad GEMM or runs beside it; dbias apart (its own
+/// column sum) when its dtype differs from dweight's (a float32 main grad for one and not the other), as the kernel
+/// takes dbias in dweight's dtype only.
+void RunLinearKernels(const BackwardTensors &t, const Tensor &dy, const Tensor *x, Tensor *dx, Tensor *dweight,
+                      Tensor *dbias, Tensor *pre_dbias) {
+    const bool accumulate = t.mode == GradMode::kAccumulate;
+    const bool activation = dx != nullptr && t.input_activation != kernels::LinearActivation::kNone;
+    const bool bias_apart = dbias != nullptr && dweight != nullptr && dbias->dtype() != dweight->dtype();
+    kernels::LinearBackward(kernels::LinearBackwardArgs{
+        .dy = dy,
+        .x = dweight != nullptr ? x : nullptr,
+        .weight = dx != nullptr ? &t.weight : nullptr,
+        .dx = dx,
+        .dweight = dweight,
+        .dbias = bias_apart ? nullptr : dbias,
+        .accumulate = accumulate,
+        .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
+        .pre_activation = activation ? &t.pre_activation : nullptr,
+        .pre_activation_dbias = dx != nullptr ? pre_dbias : nullptr});
+    if (bias_apart) {
+        kernels::LinearBackwardBias(
+            kernels::LinearBackwardBiasArgs{.dy = dy, .dbias = *dbias, .accumulate = accumulate});
+    }
+}
+
 BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTensors &t) {
     const spmd::CachedRule &rule = *plan.grad;
     const bool want_dx = t.dx.defined();
@@ -333,24 +373,42 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     if (!want_dx && !want_dw && !want_db) {
         return {};
     }
+    const bool grouped = t.group_sizes.defined();
+    const bool accumulate = t.mode == GradMode::kAccumulate;
     // dy into the layout the rule wants: a local slice (column, gather_output), all-gathered (row, sequence
     // parallel), or as given.
     const Tensor dy_used =
         call.Move(t.dy, plan.y_shape, plan.y_layout, rule.input_plans[static_cast<std::size_t>(plan.grad_out_grad)]);
 
-    // x into the layout of the wgrad GEMM: the forward's gathered input when kept, else all-gathered again (column,
-    // sequence parallel), sliced locally (row, input not parallel), or as given.
-    Tensor x_used;
-    if (want_dw) {
-        x_used = t.x_total.defined() ? t.x_total
-                                     : call.Move(t.x, plan.x_shape, plan.x_layout,
-                                                 rule.input_plans[static_cast<std::size_t>(plan.grad_x)]);
-    }
     // dx = dy·W comes out in the grad rule's layout (column: Partial over tp) and goes back to x's layout after the
     // kernels: an all-reduce, a reduce-scatter (sequence parallel) or an all-gather (row, input not parallel).
     const auto o = static_cast<std::size_t>(plan.grad_x_grad);
     const spmd::TensorSpec &dx_rule = rule.info.outputs[o];
     const spmd::RedistributePlan &dx_plan = rule.output_plans[o];
+    // x into the layout of the wgrad GEMM: the forward's gathered input when kept, else all-gathered again (column,
+    // sequence parallel), sliced locally (row, input not parallel), or as given.
+    const spmd::RedistributePlan &x_plan = rule.input_plans[static_cast<std::size_t>(plan.grad_x)];
+    const bool gather_x = want_dw && !t.x_total.defined();
+
+    // Overlap (DESIGN.md §10): when dx has a collective and parameter grads are wanted, the dgrad GEMM runs first, dx's
+    // collective goes out on the communication stream (NCCL orders it after the GEMM by an event) while the wgrad GEMM
+    // and the bias grad run, and the call waits for it at its end (NCCL: the caller's stream waits on an event; no
+    // host wait). x's all-gather for dweight, when the forward did not keep it, is issued first and awaited only
+    // before the wgrad GEMM, so it overlaps the dgrad GEMM. The same kernels on the same operands, and the same
+    // collectives in the same order (x's before dx's): bitwise the results and counts of the plain order.
+    const bool overlap = t.overlap && want_dx && (want_dw || want_db) && dx_plan.NumCollectives() > 0;
+
+    dist::PendingRedistribute x_pending;
+    Tensor x_used;
+    if (want_dw) {
+        if (!gather_x) {
+            x_used = t.x_total;
+        } else if (overlap) {
+            x_pending = call.Start(t.x, plan.x_shape, plan.x_layout, x_plan);
+        } else {
+            x_used = call.Move(t.x, plan.x_shape, plan.x_layout, x_plan);
+        }
+    }
     Tensor dx_local;
     if (want_dx) {
         dx_local = dx_plan.steps.empty() ? t.dx : OutputBuffer(t.dx, call.LocalShape(plan.x_shape, dx_rule.layout));
@@ -360,33 +418,40 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     SHARDLINE_CHECK(!activation || dx_plan.steps.empty(), "RowParallelLinearBackward",
                     "an input activation needs dx in the input's layout (internal: the rule moves dx)");
 
-    // One LinearBackward for what is wanted, so the kernels decide per shape whether the bias grad rides in the wgrad
-    // GEMM or runs beside it. Parameter gradients stay in their parameters' layouts (checked when the plan was built):
-    // no collective, and they accumulate straight into the caller's (main) grads. The kernel takes dbias in dweight's
-    // dtype only; a float32 main grad for one and not the other gets its own column sum.
-    const bool accumulate = t.mode == GradMode::kAccumulate;
-    const bool bias_apart = want_db && want_dw && t.dbias.dtype() != t.dweight.dtype();
+    // Parameter gradients stay in their parameters' layouts (checked when the plan was built): no collective, and
+    // they accumulate straight into the caller's (main) grads.
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
     Tensor pre_dbias = t.pre_activation_dbias;
-    if (t.group_sizes.defined()) {
-        RunGroupedBackwardKernels(t, dy_used, x_used, dx_local, accumulate);
-    } else {
-        kernels::LinearBackward(kernels::LinearBackwardArgs{
-            .dy = dy_used,
-            .x = want_dw ? &x_used : nullptr,
-            .weight = want_dx ? &t.weight : nullptr,
-            .dx = want_dx ? &dx_local : nullptr,
-            .dweight = want_dw ? &dweight : nullptr,
-            .dbias = want_db && !bias_apart ? &dbias : nullptr,
-            .accumulate = accumulate,
-            .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
-            .pre_activation = activation ? &t.pre_activation : nullptr,
-            .pre_activation_dbias = want_pre_db ? &pre_dbias : nullptr});
-        if (bias_apart) {
-            kernels::LinearBackwardBias(
-                kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
+    if (overlap) {
+        if (grouped) {
+            RunGroupedInputKernel(t, dy_used, dx_local);
+        } else {
+            RunLinearKernels(t, dy_used, nullptr, &dx_local, nullptr, nullptr, want_pre_db ? &pre_dbias : nullptr);
         }
+        dist::PendingRedistribute dx_pending = call.Start(dx_local, plan.x_shape, dx_rule.layout, dx_plan);
+        if (x_pending.valid()) {
+            x_used = Call::Finish(x_pending);
+        }
+        if (grouped) {
+            RunGroupedParamKernels(t, dy_used, x_used, accumulate);
+        } else {
+            RunLinearKernels(t, dy_used, &x_used, nullptr, want_dw ? &dweight : nullptr, want_db ? &dbias : nullptr,
+                             nullptr);
+        }
+        // Waited here, at the end of the layer's backward, rather than left to dx's consumer: the call's contract is
+        // that dx is in the caller's buffer (stream-ordered) when it returns, and the op before this layer consumes
+        // dx at once; on NCCL the wait is an event on the caller's stream, so the host does not block.
+        Deliver(Call::Finish(dx_pending), t.dx);
+        return BackwardInfo{.collectives = call.collectives()};
+    }
+
+    if (grouped) {
+        RunGroupedInputKernel(t, dy_used, dx_local);
+        RunGroupedParamKernels(t, dy_used, x_used, accumulate);
+    } else {
+        RunLinearKernels(t, dy_used, &x_used, want_dx ? &dx_local : nullptr, want_dw ? &dweight : nullptr,
+                         want_db ? &dbias : nullptr, want_pre_db ? &pre_dbias : nullptr);
     }
     if (want_dx) {
         Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan), t.dx);
@@ -434,7 +499,8 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
                                        .dweight = call.Wrap(args.dweight),
                                        .dbias = call.Wrap(args.dbias),
                                        .mode = args.param_grads,
-                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
+                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                       .overlap = options.overlap_grad_comm});
 }
 
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
@@ -467,7 +533,8 @@ BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
                                        .input_activation = args.input_activation,
                                        .pre_activation = args.dx.present() ? call.Wrap(args.pre_activation) : Tensor(),
                                        .pre_activation_dbias = call.Wrap(args.pre_activation_dbias),
-                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
+                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                       .overlap = options.overlap_grad_comm});
 }
 
 } // namespace shardline::functional

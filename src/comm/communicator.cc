@@ -180,10 +180,14 @@ void Communicator::CheckMaxCount(std::int64_t n, std::string_view op, std::strin
 
 namespace {
 
-void CheckReduceOp(ReduceOp op, std::string_view api) {
+void CheckReduceOp(ReduceOp op, DType dtype, std::string_view api) {
     const auto v = static_cast<int>(op);
     SHARDLINE_CHECK(v >= 0 && v <= static_cast<int>(ReduceOp::kMin), api,
                     "expected a ReduceOp (sum, avg, max or min), got {}", v);
+    // An integer average would truncate (NCCL divides in the integer type): counts are summed, then divided by whoever
+    // knows what they mean.
+    SHARDLINE_CHECK_AS(DTypeError, !(op == ReduceOp::kAvg && dtype == DType::kInt64), api,
+                       "expected sum, max or min for int64 tensors, got avg (an integer average would truncate)");
 }
 
 } // namespace
@@ -204,7 +208,7 @@ WorkHandle Communicator::Issued(const Collective& call, WorkHandle work) {
 WorkHandle Communicator::AllReduce(Tensor& tensor, ReduceOp op) {
     CheckUsable(kAllReduce);
     CheckTensor(tensor, kAllReduce, "tensor");
-    CheckReduceOp(op, kAllReduce);
+    CheckReduceOp(op, tensor.dtype(), kAllReduce);
     const Collective call{.op = kAllReduce,
                           .kind = CollectiveKind::kAllReduce,
                           .count = tensor.numel(),
@@ -254,7 +258,7 @@ WorkHandle Communicator::AllGatherV(const Tensor& input, Tensor& output, const s
 WorkHandle Communicator::ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op) {
     CheckUsable(kReduceScatter);
     CheckPair(input, output, kReduceScatter, InPlace::kOutputIsRankBlockOfInput);
-    CheckReduceOp(op, kReduceScatter);
+    CheckReduceOp(op, input.dtype(), kReduceScatter);
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == output.numel() * size(), kReduceScatter,
                        "expected input to hold size·n = {}·{} = {} elements, got {} ({})", size(), output.numel(),
                        output.numel() * size(), input.numel(), Where());
@@ -272,7 +276,7 @@ WorkHandle Communicator::ReduceScatterV(const Tensor& input, Tensor& output, con
                                         ReduceOp op) {
     CheckUsable(kReduceScatterV);
     CheckPair(input, output, kReduceScatterV, InPlace::kNone);
-    CheckReduceOp(op, kReduceScatterV);
+    CheckReduceOp(op, input.dtype(), kReduceScatterV);
     const std::int64_t total = CheckCounts(counts, kReduceScatterV, "counts");
     SHARDLINE_CHECK_AS(ShapeError, input.numel() == total, kReduceScatterV,
                        "expected input to hold sum(counts) = {} elements, got {} ({})", total, input.numel(), Where());

@@ -32,7 +32,7 @@ std::string DescribeRecord(const std::int64_t *rec, int size) {
         return s;
     }
     s += fmt::format(" count {} {}", rec[2],
-                     rec[3] >= 0 && rec[3] <= static_cast<std::int64_t>(DType::kFloat64)
+                     rec[3] >= 0 && rec[3] <= static_cast<std::int64_t>(DType::kInt64)
                          ? DTypeName(static_cast<DType>(rec[3]))
                          : std::string_view("?"));
     switch (op) {

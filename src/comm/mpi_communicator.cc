@@ -92,11 +92,13 @@ MPI_Datatype MpiType(DType dtype) {
         return MPI_FLOAT;
     case DType::kFloat64:
         return MPI_DOUBLE;
+    case DType::kInt64:
+        return MPI_INT64_T;
     default:
         break;
     }
     // Communicator validated the dtype (dtypes()).
-    SHARDLINE_THROW(DTypeError, "MPI", "expected float32 or float64, got {}", DTypeName(dtype));
+    SHARDLINE_THROW(DTypeError, "MPI", "expected float32, float64 or int64, got {}", DTypeName(dtype));
 }
 
 MPI_Op MpiReduceOp(ReduceOp op) {

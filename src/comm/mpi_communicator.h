@@ -122,7 +122,7 @@ public:
     MPI_Comm mpi_comm() const { return state_->comm; }
 
 protected:
-    std::vector<DType> dtypes() const override { return {DType::kFloat32, DType::kFloat64}; }
+    std::vector<DType> dtypes() const override { return {DType::kFloat32, DType::kFloat64, DType::kInt64}; }
     std::int64_t max_count() const override { return INT_MAX; }
     std::string AbortReason() const override;
     void CheckUsable(std::string_view op) const override;

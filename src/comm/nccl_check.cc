@@ -21,7 +21,7 @@ std::string DescribePacked(const std::int64_t* rec) {
     const std::int64_t aux = rest % 500000;
     const auto dtype = static_cast<DType>(rec[3]);
     const bool valid_kind = rec[0] >= 0 && rec[0] / 1000000 < kNumCollectiveKinds;
-    const bool valid_dtype = rec[3] >= 0 && rec[3] <= static_cast<std::int64_t>(DType::kFloat64);
+    const bool valid_dtype = rec[3] >= 0 && rec[3] <= static_cast<std::int64_t>(DType::kInt64);
     return fmt::format("{}{} #{} count {} {}", valid_kind ? DescribeOp(kind, aux) : fmt::format("op {}", rec[0]),
                        uneven ? " (uneven)" : "", rec[1], rec[2],
                        valid_dtype ? std::string(DTypeName(dtype)) : fmt::format("dtype {}", rec[3]));

@@ -50,10 +50,11 @@ public:
     bool aborted() const override;
 
 protected:
-    /// The model dtypes, and float64 for exact small reductions (checksums, byte counts and agreement in checkpoints;
-    /// ncclFloat64 takes every reduce op), as torch's ProcessGroupNCCL moves double.
+    /// The model dtypes, float64 for exact small reductions (checksums, byte counts and agreement in checkpoints;
+    /// ncclFloat64 takes every reduce op), as torch's ProcessGroupNCCL moves double, and int64 for counts (the MoE
+    /// dispatcher's tokens per expert; sum, max and min — avg is refused, it would truncate).
     std::vector<DType> dtypes() const override {
-        return {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64};
+        return {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt64};
     }
     std::string AbortReason() const override;
     void CheckAgreement(const Collective& call) override;

@@ -52,10 +52,10 @@ inline ncclDataType_t ToNccl(DType dtype) {
     case DType::kFloat64:
         return ncclFloat64;
     case DType::kInt64:
-        break;
+        return ncclInt64;
     }
     SHARDLINE_THROW(DTypeError, "NcclCommunicator",
-                    "NCCL collectives take float32, float16, bfloat16 or float64, got {}", DTypeName(dtype));
+                    "NCCL collectives take float32, float16, bfloat16, float64 or int64, got {}", DTypeName(dtype));
 }
 
 inline ncclRedOp_t ToNccl(ReduceOp op) {

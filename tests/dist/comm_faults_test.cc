@@ -4,6 +4,9 @@
 //                                   timeout + 5 s (SHARDLINE_COMM_TIMEOUT_S=5), and the job ends non-zero;
 //   passes another count under SHARDLINE_COMM_CHECK=1 → every rank reports the mismatch.
 // Times are measured from the faulty rank's "FAULT_AT <unix ms>" line to the exit of shardline-run (mpirun).
+// The same faults run over NCCL, one rank per GPU (NcclFaultJobTest; skipped when the host has fewer GPUs than
+// ranks): a SIGKILLed rank ends the job within 5 s, a SIGSTOPped or silent one makes the others' watchdog raise
+// CommError within the timeout + 5 s.
 
 #include <chrono>
 #include <cstdio>
@@ -14,6 +17,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+
+#include <shardline/core/device.h>
 
 #include "process.h"
 
@@ -29,20 +34,30 @@ struct FaultRun {
     int faulty_pid = -1;
 };
 
-FaultRun RunFault(int np, const std::string &scenario, std::vector<std::string> env) {
+enum class Backend { kCpu, kGpu };
+
+FaultRun RunFault(int np, const std::string &scenario, std::vector<std::string> env, Backend backend = Backend::kCpu) {
     env.emplace_back("SHARDLINE_LOG_LEVEL=warn");
+    env.emplace_back("NCCL_NVLS_ENABLE=0");
     FaultRun run;
     // mpirun --timeout 60 is the last resort; the deadline here kills everything if even that fails.
-    run.result = RunProcess({SHARDLINE_RUN_EXE, "-n", std::to_string(np), "--cpu", "--timeout", "60", "--",
-                             SHARDLINE_DIST_HELPER_EXE, scenario},
-                            env, std::chrono::seconds(80));
+    std::vector<std::string> argv = {SHARDLINE_RUN_EXE, "-n", std::to_string(np)};
+    if (backend == Backend::kCpu) {
+        argv.emplace_back("--cpu");
+    }
+    for (const char *a : {"--timeout", "60", "--", SHARDLINE_DIST_HELPER_EXE}) {
+        argv.emplace_back(a);
+    }
+    argv.push_back(scenario);
+    run.result = RunProcess(argv, env, std::chrono::seconds(80));
     std::smatch m;
     if (std::regex_search(run.result.output, m, std::regex("FAULT_AT ([0-9]+) PID ([0-9]+)"))) {
         run.seconds_after_fault = static_cast<double>(run.result.end_unix_ms - std::stoll(m[1].str())) / 1000.0;
         run.faulty_pid = std::stoi(m[2].str());
     }
-    std::printf("[ measured ] %s np=%d: exit %d, %.2f s after the fault, %.2f s in all\n", scenario.c_str(), np,
-                run.result.exit_code, run.seconds_after_fault, run.result.seconds);
+    std::printf("[ measured ] %s %s np=%d: exit %d, %.2f s after the fault, %.2f s in all\n",
+                backend == Backend::kCpu ? "mpi" : "nccl", scenario.c_str(), np, run.result.exit_code,
+                run.seconds_after_fault, run.result.seconds);
     return run;
 }
 
@@ -134,6 +149,60 @@ TEST_P(FaultTest, CountMismatchUnderTheDebugCheckIsReportedByEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, FaultTest, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int> &info) { return fmt::format("np{}", info.param); });
+
+// The same faults over NCCL, one rank per GPU: the healthy ranks' watchdog reports the all_reduce that did not finish
+// (op, sequence number, count, group, elapsed) and aborts the communicator.
+void ExpectNcclTimeoutFault(const FaultRun &run, int np) {
+    ExpectJobFailed(run);
+    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
+    EXPECT_GE(run.seconds_after_fault, 4.5) << run.result.output;
+    EXPECT_LT(run.seconds_after_fault, 10.0) << run.result.output;
+    const std::string &out = run.result.output;
+    std::smatch m;
+    ASSERT_TRUE(
+        std::regex_search(out, m,
+                          std::regex("\\[rank ([0-9]+)/[0-9]+\\][^\\n]*all_reduce\\(sum\\) #[0-9]+ \\(count 1024, "
+                                     "float32\\) on group 'world' \\(rank [0-9]+ of [0-9]+\\) did not finish "
+                                     "within 5\\.0 s[^\\n]*elapsed ([0-9.]+) s")))
+        << out;
+    EXPECT_NE(std::stoi(m[1].str()), np - 1) << "the report must come from a healthy rank";
+    const double elapsed = std::stod(m[2].str());
+    EXPECT_GE(elapsed, 5.0);
+    EXPECT_LT(elapsed, 10.0);
+    EXPECT_THAT(out, Not(HasSubstr("all_reduce completed")));
+    ExpectFaultyRankGone(run);
+}
+
+class NcclFaultJobTest : public ::testing::TestWithParam<int> {
+protected:
+    void SetUp() override {
+        if (CudaDeviceCount() < GetParam()) {
+            GTEST_SKIP() << "needs " << GetParam() << " GPUs (one rank per GPU), " << CudaDeviceCount() << " visible";
+        }
+    }
+};
+
+TEST_P(NcclFaultJobTest, KilledRankEndsTheJobNonZeroWithinFiveSeconds) {
+    const int np = GetParam();
+    const auto run = RunFault(np, "kill", {"SHARDLINE_COMM_TIMEOUT_S=60"}, Backend::kGpu);
+    ExpectJobFailed(run);
+    ASSERT_GE(run.seconds_after_fault, 0) << run.result.output;
+    EXPECT_LT(run.seconds_after_fault, 5.0) << run.result.output;
+    EXPECT_THAT(run.result.output, Not(HasSubstr("all_reduce completed")));
+}
+
+TEST_P(NcclFaultJobTest, SilentRankMakesTheOthersRaiseCommErrorAfterTheTimeout) {
+    const int np = GetParam();
+    ExpectNcclTimeoutFault(RunFault(np, "skip", {"SHARDLINE_COMM_TIMEOUT_S=5"}, Backend::kGpu), np);
+}
+
+TEST_P(NcclFaultJobTest, StoppedRankMakesTheOthersRaiseCommErrorAfterTheTimeout) {
+    const int np = GetParam();
+    ExpectNcclTimeoutFault(RunFault(np, "stop", {"SHARDLINE_COMM_TIMEOUT_S=5"}, Backend::kGpu), np);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, NcclFaultJobTest, ::testing::Values(2, 4),
                          [](const ::testing::TestParamInfo<int> &info) { return fmt::format("np{}", info.param); });
 
 } // namespace

@@ -283,5 +283,63 @@ TEST(MpiCollectivesTest, BarrierCompletesOnEveryRank) {
     EXPECT_EQ(world.device_type(), DeviceType::kCPU);
 }
 
+// int64 moves exactly (counts past 2^53, where a float64 would round): sum, max, min, all-to-all-v of counts, gather,
+// broadcast; avg is refused (an integer average would truncate).
+std::vector<std::int64_t> Int64Values(const Tensor &t) {
+    const auto *p = static_cast<const std::int64_t *>(t.data());
+    return {p, p + t.numel()};
+}
+
+Tensor Int64Tensor(const std::vector<std::int64_t> &v) {
+    Tensor t = Tensor::Zeros({static_cast<std::int64_t>(v.size())}, DType::kInt64);
+    std::copy(v.begin(), v.end(), static_cast<std::int64_t *>(t.data()));
+    return t;
+}
+
+TEST(MpiCollectivesTest, Int64CollectivesAreExactPastTwoToThe53) {
+    auto &world = World();
+    const std::int64_t p = world.size();
+    const std::int64_t me = world.rank();
+    const std::int64_t big = (std::int64_t{1} << 58) + 1; // not a float64; big·p fits for p ≤ 16
+    Tensor x = Int64Tensor({big, me + 1, -3 * me});
+    world.AllReduce(x, ReduceOp::kSum)->Wait();
+    EXPECT_EQ(Int64Values(x), (std::vector<std::int64_t>{big * p, p * (p + 1) / 2, -3 * p * (p - 1) / 2}));
+    Tensor m = Int64Tensor({big + me, -me});
+    world.AllReduce(m, ReduceOp::kMax)->Wait();
+    EXPECT_EQ(Int64Values(m), (std::vector<std::int64_t>{big + p - 1, 0}));
+    Tensor n = Int64Tensor({big + me, -me});
+    world.AllReduce(n, ReduceOp::kMin)->Wait();
+    EXPECT_EQ(Int64Values(n), (std::vector<std::int64_t>{big, 1 - p}));
+    EXPECT_THROW(world.AllReduce(n, ReduceOp::kAvg), DTypeError);
+
+    // The MoE dispatcher's exchange: rank me sends count (me·p + r) + big to rank r, one per rank.
+    std::vector<std::int64_t> counts(p);
+    for (std::int64_t r = 0; r < p; ++r) {
+        counts[r] = big + me * p + r;
+    }
+    Tensor send = Int64Tensor(counts);
+    Tensor recv = Tensor::Zeros({p}, DType::kInt64);
+    world.AllToAll(send, recv)->Wait();
+    std::vector<std::int64_t> expected(p);
+    for (std::int64_t r = 0; r < p; ++r) {
+        expected[r] = big + r * p + me;
+    }
+    EXPECT_EQ(Int64Values(recv), expected);
+    Tensor recv_v = Tensor::Zeros({p}, DType::kInt64);
+    world.AllToAllV(send, std::vector<std::int64_t>(p, 1), recv_v, std::vector<std::int64_t>(p, 1))->Wait();
+    EXPECT_EQ(Int64Values(recv_v), expected);
+
+    Tensor gathered = Tensor::Zeros({p}, DType::kInt64);
+    world.AllGather(Int64Tensor({big - me}), gathered)->Wait();
+    std::vector<std::int64_t> all(p);
+    for (std::int64_t r = 0; r < p; ++r) {
+        all[r] = big - r;
+    }
+    EXPECT_EQ(Int64Values(gathered), all);
+    Tensor b = Int64Tensor({me == p - 1 ? big : 0});
+    world.Broadcast(b, static_cast<int>(p - 1))->Wait();
+    EXPECT_EQ(Int64Values(b), (std::vector<std::int64_t>{big}));
+}
+
 } // namespace
 } // namespace shardline::testing

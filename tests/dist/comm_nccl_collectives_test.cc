@@ -2,6 +2,7 @@
 // counter RNG, so each rank checks its own output without a gather. Even and uneven sizes, float32/float16/bfloat16,
 // every ReduceOp; exact collective counts; stream ordering; sub-communicators on a 2x2 grid; argument errors.
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 #include <thread>
@@ -317,10 +318,45 @@ TEST_F(NcclCommunicatorTest, Float64AllReduceIsExact) {
     EXPECT_EQ(t.ToDoubleVector()[0], big * p);
 }
 
-TEST_F(NcclCommunicatorTest, RejectsInt64CpuTensorsAndWrongSizes) {
+// int64 moves exactly (the MoE dispatcher's token counts): values past 2^53, where a float64 would round.
+std::vector<std::int64_t> Int64OnHost(const Tensor& t) {
+    const Tensor host = t.To(Device::CPU());
+    const auto* p = static_cast<const std::int64_t*>(host.data());
+    return {p, p + host.numel()};
+}
+
+Tensor Int64OnGpu(const std::vector<std::int64_t>& v) {
+    Tensor t = Tensor::Zeros({static_cast<std::int64_t>(v.size())}, DType::kInt64);
+    std::copy(v.begin(), v.end(), static_cast<std::int64_t*>(t.data()));
+    return t.To(MyGpu());
+}
+
+TEST_F(NcclCommunicatorTest, Int64CollectivesAreExactPastTwoToThe53) {
     comm::Communicator& world = World();
-    Tensor i64 = Tensor::Zeros({8}, DType::kInt64, MyGpu());
-    EXPECT_THROW(world.AllReduce(i64, ReduceOp::kSum), DTypeError);
+    const std::int64_t p = world.size();
+    const std::int64_t me = world.rank();
+    const std::int64_t big = (std::int64_t{1} << 58) + 1; // not a float64; big·p fits for p ≤ 16
+    Tensor x = Int64OnGpu({big, me + 1, -3 * me});
+    world.AllReduce(x, ReduceOp::kSum)->Wait(true);
+    EXPECT_EQ(Int64OnHost(x), (std::vector<std::int64_t>{big * p, p * (p + 1) / 2, -3 * p * (p - 1) / 2}));
+    Tensor m = Int64OnGpu({big + me, -me});
+    world.AllReduce(m, ReduceOp::kMax)->Wait(true);
+    EXPECT_EQ(Int64OnHost(m), (std::vector<std::int64_t>{big + p - 1, 0}));
+    EXPECT_THROW(world.AllReduce(m, ReduceOp::kAvg), DTypeError);
+    std::vector<std::int64_t> counts(p);
+    std::vector<std::int64_t> expected(p);
+    for (std::int64_t r = 0; r < p; ++r) {
+        counts[r] = big + me * p + r;
+        expected[r] = big + r * p + me;
+    }
+    Tensor recv = Tensor::Zeros({p}, DType::kInt64, MyGpu());
+    world.AllToAllV(Int64OnGpu(counts), std::vector<std::int64_t>(p, 1), recv, std::vector<std::int64_t>(p, 1))
+        ->Wait(true);
+    EXPECT_EQ(Int64OnHost(recv), expected);
+}
+
+TEST_F(NcclCommunicatorTest, RejectsCpuTensorsAndWrongSizes) {
+    comm::Communicator& world = World();
     Tensor cpu = Tensor::Zeros({8}, DType::kFloat32, Device::CPU());
     EXPECT_THROW(world.AllReduce(cpu, ReduceOp::kSum), DeviceError);
     Tensor in = Tensor::Zeros({8}, DType::kFloat32, MyGpu());

@@ -4,11 +4,13 @@
 //   shardline_dist_helper exit      the last rank std::_Exit(3)s before an all_reduce the others enter
 //   shardline_dist_helper skip      the last rank skips the all_reduce and sleeps (it stops answering)
 //   shardline_dist_helper stop      the last rank SIGSTOPs itself before the all_reduce
+//   shardline_dist_helper kill      the last rank SIGKILLs itself before the all_reduce
 //   shardline_dist_helper mismatch  the last rank passes count n+1 (run with SHARDLINE_COMM_CHECK=1)
 //
 // The faulty rank prints "FAULT_AT <unix ms> PID <pid>" just before its fault, so the test can time the job's end
-// from the fault. Everything runs under launch::RunMain: an exception on a healthy rank prints "[rank r/N] <what>"
-// and MPI_Abort()s the job.
+// from the fault. The tensors live on the environment's device: started without --cpu on GPUs, the world is NCCL and
+// the same faults exercise its watchdog. Everything runs under launch::RunMain: an exception on a healthy rank prints
+// "[rank r/N] <what>" and MPI_Abort()s the job.
 
 #include <chrono>
 #include <csignal>
@@ -59,8 +61,9 @@ int Run(std::string_view scenario, Environment &env) {
         world.Barrier()->Wait();
         return 0;
     }
-    world.Barrier()->Wait(); // everyone is up: what follows is "mid-step"
-    Tensor x = Tensor::Full({env.rank() == last && scenario == "mismatch" ? n + 1 : n}, 1.0, DType::kFloat32);
+    world.Barrier()->Wait(/*host=*/true); // everyone is up: what follows is "mid-step"
+    Tensor x =
+        Tensor::Full({env.rank() == last && scenario == "mismatch" ? n + 1 : n}, 1.0, DType::kFloat32, env.device());
     if (env.rank() == last) {
         if (scenario == "exit") {
             MarkFault(env);
@@ -76,10 +79,15 @@ int Run(std::string_view scenario, Environment &env) {
             std::raise(SIGSTOP);
             return 0;
         }
+        if (scenario == "kill") {
+            MarkFault(env);
+            std::raise(SIGKILL);
+            return 0;
+        }
     }
     if (scenario == "mismatch") {
         try {
-            world.AllReduce(x, ReduceOp::kSum)->Wait();
+            world.AllReduce(x, ReduceOp::kSum)->Wait(/*host=*/true);
         } catch (const shardline::CommError &e) {
             // The check left no collective in flight on any rank, so the ranks can still meet on the host world and
             // end cleanly (non-zero) after every one of them has reported.
@@ -91,8 +99,8 @@ int Run(std::string_view scenario, Environment &env) {
         std::printf("[rank %d/%d] NO ERROR\n", env.rank(), env.world_size());
         return 0;
     }
-    if (scenario == "exit" || scenario == "skip" || scenario == "stop") {
-        world.AllReduce(x, ReduceOp::kSum)->Wait();
+    if (scenario == "exit" || scenario == "skip" || scenario == "stop" || scenario == "kill") {
+        world.AllReduce(x, ReduceOp::kSum)->Wait(/*host=*/true);
         std::printf("[rank %d/%d] all_reduce completed\n", env.rank(), env.world_size());
         return 0;
     }

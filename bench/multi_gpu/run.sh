@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The multi-GPU verification run (issue 20, step 14) in one command on one host with several GPUs, one rank per GPU:
+#   tests   the dist tests that run over NCCL (every `*_cuda` dist test, the NCCL communicator tests and the NCCL
+#           fault jobs) at every rank count they declare that fits the GPUs (np 1..4);
+#   train   the README's GPU job (examples/configs/char_lm_gpu.json) at tp 2 and tp 4 (dense, and MoE when the build
+#           has --num-experts), plus a checkpoint saved on 4 GPUs (tp 4) and resumed on 2 (tp 2);
+#   tp_mlp  bench/tp_mlp against torch DTensor (QUICK=1 by default here: the 8b shape at 128 and 8192 tokens);
+#   comm    bench/comm against torch.distributed at 2 and 4 ranks (one round);
+#   moe     bench/moe's EP run against its torch peer when the build has it.
+# Logs and JSON go to OUT_DIR; a table of every part is printed last (and written to OUT_DIR/summary.md).
+#
+#   BUILD=build-gpu bench/multi_gpu/run.sh OUT_DIR
+#
+# Environment: BUILD (build), PARTS ("tests train tp_mlp comm moe"), TRAIN_STEPS (60), QUICK (1, for tp_mlp),
+# SHARDLINE_COMMIT (default git rev-parse --short HEAD). NVLink multicast stays off in every process. Exits non-zero
+# when any part failed; a part that cannot run (too few GPUs, not built) is listed as skipped with the reason.
+set -uo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$REPO/build}
+[[ $BUILD == /* ]] || BUILD=$REPO/$BUILD
+OUT=${1:?usage: bench/multi_gpu/run.sh OUT_DIR}
+PARTS=${PARTS:-tests train tp_mlp comm moe}
+TRAIN_STEPS=${TRAIN_STEPS:-60}
+export QUICK=${QUICK:-1}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+[[ $(id -u) == 0 ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export SHARDLINE_COMMIT=${SHARDLINE_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$OUT"
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+rows=()
+status=0
+start=$SECONDS
+row() { rows+=("| $1 | $2 | $3 |"); [[ $2 == FAIL* ]] && status=1; }
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+say() { echo "== $* ($((SECONDS - start)) s)" >&2; }
+
+# --- tests -----------------------------------------------------------------------------------------------------------
+if has tests; then
+  # The NCCL tests at the rank counts that fit; -j 1 so that no two multi-rank tests share a GPU.
+  selected=()
+  while read -r name; do
+    np=${name##*.np}
+    (( np <= GPUS )) && selected+=("$name")
+  done < <(ctest --test-dir "$BUILD" -N -L dist | sed -n 's/^ *Test *#[0-9]*: \(dist\.[^ ]*\(_cuda\|nccl\)[^ ]*\.np[0-9]*\)$/\1/p')
+  if (( ${#selected[@]} == 0 )); then
+    row tests "skipped" "no NCCL dist test fits $GPUS GPUs"
+  else
+    # ... and the fault jobs over NCCL (a SIGKILLed / SIGSTOPped / silent rank; they skip what does not fit).
+    regex="^($(printf '%s|' "${selected[@]}" | sed 's/|$//; s/\./\\./g'))\$|NcclFaultJobTest"
+    say "tests: ${#selected[@]} NCCL dist tests"
+    ctest --test-dir "$BUILD" -R "$regex" -j 1 --output-on-failure --timeout 600 > "$OUT/tests.log" 2>&1
+    rc=$?
+    summary=$(grep -E "tests passed|tests failed" "$OUT/tests.log" | tail -n 1)
+    failed=$(sed -n 's/^ *[0-9]* - \(dist\.[^ ]*\) .*(Failed\|Timeout).*/\1/p' "$OUT/tests.log" | tr '\n' ' ')
+    (( rc == 0 )) && row tests PASS "$summary" || row tests "FAIL" "$summary; failed: ${failed:-see tests.log}"
+  fi
+fi
+
+# --- train -----------------------------------------------------------------------------------------------------------
+run_train() { # $1: name, $2: ranks, rest: train_char_lm arguments
+  local name=$1 np=$2
+  shift 2
+  if (( np > GPUS )); then
+    row "train $name" skipped "needs $np GPUs, $GPUS visible"
+    return
+  fi
+  say "train $name"
+  local dir="$OUT/train_$name"
+  mkdir -p "$dir"
+  (cd "$dir" && timeout 600 "$BUILD/launch/shardline-run" -n "$np" -- "$BUILD/examples/train_char_lm" \
+     --config "$REPO/examples/configs/char_lm_gpu.json" --steps "$TRAIN_STEPS" "$@") > "$dir/log" 2>&1
+  local rc=$?
+  local last
+  last=$(grep -E "^step" "$dir/log" | tail -n 1)
+  (( rc == 0 )) && row "train $name" PASS "${last:-no step line}" || row "train $name" "FAIL (rc $rc)" "$(tail -n 2 "$dir/log" | tr '\n' ' ')"
+}
+if has train; then
+  run_train tp2 2 --tp 2
+  run_train tp4 4 --tp 4
+  run_train dp2_tp2 4 --dp 2 --tp 2
+  if "$BUILD/examples/train_char_lm" --help 2>&1 | grep -q -- --num-experts; then
+    run_train moe_ep2_tp1 2 --num-experts 8 --moe-router-topk 2 --ep 2
+    run_train moe_ep2_tp2 4 --num-experts 8 --moe-router-topk 2 --ep 2 --tp 2
+    run_train moe_ep4 4 --num-experts 8 --moe-router-topk 2 --ep 4
+  else
+    row "train moe" skipped "train_char_lm has no --num-experts in this build"
+  fi
+  # A checkpoint saved on 4 GPUs at tp 4 and resumed on 2 at tp 2.
+  half=$((TRAIN_STEPS / 2))
+  ckpt="$OUT/ckpt"
+  rm -rf "$ckpt"
+  run_train save_tp4 4 --tp 4 --steps "$half" --save "$ckpt"
+  run_train load_tp2 2 --tp 2 --load "$ckpt"
+fi
+
+# --- tp_mlp, comm, moe benchmarks ------------------------------------------------------------------------------------
+if has tp_mlp; then
+  if (( GPUS >= 2 )); then
+    say "tp_mlp (QUICK=$QUICK)"
+    NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD bash "$REPO/bench/tp_mlp/run_tp_mlp_bench.sh" \
+      "$OUT/tp_mlp" > "$OUT/tp_mlp.log" 2>&1 && row tp_mlp PASS "summary in tp_mlp/summary.md" ||
+      row tp_mlp FAIL "see tp_mlp.log"
+  else
+    row tp_mlp skipped "needs 2 GPUs"
+  fi
+fi
+if has comm; then
+  for np in 2 4; do
+    if (( np > GPUS )); then
+      row "comm np$np" skipped "needs $np GPUs"
+      continue
+    fi
+    say "comm np$np"
+    ROUNDS=${COMM_ROUNDS:-1} BUILD=$BUILD bash "$REPO/bench/comm/run_comm_bench.sh" "$np" "$OUT/comm_np$np" \
+      > "$OUT/comm_np$np.log" 2>&1 && row "comm np$np" PASS "table in comm_np$np.log" || row "comm np$np" FAIL "see comm_np$np.log"
+  done
+fi
+if has moe; then
+  if [[ -x $REPO/bench/moe/run_moe_bench.sh ]]; then
+    say "moe"
+    BUILD=$BUILD bash "$REPO/bench/moe/run_moe_bench.sh" "$OUT/moe" > "$OUT/moe.log" 2>&1 &&
+      row moe PASS "see moe.log" || row moe FAIL "see moe.log"
+  else
+    row moe skipped "bench/moe/run_moe_bench.sh not in this tree"
+  fi
+fi
+
+{
+  echo "# multi-GPU run: $GPUS x ${GPU_NAME:-no GPU}, commit $SHARDLINE_COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - start)) s"
+  echo
+  echo "| part | result | detail |"
+  echo "|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$OUT/summary.md"
+exit $status

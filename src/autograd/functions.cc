@@ -38,11 +38,15 @@ protected:
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(3);
         const Tensor& dy = g[0].local();
-        const detail::ParamGradRequest wreq{
-            .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}};
-        const detail::ParamGradRequest breq{
-            .needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}};
-        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, {wreq, breq}, dy.dtype(), dy.device());
+        std::vector<detail::ParamGradRequest> requests; // built in place: no initializer-list copies
+        requests.reserve(2);
+        requests.push_back(
+            {.needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}});
+        requests.push_back(
+            {.needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}});
+        const detail::ParamGradRequest& wreq = requests[0];
+        const detail::ParamGradRequest& breq = requests[1];
+        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, requests, dy.dtype(), dy.device());
         Tensor& dweight = params.grads[0];
         Tensor& dbias = params.grads[1];
         Tensor dx;

@@ -21,8 +21,8 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {DistTensor::Local(
-            kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr))};
+        return Output(DistTensor::Local(
+            kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr)));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         // Only what the requested gradients need: x for dW, W for dX.
@@ -92,7 +92,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::GeluForward(in[0], approximation_)};
+        return Output(dist::GeluForward(in[0], approximation_));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
@@ -112,7 +112,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::Add(in[0], in[1], alpha_)};
+        return Output(dist::Add(in[0], in[1], alpha_));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         // The grad rule needs the operands' layouts only; keep them without their data.
@@ -143,7 +143,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::BiasAdd(in[0], in[1])};
+        return Output(dist::BiasAdd(in[0], in[1]));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>& out) override {
         x_ = in[0];
@@ -176,7 +176,9 @@ public:
     std::string name() const override { return "ScaleBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {dist::Scale(in[0], alpha_)}; }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return Output(dist::Scale(in[0], alpha_));
+    }
     void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = dist::Scale(g[0], alpha_)}};
@@ -194,7 +196,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_})};
+        return Output(dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_}));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
@@ -214,7 +216,9 @@ public:
     std::string name() const override { return "MatmulBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {dist::Matmul(in[0], in[1])}; }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return Output(dist::Matmul(in[0], in[1]));
+    }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         a_ = in[0];
         b_ = in[1];
@@ -237,7 +241,9 @@ public:
     std::string name() const override { return "OuterBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {dist::Outer(in[0], in[1])}; }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return Output(dist::Outer(in[0], in[1]));
+    }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         x_ = in[0];
         y_ = in[1];
@@ -327,7 +333,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::MoveToLayout(in[0], layout_)};
+        return Output(dist::MoveToLayout(in[0], layout_));
     }
     void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {

@@ -131,8 +131,12 @@ void NcclState::WatchdogLoop() noexcept {
             for (auto& op : ops) {
                 const cudaError_t q = cudaEventQuery(op->done);
                 if (q == cudaSuccess) {
+                    // A done-event also fires when an abort made the kernel exit (this rank's own timeout, seen by a
+                    // host waiter first): after an abort request, a finished kernel proves nothing — failed, so that a
+                    // waiter raises rather than reads a collective that never ran to its end (measured on 4×H200: a
+                    // healthy rank printed "completed" after its own abort without this).
                     int expected = NcclOp::kPending;
-                    op->status.compare_exchange_strong(expected, NcclOp::kDone);
+                    op->status.compare_exchange_strong(expected, abort_requested ? NcclOp::kFailed : NcclOp::kDone);
                     op->Release();
                     finished.push_back(op.get());
                 } else if (q != cudaErrorNotReady) {

@@ -34,8 +34,10 @@ bool AllEqual(const std::vector<std::int64_t> &v) {
 
 class StepRunner {
 public:
-    StepRunner(comm::DeviceMesh &mesh, const spmd::ProcessMesh &pm, const Shape &global_shape, Tensor local)
-        : mesh_(mesh), pm_(pm), global_shape_(global_shape), local_(std::move(local)) {}
+    /// `owned`: the local may be overwritten (an all-reduce runs in place on it, not on a copy).
+    StepRunner(comm::DeviceMesh &mesh, const spmd::ProcessMesh &pm, const Shape &global_shape, Tensor local,
+               bool owned = false)
+        : mesh_(mesh), pm_(pm), global_shape_(global_shape), local_(std::move(local)), owned_(owned) {}
 
     void Run(const RedistributeStep &step) {
         switch (step.collective) {
@@ -383,12 +385,13 @@ DistTensor DistTensor::Redistribute(const spmd::Layout &dst, const spmd::Redistr
 /// A RedistributeAsync in flight: the runner and what it refers to, at a stable address until Wait.
 class StepRunnerState {
 public:
-    StepRunnerState(comm::DeviceMesh *mesh, Shape global_shape, spmd::Layout dst, Tensor local)
+    StepRunnerState(comm::DeviceMesh *mesh, Shape global_shape, spmd::Layout dst, Tensor local, bool consume_local)
         : mesh_(mesh), pm_(mesh != nullptr ? detail::ToProcessMesh(*mesh) : spmd::ProcessMesh()),
-          global_shape_(std::move(global_shape)), dst_(std::move(dst)), done_(std::move(local)) {}
+          global_shape_(std::move(global_shape)), dst_(std::move(dst)), done_(std::move(local)),
+          consume_local_(consume_local) {}
 
     void Run(const spmd::RedistributePlan &plan) {
-        runner_.emplace(*mesh_, pm_, global_shape_, std::move(done_));
+        runner_.emplace(*mesh_, pm_, global_shape_, std::move(done_), consume_local_);
         // Only a plan that ends with a collective leaves it in flight: a local step after it would need its result.
         const std::size_t last = plan.steps.size() - 1;
         for (std::size_t i = 0; i < plan.steps.size(); ++i) {
@@ -416,6 +419,7 @@ private:
     Shape global_shape_;
     spmd::Layout dst_;
     Tensor done_;
+    bool consume_local_ = false;
     std::optional<StepRunner> runner_;
 };
 
@@ -430,10 +434,11 @@ DistTensor PendingRedistribute::Wait() {
     return state->Finish();
 }
 
-PendingRedistribute DistTensor::RedistributeAsync(const spmd::Layout &dst, const spmd::RedistributePlan &plan) const {
+PendingRedistribute DistTensor::RedistributeAsync(const spmd::Layout &dst, const spmd::RedistributePlan &plan,
+                                                  bool consume_local) const {
     PendingRedistribute pending;
     const bool run = CheckRunnable(local_, mesh_, layout_, dst, global_shape_, plan);
-    pending.state_ = std::make_unique<StepRunnerState>(mesh_, global_shape_, dst, local_);
+    pending.state_ = std::make_unique<StepRunnerState>(mesh_, global_shape_, dst, local_, consume_local);
     if (run) {
         pending.state_->Run(plan);
     }

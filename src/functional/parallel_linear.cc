@@ -102,11 +102,17 @@ public:
 
     /// `local` (this rank's shard of a global tensor in `layout`) moved by `plan`, a cached plan of the rule: nothing
     /// to do for an empty plan, else DistTensor::Redistribute runs exactly the plan's steps (no planning) on the mesh
-    /// dims' groups and returns a tensor of its own.
+    /// dims' groups and returns a tensor of its own. `output`: local is an output of this call's kernels (a temporary,
+    /// or the caller's output buffer it is delivered to), which the plan may overwrite: an all-reduce then runs in
+    /// place on it instead of on a copy, and Deliver has nothing left to copy.
     Tensor Move(const Tensor &local, const Shape &global, const spmd::Layout &layout,
-                const spmd::RedistributePlan &plan) {
+                const spmd::RedistributePlan &plan, bool output = false) {
         if (plan.steps.empty()) {
             return local;
+        }
+        if (output) {
+            dist::PendingRedistribute pending = Start(local, global, layout, plan, true);
+            return Finish(pending);
         }
         collectives_ += plan.NumCollectives();
         const dist::DistTensor t(local, global, layout, mesh_);
@@ -116,10 +122,10 @@ public:
     /// Move with the plan's last collective left in flight (DistTensor::RedistributeAsync): the same collectives, in
     /// the same order; Finish gives the moved tensor.
     dist::PendingRedistribute Start(const Tensor &local, const Shape &global, const spmd::Layout &layout,
-                                    const spmd::RedistributePlan &plan) {
+                                    const spmd::RedistributePlan &plan, bool output = false) {
         collectives_ += plan.NumCollectives();
         const dist::DistTensor t(local, global, layout, mesh_);
-        return t.RedistributeAsync(plan.steps.empty() ? layout : plan.steps.back().after, plan);
+        return t.RedistributeAsync(plan.steps.empty() ? layout : plan.steps.back().after, plan, output);
     }
     static Tensor Finish(dist::PendingRedistribute &pending) { return pending.Wait().local(); }
 
@@ -207,7 +213,7 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
                                                           .pre_activation = activation ? &pre_activation : nullptr});
     }
     // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
-    Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan), t.y);
+    Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan, /*output=*/true), t.y);
     if (bias_after) {
         if (t.group_sizes.defined()) {
             kernels::GroupedBiasAdd(t.y, t.bias, t.group_sizes); // each expert's bias on its rows
@@ -355,7 +361,8 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
         } else {
             RunLinearKernels(t, dy_used, nullptr, &dx_local, nullptr, nullptr, want_pre_db ? &pre_dbias : nullptr);
         }
-        dist::PendingRedistribute dx_pending = call.Start(dx_local, plan.x_shape, dx_rule.layout, dx_plan);
+        dist::PendingRedistribute dx_pending =
+            call.Start(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true);
         if (x_pending.valid()) {
             x_used = Call::Finish(x_pending);
         }
@@ -380,7 +387,7 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
                          want_db ? &dbias : nullptr, want_pre_db ? &pre_dbias : nullptr);
     }
     if (want_dx) {
-        Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan), t.dx);
+        Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true), t.dx);
     }
     return BackwardInfo{.collectives = call.collectives()};
 }

@@ -249,6 +249,14 @@ TEST_P(RedistributeTest, LocalShardsAndCollectiveCountsMatchThePlan) {
     EXPECT_EQ(async.global_shape(), p.shape);
     EXPECT_TRUE(SameValues(async.local(), again.local())) << "RedistributeAsync's local shard is Redistribute's";
     EXPECT_EQ(x.local().ToDoubleVector(), src_before) << "the source is left unchanged by RedistributeAsync";
+
+    // consume_local (a buffer of the caller's own): the same values; an all-reduce runs in place on it, no copy.
+    const DistTensor own(x.local().Clone(), p.shape, src, mesh);
+    const DistTensor consumed = own.RedistributeAsync(dst, plan, /*consume_local=*/true).Wait();
+    EXPECT_TRUE(SameValues(consumed.local(), again.local())) << "consume_local gives Redistribute's local shard";
+    if (plan.steps.size() == 1 && plan.steps[0].collective == spmd::Collective::kAllReduce) {
+        EXPECT_EQ(consumed.local().data(), own.local().data()) << "the all-reduce ran in place on the consumed local";
+    }
 }
 
 // clang-format off

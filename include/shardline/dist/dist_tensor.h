@@ -84,7 +84,10 @@ public:
     /// The same, returning once the plan's last collective is issued: the steps before it run as Redistribute runs
     /// them, and PendingRedistribute::Wait finishes the last one. The same collectives, in the same order, with the
     /// same bytes as Redistribute; an empty plan (or one without collectives) is finished at once.
-    PendingRedistribute RedistributeAsync(const spmd::Layout& dst, const spmd::RedistributePlan& plan) const;
+    /// `consume_local`: the plan may overwrite this tensor's local shard, for a local that is a buffer of the caller's
+    /// own (a kernel's output): an all-reduce then runs in place on it instead of on a copy, and the result shares it.
+    PendingRedistribute RedistributeAsync(const spmd::Layout& dst, const spmd::RedistributePlan& plan,
+                                          bool consume_local = false) const;
     /// This tensor's value with another local shard of the same shape (e.g. a kernel's output in the same layout).
     DistTensor WithLocal(Tensor local) const;
     /// The full tensor on every rank (redistributes to replicated).

@@ -9,6 +9,7 @@
 #include <shardline/autograd/engine.h>
 #include <shardline/autograd/function.h>
 #include <shardline/autograd/functions.h>
+#include <shardline/autograd/moe.h>
 #include <shardline/autograd/variable.h>
 #include <shardline/ckpt/checkpoint.h>
 #include <shardline/ckpt/metadata.h>

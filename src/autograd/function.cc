@@ -51,10 +51,11 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
             fn->leaves_.emplace_back();
         }
     }
-    for (auto &o : outputs) {
-        Variable v(std::move(o), false);
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+        Variable v(std::move(outputs[i]), false);
         v.impl()->requires_grad = true;
         v.impl()->grad_fn = fn;
+        v.impl()->output_nr = static_cast<int>(i);
         result.push_back(std::move(v));
     }
     return result;

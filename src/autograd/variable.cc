@@ -172,7 +172,7 @@ Edge GradientEdge(const Variable &variable) {
         return {};
     }
     if (impl->grad_fn != nullptr) {
-        return {impl->grad_fn, 0};
+        return {impl->grad_fn, impl->output_nr};
     }
     if (impl->grad_accumulator == nullptr) {
         impl->grad_accumulator = std::make_shared<detail::AccumulateGrad>(impl);

@@ -332,6 +332,49 @@ TEST(AutogradEngineTest, RootThatFeedsAnotherRootRunsOnce) {
     EXPECT_TRUE(ValuesMatch(x.grad().local(), expected, DType::kFloat32));
 }
 
+/// Two outputs of one input: out0 = x, out1 = 2·x (a Function with several outputs, as the MoE router's).
+class TwoOutputs final : public Function {
+public:
+    std::string name() const override { return "TwoOutputs"; }
+    std::vector<Values> received;
+
+protected:
+    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+        return {in[0], dist::Scale(in[0], 2.0)};
+    }
+    void SetupContext(const std::vector<DistTensor> &, const std::vector<DistTensor> &) override {}
+    std::vector<dist::Grad> Backward(const std::vector<DistTensor> &g) override {
+        received.clear();
+        for (const DistTensor &gi : g) {
+            received.push_back(gi.defined() ? gi.local().ToDoubleVector() : Values{});
+        }
+        DistTensor dx = g[0].defined() ? g[0] : dist::Scale(g[1], 0.0);
+        if (g[1].defined()) {
+            dx = dist::Add(dx, g[1], 2.0);
+        }
+        return {dist::Grad{.value = dx}};
+    }
+};
+
+TEST(AutogradEngineTest, EachOutputOfAFunctionSendsItsGradientToItsOwnSlot) {
+    // Backward from out1 alone: the gradient arrives as output 1's (output 0's undefined), dx = 2·g.
+    auto fn = std::make_shared<TwoOutputs>();
+    Variable x(Data({3}, "x"), true);
+    const std::vector<Variable> out = Function::Apply(fn, {x});
+    ASSERT_EQ(out.size(), 2u);
+    const Tensor g = Data({3}, "g");
+    const DistTensor gd = DistTensor::Local(g);
+    out[1].Backward(&gd);
+    ASSERT_EQ(fn->received.size(), 2u);
+    EXPECT_TRUE(fn->received[0].empty()) << "output 0 got output 1's gradient";
+    EXPECT_EQ(fn->received[1], g.ToDoubleVector());
+    const Values gv = g.ToDoubleVector();
+    const Values dx = x.grad().local().ToDoubleVector();
+    for (std::size_t i = 0; i < gv.size(); ++i) {
+        EXPECT_EQ(dx[i], 2.0 * gv[i]);
+    }
+}
+
 // ---- accumulation --------------------------------------------------------------------------------------------------
 
 TEST(AutogradAccumulationTest, TwoBackwardCallsSumIntoTheLeafGrads) {

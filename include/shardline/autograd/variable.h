@@ -120,6 +120,7 @@ struct VariableImpl {
     dist::DistTensor value;
     bool requires_grad = false;
     std::shared_ptr<Node> grad_fn;
+    int output_nr = 0; ///< which of grad_fn's forward outputs this is (its gradient's slot in grad_fn's Apply)
     std::shared_ptr<Node> grad_accumulator; ///< leaves that require grad: created on first use
     dist::DistTensor grad;
     Tensor main_grad; ///< defined when AllocateMainGrad was called

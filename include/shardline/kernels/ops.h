@@ -11,6 +11,7 @@
 #include <shardline/kernels/grouped_linear.h>
 #include <shardline/kernels/linear.h>
 #include <shardline/kernels/matmul.h>
+#include <shardline/kernels/moe.h>
 #include <shardline/kernels/optim.h>
 #include <shardline/kernels/outer.h>
 
@@ -24,8 +25,9 @@ inline void UnregisterProviderEverywhere(std::string_view provider) {
                        EmbeddingForwardOp, EmbeddingBackwardOp, EmbeddingBagForwardOp, EmbeddingBagBackwardOp,
                        CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp,
                        AdamWStepOp, SgdStepMultiOp, AdamWStepMultiOp, GroupedGemmOp, GroupedLinearForwardOp,
-                       GroupedLinearBackwardInputOp, GroupedLinearBackwardWeightOp, GroupedLinearBackwardBiasOp>(
-        provider);
+                       GroupedLinearBackwardInputOp, GroupedLinearBackwardWeightOp, GroupedLinearBackwardBiasOp,
+                       MoERouterForwardOp, MoERouterBackwardOp, MoEPermuteMapOp, MoEPermuteRowsOp, MoEUnpermuteRowsOp,
+                       MoEUnpermuteWeightsGradOp>(provider);
 }
 
 } // namespace shardline::kernels

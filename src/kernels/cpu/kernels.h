@@ -7,6 +7,7 @@
 #include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/linear.h>
+#include <shardline/kernels/moe.h>
 #include <shardline/kernels/optim.h>
 
 namespace shardline::kernels::cpu {
@@ -33,6 +34,13 @@ void CrossEntropyRowMax(const CrossEntropyRowMaxArgs &args);
 void CrossEntropyStats(const CrossEntropyStatsArgs &args);
 void CrossEntropyLoss(const CrossEntropyLossArgs &args);
 void CrossEntropyBackward(const CrossEntropyBackwardArgs &args);
+/// moe.cc: router, permutation map, gather, combine and the combine's weight grad; fp64 math, fixed-order sums.
+void MoERouterForward(const MoERouterForwardArgs &args);
+void MoERouterBackward(const MoERouterBackwardArgs &args);
+void MoEPermuteMap(const MoEPermuteMapArgs &args);
+void MoEPermuteRows(const MoEPermuteRowsArgs &args);
+void MoEUnpermuteRows(const MoEUnpermuteRowsArgs &args);
+void MoEUnpermuteWeightsGrad(const MoEUnpermuteWeightsGradArgs &args);
 /// optim.cc: fp64 math per element, states stored in the master's dtype.
 void SgdStep(const SgdStepArgs &args);
 void AdamWStep(const AdamWStepArgs &args);

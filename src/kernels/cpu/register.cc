@@ -24,6 +24,12 @@ void RegisterCpuKernels() {
     Register<CrossEntropyStatsOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyStats);
     Register<CrossEntropyLossOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyLoss);
     Register<CrossEntropyBackwardOp>(kCpu, kDefaultProvider, &cpu::CrossEntropyBackward);
+    Register<MoERouterForwardOp>(kCpu, kDefaultProvider, &cpu::MoERouterForward);
+    Register<MoERouterBackwardOp>(kCpu, kDefaultProvider, &cpu::MoERouterBackward);
+    Register<MoEPermuteMapOp>(kCpu, kDefaultProvider, &cpu::MoEPermuteMap);
+    Register<MoEPermuteRowsOp>(kCpu, kDefaultProvider, &cpu::MoEPermuteRows);
+    Register<MoEUnpermuteRowsOp>(kCpu, kDefaultProvider, &cpu::MoEUnpermuteRows);
+    Register<MoEUnpermuteWeightsGradOp>(kCpu, kDefaultProvider, &cpu::MoEUnpermuteWeightsGrad);
     Register<SgdStepOp>(kCpu, kDefaultProvider, &cpu::SgdStep);
     Register<AdamWStepOp>(kCpu, kDefaultProvider, &cpu::AdamWStep);
     Register<SgdStepMultiOp>(kCpu, kDefaultProvider, &cpu::SgdStepMulti);

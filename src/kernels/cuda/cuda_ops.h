@@ -43,6 +43,8 @@ bool EpilogueRunsFused(const GemmParams &params);
 // grouped_gemm.cc: GroupedGemm (CUTLASS or the cuBLASLt loop, per shape), the device-size grouped bias grad, and the
 // legacy provider's GroupedGemm loop
 void RegisterCudaGroupedKernels();
+// moe_ops.cc: the mixture-of-experts router, permutation map, gather, combine and the combine's weight grad
+void RegisterCudaMoEKernels();
 
 // provider "legacy" (seed 002's rollback path), legacy.cc
 void LegacyCudaGemm(const GemmParams &params);

@@ -47,6 +47,7 @@ void RegisterCudaKernels() {
     // The split ops one after another, each through the legacy provider (no side stream, no BGRADB).
     Register<LinearBackwardOp>(kCuda, kLegacyProvider, &CompositeLinearBackward);
     cuda::RegisterCudaGroupedKernels();
+    cuda::RegisterCudaMoEKernels();
 }
 
 } // namespace shardline::kernels::detail

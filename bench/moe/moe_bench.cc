@@ -1,0 +1,318 @@
+// shardline-moe-bench: a mixture-of-experts MLP forward + backward at ep = 1 on one GPU (issue 16), against a torch
+// reference MoE (bench/peers/moe_peer.py, the same command: bench/moe/run_moe_bench.sh), following the project's
+// benchmark rules (shared/BENCHMARKS.md; the expert shapes of its "Grouped GEMM" table, one layer per -w1 case).
+//
+//   layer   Router (softmax top-k, renormalised, aux loss 0.01) → Permute (dropless) → GroupedLinear fc1 → GELU →
+//           GroupedLinear fc2 → Unpermute, forward and autograd backward of y (given dy) and the aux loss, through
+//           x, the logits and both expert weights. The logits [T, E] fp32 are an input (the gate Linear's output:
+//           its tiny GEMM is left out on both sides). bf16 tokens and weights, no biases.
+//   experts the six grouped GEMMs of that layer alone (fc1/fc2 forward, dgrad, wgrad) on the same group sizes.
+//   The non-GEMM share is 1 - experts / layer: routing, permutation, GELU, the combine, the aux loss and the one host
+//   sync of the group sizes. tokens/s = T / layer.
+//
+// Routing: logits = N(0, 1) + log w_e with Zipf weights w_e = 1/(e+1)^s (the last `zero` experts get -30), so the loads
+// are skewed like the Grouped GEMM cases'. Timing: CUDA events around every iteration; warm-ups, then `rounds` rounds
+// of (layer, experts); median and p90.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <cuda_runtime_api.h>
+#include <nlohmann/json.hpp>
+
+#include <shardline/autograd/engine.h>
+#include <shardline/autograd/functions.h>
+#include <shardline/autograd/moe.h>
+#include <shardline/core/context.h>
+#include <shardline/core/error.h>
+#include <shardline/core/random.h>
+#include <shardline/core/tensor.h>
+#include <shardline/kernels/grouped_linear.h>
+
+#include "common/bench_util.h"
+#include "common/cli.h"
+
+namespace {
+
+using namespace shardline;
+using json = nlohmann::json;
+
+struct Case {
+    std::string name;
+    std::int64_t tokens, experts, topk, hidden, ffn;
+    double skew;
+    std::int64_t zero;
+};
+
+/// shared/BENCHMARKS.md "Grouped GEMM": each -w1 case is a layer (hidden = K, ffn = N).
+const std::vector<Case> kCases = {
+    {"mixtral-8x7b", 8192, 8, 2, 4096, 14336, 0.3, 0}, {"deepseek-64e", 8192, 64, 6, 2048, 1408, 0.5, 0},
+    {"olmoe-64e", 8192, 64, 8, 2048, 1024, 0.5, 4},    {"ep8-local-8e", 16384, 8, 1, 4096, 2048, 0.2, 1},
+    {"qwen3-128e", 8192, 128, 8, 2048, 768, 0.5, 8},
+};
+
+constexpr double kAuxLossCoeff = 0.01;
+
+struct Options {
+    std::set<std::string> cases;
+    int warmup = 5;
+    int iters = 10;
+    int rounds = 3;
+    std::string json_path;
+    bool list_cases = false;
+};
+
+Options Parse(int argc, char **argv) {
+    Options o;
+    CLI::App app{"shardline-moe-bench: MoE MLP fwd+bwd at ep = 1 vs a torch reference (bench/peers/moe_peer.py)"};
+    bench::UseBenchDefaults(app);
+    std::string cases;
+    app.add_option("--cases", cases, "comma list of case names (default: all)");
+    app.add_option("--warmup", o.warmup, "warm-up iterations")->check(CLI::PositiveNumber);
+    app.add_option("--iters", o.iters, "timed iterations per measurement per round")->check(CLI::PositiveNumber);
+    app.add_option("--rounds", o.rounds, "interleaved rounds")->check(CLI::PositiveNumber);
+    app.add_option("--json", o.json_path, "append one JSON record per case to this file");
+    app.add_flag("--list-cases", o.list_cases, "print the cases as JSON and exit");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        std::exit(app.exit(e));
+    }
+    for (const std::string &c : bench::SplitList(cases)) {
+        o.cases.insert(c);
+    }
+    return o;
+}
+
+class Timer {
+public:
+    explicit Timer(cudaStream_t stream) : stream_(stream) {
+        SHARDLINE_CHECK_CUDA(cudaEventCreate(&start_));
+        SHARDLINE_CHECK_CUDA(cudaEventCreate(&stop_));
+    }
+    ~Timer() {
+        cudaEventDestroy(start_);
+        cudaEventDestroy(stop_);
+    }
+    template <class F> double Microseconds(F &&body) {
+        SHARDLINE_CHECK_CUDA(cudaEventRecord(start_, stream_));
+        body();
+        SHARDLINE_CHECK_CUDA(cudaEventRecord(stop_, stream_));
+        SHARDLINE_CHECK_CUDA(cudaEventSynchronize(stop_));
+        float ms = 0.0f;
+        SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+        return static_cast<double>(ms) * 1000.0;
+    }
+
+private:
+    cudaStream_t stream_;
+    cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+/// Zipf routing bias log w_e (the last `zero` experts: -30, never chosen).
+std::vector<double> RoutingBias(const Case &c) {
+    std::vector<double> bias;
+    for (std::int64_t e = 0; e < c.experts; ++e) {
+        bias.push_back(e >= c.experts - c.zero ? -30.0 : -c.skew * std::log(static_cast<double>(e + 1)));
+    }
+    return bias;
+}
+
+Tensor Random(Shape shape, DType dtype, const char *name, double stddev) {
+    Tensor t = Tensor::Empty(std::move(shape), dtype, Device::CUDA(0));
+    FillRandom(t, RandomSpec{.seed = 1, .name = name, .b = stddev});
+    return t;
+}
+
+struct Layer {
+    autograd::Variable x, logits, w1, w2;
+    Tensor dy;
+    Tensor one; ///< d loss / d aux
+    std::int64_t experts = 0, topk = 0;
+    std::vector<std::int64_t> loads; ///< the last forward's host group sizes
+
+    /// Forward and backward through every input; returns y for the gate.
+    Tensor Step() {
+        for (autograd::Variable *v : {&x, &logits, &w1, &w2}) {
+            v->ZeroGrad();
+        }
+        const autograd::RouterOutput r = autograd::Router(logits, {.num_experts = static_cast<int>(experts),
+                                                                   .topk = static_cast<int>(topk),
+                                                                   .aux_loss_coeff = kAuxLossCoeff});
+        const autograd::PermuteOutput p = autograd::Permute(x, r.indices, static_cast<int>(experts));
+        const autograd::Variable h = autograd::GroupedLinear(p.tokens, w1, {}, p.group_sizes);
+        const autograd::Variable o = autograd::GroupedLinear(autograd::Gelu(h), w2, {}, p.group_sizes);
+        const autograd::Variable y = autograd::Unpermute(o, p.row_map, r.weights);
+        autograd::Backward({y, r.aux_loss}, {dist::DistTensor::Local(dy), dist::DistTensor::Local(one)});
+        loads = p.host_group_sizes;
+        return y.local();
+    }
+};
+
+/// The six grouped GEMMs of the layer on fixed operands.
+struct Experts {
+    Tensor tokens, h, a, o, dtokens, da, dh, do_, dw1, dw2, w1, w2, sizes;
+
+    void Step() {
+        kernels::GroupedLinearForward({.x = tokens, .weight = w1, .group_sizes = sizes, .y = h});
+        kernels::GroupedLinearForward({.x = a, .weight = w2, .group_sizes = sizes, .y = o});
+        kernels::GroupedLinearBackwardInput({.dy = do_, .weight = w2, .group_sizes = sizes, .dx = da});
+        kernels::GroupedLinearBackwardWeight({.dy = do_, .x = a, .group_sizes = sizes, .dweight = dw2});
+        kernels::GroupedLinearBackwardInput({.dy = dh, .weight = w1, .group_sizes = sizes, .dx = dtokens});
+        kernels::GroupedLinearBackwardWeight({.dy = dh, .x = tokens, .group_sizes = sizes, .dweight = dw1});
+    }
+};
+
+} // namespace
+
+int main(int argc, char **argv) try {
+    const Options opt = Parse(argc, argv);
+    if (opt.list_cases) {
+        json cases = json::array();
+        for (const Case &c : kCases) {
+            cases.push_back({{"case", c.name},
+                             {"tokens", c.tokens},
+                             {"experts", c.experts},
+                             {"topk", c.topk},
+                             {"hidden", c.hidden},
+                             {"ffn", c.ffn},
+                             {"routing_bias", RoutingBias(c)},
+                             {"aux_loss_coeff", kAuxLossCoeff}});
+        }
+        std::printf("%s\n", cases.dump().c_str());
+        return 0;
+    }
+    const Device gpu = Device::CUDA(0);
+    cudaStream_t stream = CudaContext::Get(0).stream();
+    cudaDeviceProp prop{};
+    SHARDLINE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    std::ofstream out;
+    if (!opt.json_path.empty()) {
+        out.open(opt.json_path, std::ios::app);
+    }
+    std::printf("# %s, shardline MoE MLP fwd+bwd, ep = 1, bf16\n", prop.name);
+    std::printf("%-14s %10s %10s %12s %10s %12s\n", "case", "layer_us", "gemm_us", "tokens/s", "non-GEMM",
+                "max/min load");
+    Timer timer(stream);
+    int status = 0;
+    for (const Case &c : kCases) {
+        if (!opt.cases.empty() && opt.cases.count(c.name) == 0) {
+            continue;
+        }
+        const DType bf16 = DType::kBFloat16;
+        Layer layer;
+        layer.experts = c.experts;
+        layer.topk = c.topk;
+        layer.x = autograd::Variable(Random({c.tokens, c.hidden}, bf16, "x", 1.0), true);
+        Tensor logits = Random({c.tokens, c.experts}, DType::kFloat32, "logits", 1.0);
+        {
+            // + the routing bias per column (host round trip once, outside the timing).
+            std::vector<double> l = logits.ToDoubleVector();
+            const std::vector<double> bias = RoutingBias(c);
+            for (std::size_t i = 0; i < l.size(); ++i) {
+                l[i] += bias[i % bias.size()];
+            }
+            logits = Tensor::FromVector(l, logits.shape(), DType::kFloat32).To(gpu);
+        }
+        layer.logits = autograd::Variable(logits, true);
+        layer.w1 = autograd::Variable(
+            Random({c.experts, c.ffn, c.hidden}, bf16, "w1", 1.0 / std::sqrt(static_cast<double>(c.hidden))), true);
+        layer.w2 = autograd::Variable(
+            Random({c.experts, c.hidden, c.ffn}, bf16, "w2", 1.0 / std::sqrt(static_cast<double>(c.ffn))), true);
+        layer.dy = Random({c.tokens, c.hidden}, bf16, "dy", 1.0);
+        layer.one = Tensor::Full({}, 1.0, DType::kFloat32, gpu);
+
+        // Gate: a finite output and finite gradients, every copy kept.
+        const std::vector<double> y = layer.Step().ToDoubleVector();
+        bool finite = true;
+        for (double v : y) {
+            finite = finite && std::isfinite(v);
+        }
+        for (const autograd::Variable *v : {&layer.x, &layer.logits, &layer.w1}) {
+            for (double g : v->grad().local().ToDoubleVector()) {
+                finite = finite && std::isfinite(g);
+            }
+        }
+        std::int64_t rows = 0, max_load = 0, min_load = c.tokens * c.topk;
+        for (std::int64_t s : layer.loads) {
+            rows += s;
+            max_load = std::max(max_load, s);
+            min_load = std::min(min_load, s);
+        }
+        if (!finite || rows != c.tokens * c.topk) {
+            std::fprintf(stderr, "GATE FAILED %s: finite %d, rows %lld of %lld\n", c.name.c_str(), finite ? 1 : 0,
+                         static_cast<long long>(rows), static_cast<long long>(c.tokens * c.topk));
+            status = 1;
+            continue;
+        }
+
+        Experts ex;
+        ex.sizes = Tensor::FromVector(std::vector<double>(layer.loads.begin(), layer.loads.end()), Shape{c.experts},
+                                      DType::kInt64)
+                       .To(gpu);
+        ex.tokens = Random({rows, c.hidden}, bf16, "tokens", 1.0);
+        ex.a = Random({rows, c.ffn}, bf16, "a", 1.0);
+        ex.do_ = Random({rows, c.hidden}, bf16, "do", 1.0);
+        ex.dh = Random({rows, c.ffn}, bf16, "dh", 1.0);
+        ex.h = Tensor::Empty({rows, c.ffn}, bf16, gpu);
+        ex.o = Tensor::Empty({rows, c.hidden}, bf16, gpu);
+        ex.da = Tensor::Empty({rows, c.ffn}, bf16, gpu);
+        ex.dtokens = Tensor::Empty({rows, c.hidden}, bf16, gpu);
+        ex.w1 = layer.w1.local();
+        ex.w2 = layer.w2.local();
+        ex.dw1 = Tensor::Empty(ex.w1.shape(), bf16, gpu);
+        ex.dw2 = Tensor::Empty(ex.w2.shape(), bf16, gpu);
+
+        for (int i = 0; i < opt.warmup; ++i) {
+            layer.Step();
+            ex.Step();
+        }
+        std::vector<double> layer_us, gemm_us;
+        for (int round = 0; round < opt.rounds; ++round) {
+            for (int i = 0; i < opt.iters; ++i) {
+                layer_us.push_back(timer.Microseconds([&] { layer.Step(); }));
+            }
+            for (int i = 0; i < opt.iters; ++i) {
+                gemm_us.push_back(timer.Microseconds([&] { ex.Step(); }));
+            }
+        }
+        const double layer_med = bench::Percentile(layer_us, 0.5);
+        const double gemm_med = bench::Percentile(gemm_us, 0.5);
+        const double tokens_per_s = static_cast<double>(c.tokens) / (layer_med * 1e-6);
+        const double non_gemm = 1.0 - gemm_med / layer_med;
+        std::printf("%-14s %10.1f %10.1f %12.0f %9.1f%% %6lld/%lld\n", c.name.c_str(), layer_med, gemm_med,
+                    tokens_per_s, 100.0 * non_gemm, static_cast<long long>(max_load), static_cast<long long>(min_load));
+        if (out.is_open()) {
+            const json rec = {{"tool", "shardline-moe-bench"},
+                              {"impl", "shardline"},
+                              {"device", prop.name},
+                              {"date", bench::NowUtc()},
+                              {"commit", bench::Commit()},
+                              {"case", c.name},
+                              {"tokens", c.tokens},
+                              {"experts", c.experts},
+                              {"topk", c.topk},
+                              {"hidden", c.hidden},
+                              {"ffn", c.ffn},
+                              {"loads", layer.loads},
+                              {"layer_median_us", layer_med},
+                              {"layer_p90_us", bench::Percentile(layer_us, 0.9)},
+                              {"gemm_median_us", gemm_med},
+                              {"gemm_p90_us", bench::Percentile(gemm_us, 0.9)},
+                              {"tokens_per_s", tokens_per_s},
+                              {"non_gemm_share", non_gemm}};
+            out << rec.dump() << "\n";
+            out.flush();
+        }
+    }
+    return status;
+} catch (const std::exception &e) {
+    std::fprintf(stderr, "shardline-moe-bench: %s\n", e.what());
+    return 1;
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs shardline-moe-bench and its torch peer (bench/peers/moe_peer.py: softmax top-k router, sort-based permutation,
+# torch._grouped_mm experts) on one GPU in one command, ROUNDS process rounds (shardline, torch, ...), then prints per
+# case the tokens/s of both, their ratio and the non-GEMM share of both (summary.md). Both sides take the case list the
+# bench prints (--list-cases).
+#
+#   bench/moe/run_moe_bench.sh [OUT_DIR]        e.g. bench/moe/run_moe_bench.sh results/moe-h100
+#
+# Environment: BUILD (build), ROUNDS (1), BENCH_ARGS (extra options for both sides, e.g. "--iters 10 --rounds 3"),
+# SHARDLINE_COMMIT (default: git rev-parse). Targets (issue 16): >= 1.2x the torch reference, non-GEMM share <= 15 %.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$REPO/build}
+OUT=${1:-$REPO/results/moe-$(date -u +%Y%m%dT%H%M%SZ)}
+ROUNDS=${ROUNDS:-1}
+BENCH_ARGS=${BENCH_ARGS:-}
+EXE=$BUILD/bench/moe/shardline-moe-bench
+PEER=$REPO/bench/peers/moe_peer.py
+export SHARDLINE_COMMIT=${SHARDLINE_COMMIT:-$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export PYTHONUNBUFFERED=1
+
+[[ -x $EXE ]] || { echo "run_moe_bench.sh: $EXE not built (cmake --build $BUILD --target shardline-moe-bench)" >&2; exit 2; }
+mkdir -p "$OUT"
+"$EXE" --list-cases > "$OUT/cases.json"
+: > "$OUT/moe_shardline.jsonl"
+: > "$OUT/moe_torch.jsonl"
+status=0
+for ((round = 1; round <= ROUNDS; ++round)); do
+  echo "== round $round/$ROUNDS: shardline" >&2
+  # shellcheck disable=SC2086
+  "$EXE" --json "$OUT/moe_shardline.jsonl" $BENCH_ARGS 2>&1 | tee -a "$OUT/moe_shardline.log" || status=1
+  echo "== round $round/$ROUNDS: torch" >&2
+  # shellcheck disable=SC2086
+  python3 "$PEER" --cases "$OUT/cases.json" --json "$OUT/moe_torch.jsonl" $BENCH_ARGS 2>&1 \
+    | tee -a "$OUT/moe_torch.log" || status=1
+done
+grep -h "GATE FAILED" "$OUT"/moe_*.log >&2 || true
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
+import json, statistics, sys
+out = sys.argv[1]
+def load(name):
+    recs = {}
+    for line in open(f"{out}/{name}"):
+        r = json.loads(line)
+        recs.setdefault(r["case"], []).append(r)
+    return recs
+sl, th = load("moe_shardline.jsonl"), load("moe_torch.jsonl")
+med = lambda rs, key: statistics.median(r[key] for r in rs)
+print("| case | shardline tokens/s | torch tokens/s | ratio | shardline non-GEMM | torch non-GEMM |")
+print("|---|---|---|---|---|---|")
+for case in sl:
+    s = med(sl[case], "tokens_per_s")
+    t = med(th[case], "tokens_per_s") if case in th else float("nan")
+    print(f"| {case} | {s:,.0f} | {t:,.0f} | {s / t:.2f}x | {100 * med(sl[case], 'non_gemm_share'):.1f} % | "
+          f"{100 * med(th[case], 'non_gemm_share') if case in th else float('nan'):.1f} % |")
+PY
+echo "JSON and logs in $OUT" >&2
+exit $status

@@ -1,0 +1,223 @@
+// The CUDA mixture-of-experts kernels' own behaviour at training sizes: the router (softmax and sigmoid, E up to 256,
+// topk up to 8) against the CPU provider on the same fp32 logits — the same experts bit for bit, weights, counts, aux
+// and z losses and dlogits within fp32 tolerance; the permutation map (CUB's multi-block sort) equal to the CPU's
+// with and without capacity; the gather, combine and weight gradient in bf16/fp16/fp32 at MoE widths, vectorised and
+// not, against float64 references; every kernel bitwise equal run to run; and Router → Permute → Unpermute through
+// autograd on the GPU against the same graph on the CPU (values and gradients). The tests/kernels cases cover the
+// small and edge routings on both devices.
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <shardline/autograd/functions.h>
+#include <shardline/autograd/moe.h>
+#include <shardline/kernels/moe.h>
+
+#include "helpers.h"
+
+namespace shardline::testing {
+namespace {
+
+using kernels::MoERouterConfig;
+using kernels::MoEScoreFunction;
+
+struct RouterRun {
+    Tensor weights, indices, counts, aux, z, dlogits;
+};
+
+/// Forward and backward (with every gradient term) on the logits' device.
+RouterRun RunRouter(const Tensor &logits, const MoERouterConfig &c, const Tensor &dw_host) {
+    const Device d = logits.device();
+    const std::int64_t tokens = logits.size(0);
+    RouterRun r{Tensor::Empty({tokens, c.topk}, DType::kFloat32, d),
+                Tensor::Empty({tokens, c.topk}, DType::kInt64, d),
+                Tensor::Empty({c.num_experts}, DType::kInt64, d),
+                Tensor::Empty({}, DType::kFloat32, d),
+                Tensor::Empty({}, DType::kFloat32, d),
+                Tensor::Empty(logits.shape(), DType::kFloat32, d)};
+    kernels::MoERouterForward({.logits = logits,
+                               .config = c,
+                               .weights = r.weights,
+                               .indices = r.indices,
+                               .tokens_per_expert = r.counts,
+                               .aux_loss = &r.aux,
+                               .z_loss = &r.z});
+    const Tensor dw = dw_host.To(d);
+    const Tensor daux = Tensor::Full({}, 0.9, DType::kFloat32, d);
+    const Tensor dz = Tensor::Full({}, 1.7, DType::kFloat32, d);
+    kernels::MoERouterBackward({.logits = logits,
+                                .config = c,
+                                .indices = r.indices,
+                                .tokens_per_expert = r.counts,
+                                .dweights = &dw,
+                                .daux_loss = &daux,
+                                .dz_loss = &dz,
+                                .dlogits = r.dlogits});
+    return r;
+}
+
+class MoECudaTest : public CudaParamTest<std::tuple<int, int, bool>> {};
+
+TEST_P(MoECudaTest, RouterMatchesTheCpuProviderAndIsBitwiseDeterministic) {
+    const auto [experts, topk, sigmoid] = GetParam();
+    const MoERouterConfig c{.num_experts = experts,
+                            .topk = topk,
+                            .score_function = sigmoid ? MoEScoreFunction::kSigmoid : MoEScoreFunction::kSoftmax,
+                            .normalize_topk = !sigmoid,
+                            .aux_loss_coeff = 0.01,
+                            .z_loss_coeff = 0.001};
+    const std::int64_t tokens = 4099; // not a multiple of the 4 tokens per block nor of the 256-row chunks
+    const Tensor logits = RandomTensor({tokens, experts}, DType::kFloat32, Device::CPU(), 21, "logits",
+                                       RandomDistribution::kNormal, 0.0, 3.0);
+    const Tensor dw = RandomTensor({tokens, topk}, DType::kFloat32, Device::CPU(), 21, "dw");
+    const RouterRun cpu = RunRouter(logits, c, dw);
+    const RouterRun gpu = RunRouter(logits.To(Gpu()), c, dw);
+    EXPECT_EQ(gpu.indices.ToDoubleVector(), cpu.indices.ToDoubleVector()) << "top-k on the same logits";
+    EXPECT_EQ(gpu.counts.ToDoubleVector(), cpu.counts.ToDoubleVector());
+    EXPECT_TRUE(ValuesMatch(gpu.weights, cpu.weights.ToDoubleVector(), DType::kFloat32, 16)) << "weights";
+    EXPECT_TRUE(ValuesMatch(gpu.aux, cpu.aux.ToDoubleVector(), DType::kFloat32, 64)) << "aux loss";
+    EXPECT_TRUE(ValuesMatch(gpu.z, cpu.z.ToDoubleVector(), DType::kFloat32, 64)) << "z loss";
+    // dlogits = p ⊙ (g − Σ_e p_e g_e) (+ the loss terms): an fp32 sum over E experts whose result cancels, so its
+    // error grows with E (measured on an H200: 1.6x the 64-term bound at E = 256; the CPU sums in float64).
+    EXPECT_TRUE(ValuesMatch(gpu.dlogits, cpu.dlogits.ToDoubleVector(), DType::kFloat32, std::max(64, 2 * experts)))
+        << "dlogits";
+    ASSERT_GT(AbsSum(cpu.dlogits.ToDoubleVector()), 0.0);
+    const RouterRun again = RunRouter(logits.To(Gpu()), c, dw);
+    for (const auto &[a, b] :
+         {std::pair{&again.weights, &gpu.weights}, std::pair{&again.indices, &gpu.indices},
+          std::pair{&again.aux, &gpu.aux}, std::pair{&again.z, &gpu.z}, std::pair{&again.dlogits, &gpu.dlogits}}) {
+        EXPECT_EQ(HostBytes(*a), HostBytes(*b));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MoECudaTest,
+                         ::testing::Values(std::tuple{8, 2, false}, std::tuple{64, 6, false}, std::tuple{64, 8, true},
+                                           std::tuple{128, 8, false}, std::tuple{256, 8, false},
+                                           std::tuple{256, 1, true}, std::tuple{33, 3, false}));
+
+class MoECudaPermuteTest : public CudaTest {};
+
+TEST_F(MoECudaPermuteTest, MapMatchesTheCpuWithAndWithoutCapacity) {
+    for (const auto &[tokens, topk, experts] :
+         std::vector<std::tuple<int, int, int>>{{16384, 8, 128}, {8192, 2, 8}, {30000, 1, 300}, {5, 8, 8}}) {
+        const Tensor ids = RandomTensor({tokens, topk}, DType::kInt64, Device::CPU(), 9, "ids",
+                                        RandomDistribution::kInteger, 0, experts - 1);
+        for (const std::int64_t capacity : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{tokens * topk / experts}}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "T " << tokens << " topk " << topk << " E " << experts << " capacity " << capacity);
+            std::vector<Tensor> maps, sizes;
+            for (const Device d : {Device::CPU(), Gpu(), Gpu()}) {
+                maps.push_back(Tensor::Empty(ids.shape(), DType::kInt64, d));
+                sizes.push_back(Tensor::Empty({experts}, DType::kInt64, d));
+                kernels::MoEPermuteMap({.indices = ids.To(d),
+                                        .num_experts = experts,
+                                        .capacity = capacity,
+                                        .row_map = maps.back(),
+                                        .group_sizes = sizes.back()});
+            }
+            EXPECT_EQ(maps[1].ToDoubleVector(), maps[0].ToDoubleVector());
+            EXPECT_EQ(sizes[1].ToDoubleVector(), sizes[0].ToDoubleVector());
+            EXPECT_EQ(HostBytes(maps[2]), HostBytes(maps[1]));
+        }
+    }
+}
+
+TEST_F(MoECudaPermuteTest, OutOfRangeIdsAreDroppedOnTheDevice) {
+    const Tensor ids = Tensor::FromVector({0, 5, -1, 2, 9, 2}, {3, 2}, DType::kInt64).To(Gpu());
+    Tensor map = Tensor::Empty({3, 2}, DType::kInt64, Gpu());
+    Tensor sizes = Tensor::Empty({3}, DType::kInt64, Gpu());
+    kernels::MoEPermuteMap({.indices = ids, .num_experts = 3, .row_map = map, .group_sizes = sizes});
+    EXPECT_EQ(map.ToDoubleVector(), (Values{0, -1, -1, 1, -1, 2}));
+    EXPECT_EQ(sizes.ToDoubleVector(), (Values{1, 0, 2}));
+}
+
+class MoECudaRowsTest : public CudaParamTest<DType> {};
+
+TEST_P(MoECudaRowsTest, GatherCombineAndWeightsGradAtMoEWidths) {
+    const DType dtype = GetParam();
+    for (const auto &[tokens, topk, hidden, experts] :
+         std::vector<std::tuple<int, int, int, int>>{{2048, 2, 4096, 8}, {1024, 8, 2048, 64}, {777, 3, 1001, 5}}) {
+        SCOPED_TRACE(::testing::Message() << "T " << tokens << " topk " << topk << " H " << hidden);
+        const Tensor ids =
+            RandomTensor({tokens, topk}, DType::kInt64, Gpu(), 3, "ids", RandomDistribution::kInteger, 0, experts - 1);
+        Tensor row_map = Tensor::Empty({tokens, topk}, DType::kInt64, Gpu());
+        Tensor sizes = Tensor::Empty({experts}, DType::kInt64, Gpu());
+        const std::int64_t capacity = tokens * topk / experts; // about half the experts drop some copies
+        kernels::MoEPermuteMap(
+            {.indices = ids, .num_experts = experts, .capacity = capacity, .row_map = row_map, .group_sizes = sizes});
+        std::int64_t rows = 0;
+        for (double s : sizes.ToDoubleVector()) {
+            rows += static_cast<std::int64_t>(s);
+        }
+        const Values map = row_map.ToDoubleVector();
+        const Tensor x = RandomGpu({tokens, hidden}, dtype, 4, "x");
+        const Tensor w = RandomGpu({tokens, topk}, DType::kFloat32, 4, "w");
+        const Tensor dy = RandomGpu({tokens, hidden}, dtype, 4, "dy");
+        const Values xv = x.ToDoubleVector(), wv = w.ToDoubleVector(), dyv = dy.ToDoubleVector();
+        // Gather: a copy.
+        Tensor tokens_out = Tensor::Empty({rows, hidden}, dtype, Gpu());
+        kernels::MoEPermuteRows({.x = x, .row_map = row_map, .out = tokens_out});
+        const Values tv = tokens_out.ToDoubleVector();
+        Values combine(xv.size(), 0.0), dw(static_cast<std::size_t>(tokens * topk), 0.0);
+        for (std::int64_t i = 0; i < tokens * topk; ++i) {
+            const auto r = static_cast<std::int64_t>(map[i]);
+            for (std::int64_t h = 0; r >= 0 && h < hidden; ++h) {
+                ASSERT_EQ(tv[r * hidden + h], xv[(i / topk) * hidden + h]) << "copy " << i << " h " << h;
+                combine[(i / topk) * hidden + h] += wv[i] * tv[r * hidden + h];
+                dw[i] += dyv[(i / topk) * hidden + h] * tv[r * hidden + h];
+            }
+        }
+        Tensor y = Tensor::Empty({tokens, hidden}, dtype, Gpu());
+        kernels::MoEUnpermuteRows({.tokens = tokens_out, .row_map = row_map, .weights = &w, .y = y});
+        EXPECT_TRUE(ValuesMatch(y, combine, dtype, topk + 1)) << "combine";
+        Tensor dweights = Tensor::Empty({tokens, topk}, DType::kFloat32, Gpu());
+        kernels::MoEUnpermuteWeightsGrad({.dy = dy, .tokens = tokens_out, .row_map = row_map, .dweights = dweights});
+        EXPECT_TRUE(ValuesMatch(dweights, dw, DType::kFloat32, 64)) << "dweights";
+        // Reruns: bitwise.
+        Tensor y2 = Tensor::Empty({tokens, hidden}, dtype, Gpu());
+        kernels::MoEUnpermuteRows({.tokens = tokens_out, .row_map = row_map, .weights = &w, .y = y2});
+        EXPECT_EQ(HostBytes(y2), HostBytes(y));
+        Tensor dweights2 = Tensor::Empty({tokens, topk}, DType::kFloat32, Gpu());
+        kernels::MoEUnpermuteWeightsGrad({.dy = dy, .tokens = tokens_out, .row_map = row_map, .dweights = dweights2});
+        EXPECT_EQ(HostBytes(dweights2), HostBytes(dweights));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, MoECudaRowsTest, CudaDTypes(), DTypeParamName);
+
+/// Router → Permute → gelu → Unpermute, plus the aux and z losses, on `device`.
+autograd::Variable Pipeline(const autograd::Variable &x, const autograd::Variable &logits, std::int64_t capacity) {
+    using namespace autograd;
+    const RouterOptions o{.num_experts = 16, .topk = 2, .aux_loss_coeff = 0.01, .z_loss_coeff = 0.001};
+    const RouterOutput r = Router(logits, o);
+    const PermuteOutput p = Permute(x, r.indices, o.num_experts, capacity);
+    return Add(Add(Sum(Unpermute(Gelu(p.tokens), p.row_map, r.weights)), r.aux_loss), r.z_loss);
+}
+
+TEST_F(MoECudaPermuteTest, AutogradPipelineMatchesTheCpu) {
+    for (const std::int64_t capacity : {std::int64_t{-1}, std::int64_t{40}}) {
+        SCOPED_TRACE(::testing::Message() << "capacity " << capacity);
+        const Tensor x0 = RandomTensor({512, 64}, DType::kFloat32, Device::CPU(), 5, "x");
+        const Tensor l0 = RandomTensor({512, 16}, DType::kFloat32, Device::CPU(), 5, "logits");
+        std::vector<Values> results[2];
+        for (int run = 0; run < 2; ++run) {
+            const Device d = run == 0 ? Device::CPU() : Gpu();
+            autograd::Variable x(x0.To(d), true);
+            autograd::Variable logits(l0.To(d), true);
+            const autograd::Variable loss = Pipeline(x, logits, capacity);
+            loss.Backward();
+            results[run] = {loss.local().ToDoubleVector(), x.grad().local().ToDoubleVector(),
+                            logits.grad().local().ToDoubleVector()};
+        }
+        EXPECT_TRUE(ValuesMatch(results[1][0], results[0][0], DType::kFloat32, 64)) << "loss";
+        EXPECT_TRUE(ValuesMatch(results[1][1], results[0][1], DType::kFloat32, 16)) << "dx";
+        EXPECT_TRUE(ValuesMatch(results[1][2], results[0][2], DType::kFloat32, 64)) << "dlogits";
+    }
+}
+
+} // namespace
+} // namespace shardline::testing

@@ -112,6 +112,7 @@ struct Options {
     bool gate = true;
     bool cpu = false;
     bool list_cases = false;
+    bool no_overlap = false; ///< overlap_grad_comm off
     std::string json;
 };
 
@@ -181,6 +182,9 @@ int ParseCommandLine(int argc, char** argv, Options& o) {
     CLI::Option* rounds_opt = app.add_option("--rounds", rounds, "rounds over the variants (--suite quick, --cpu: 2)")
                                   ->check(CLI::Range(1, kIntMax));
     app.add_flag("--no-gate", no_gate, "skip the correctness gate before timing");
+    app.add_flag(
+        "--no-overlap", o.no_overlap,
+        "the backward's dx collective after the parameter grads (overlap_grad_comm off), to measure the overlap");
     app.add_flag("--cpu", o.cpu, "MPI on CPU tensors, fp32, shape cpu-tiny (h 64, ff 256): a smoke test of the logic");
     app.add_option("--json", o.json, "append one JSON line per measurement to PATH")->type_name("PATH");
     app.add_flag("--list-cases", o.list_cases, "print the cases as JSON (for the torch peer) and exit");
@@ -414,6 +418,7 @@ struct Run {
         rec["ranks"] = env->world_size();
         rec["tp"] = env->world_size();
         rec["dtype"] = options.cpu ? "fp32" : "bf16";
+        rec["overlap_grad_comm"] = !options.no_overlap;
         if (out.is_open()) {
             out << rec.dump() << '\n';
             out.flush();
@@ -955,9 +960,10 @@ int RunBench(launch::Environment& env, const Options& o) {
     }
     if (env.rank() == 0) {
         const std::string nvls = env::Get("NCCL_NVLS_ENABLE").value_or("(unset)");
-        std::printf("# shardline ParallelMLP fwd+bwd, tp %d (%s), %s, %s, commit %s, %s, NCCL_NVLS_ENABLE=%s\n", tp,
-                    std::string(env.world().backend()).c_str(), run.device.c_str(), o.cpu ? "fp32" : "bf16",
-                    run.commit.c_str(), run.date.c_str(), nvls.c_str());
+        std::printf("# shardline ParallelMLP fwd+bwd, tp %d (%s), %s, %s, commit %s, %s, NCCL_NVLS_ENABLE=%s, "
+                    "backward overlap %s\n",
+                    tp, std::string(env.world().backend()).c_str(), run.device.c_str(), o.cpu ? "fp32" : "bf16",
+                    run.commit.c_str(), run.date.c_str(), nvls.c_str(), o.no_overlap ? "off" : "on");
         std::printf("# ceiling (8192^3 bf16 cuBLASLt GEMM, slowest rank): %.1f TF/s; warmup %d, %d rounds x %d iters; "
                     "TF/GPU = 12*T*h*ff/tp / t\n",
                     run.ceiling_tflops, o.warmup, o.rounds, o.iters);
@@ -976,7 +982,8 @@ int RunBench(launch::Environment& env, const Options& o) {
                                        .ffn_hidden = s.ffn,
                                        .bias = true,
                                        .sequence_parallel = v == "sp",
-                                       .approximation = kernels::GeluApproximation::kTanh},
+                                       .approximation = kernels::GeluApproximation::kTanh,
+                                       .overlap_grad_comm = !o.no_overlap},
                 nn::TensorParallelGroup::Named(mesh, "tp"),
                 nn::ParameterOptions{.dtype = run.dtype, .device = env.device(), .seed = 5, .name = "mlp"});
         }

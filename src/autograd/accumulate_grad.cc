@@ -1,5 +1,7 @@
 #include "accumulate_grad.h"
 
+#include <utility>
+
 #include <shardline/core/error.h>
 #include <shardline/kernels/elementwise.h>
 
@@ -7,9 +9,9 @@ namespace shardline::autograd::detail {
 
 std::vector<dist::Grad> AccumulateGrad::Apply(std::vector<dist::Grad> grad_outputs) {
     if (!grad_outputs.empty()) {
-        Accumulate(grad_outputs[0]);
+        Accumulate(std::move(grad_outputs[0]));
     }
-    if (auto impl = leaf_.lock()) {
+    if (auto impl = leaf_.lock(); impl != nullptr && !impl->hooks.empty()) {
         Variable leaf(impl);
         for (auto &hook : impl->hooks) {
             hook(leaf);
@@ -18,7 +20,7 @@ std::vector<dist::Grad> AccumulateGrad::Apply(std::vector<dist::Grad> grad_outpu
     return {};
 }
 
-void AccumulateGrad::Accumulate(const dist::Grad &grad) {
+void AccumulateGrad::Accumulate(dist::Grad grad) {
     auto impl = leaf_.lock();
     if (impl == nullptr || !grad.value.defined()) {
         return; // the leaf is gone, or the gradient already went into its main grad
@@ -26,7 +28,11 @@ void AccumulateGrad::Accumulate(const dist::Grad &grad) {
     const dist::DistTensor &g = grad.value;
     if (impl->main_grad.defined()) {
         // main_grad += g (in the buffer's dtype, e.g. fp32 for a bf16 parameter); = g while it stands for zeros.
-        const Tensor addend = g.dtype() == impl->main_grad.dtype() ? g.local() : g.local().To(impl->main_grad.dtype());
+        Tensor converted;
+        if (g.dtype() != impl->main_grad.dtype()) {
+            converted = g.local().To(impl->main_grad.dtype());
+        }
+        const Tensor &addend = converted.defined() ? converted : g.local();
         if (impl->main_grad_zero_pending) {
             impl->main_grad.CopyFrom(addend);
             impl->main_grad_zero_pending = false;
@@ -36,7 +42,7 @@ void AccumulateGrad::Accumulate(const dist::Grad &grad) {
         return;
     }
     if (!impl->grad.defined()) {
-        impl->grad = g;
+        impl->grad = std::move(grad.value);
         return;
     }
     // Out of place: an earlier gradient may share storage with a tensor someone else holds.

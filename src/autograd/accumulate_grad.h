@@ -15,7 +15,8 @@ public:
     explicit AccumulateGrad(const std::shared_ptr<VariableImpl>& leaf) : leaf_(leaf) {}
     std::vector<dist::Grad> Apply(std::vector<dist::Grad> grad_outputs) override;
     /// Adds a gradient that arrived (Function::Apply delivers it already in the leaf's GradLayout()).
-    void Accumulate(const dist::Grad& grad);
+    /// Taken by value: a leaf without a gradient yet keeps the arriving one without copying it.
+    void Accumulate(dist::Grad grad);
     std::string name() const override { return "AccumulateGrad"; }
 
 private:

@@ -1,15 +1,17 @@
 // The backward engine: dependency counts over the graph reachable from the roots, then a ready queue, so every node
 // runs once, after all of its gradients have arrived (torch's engine, single-threaded).
 
-#include <deque>
+#include <algorithm>
 #include <unordered_map>
-#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <shardline/autograd/engine.h>
 #include <shardline/core/error.h>
 #include <shardline/dist/ops.h>
 
 #include "accumulate_grad.h"
+#include "engine_internal.h"
 
 namespace shardline::autograd {
 namespace {
@@ -17,13 +19,13 @@ namespace {
 thread_local bool grad_enabled = true;
 
 /// a + b for two gradients of one input (both already in that input's gradient layout).
-dist::Grad Combine(dist::Grad a, const dist::Grad &b) {
+dist::Grad Combine(dist::Grad a, dist::Grad b) {
     a.accumulated = a.accumulated || b.accumulated;
     if (!b.value.defined()) {
         return a;
     }
     if (!a.value.defined()) {
-        a.value = b.value;
+        a.value = std::move(b.value);
         return a;
     }
     a.value = dist::Add(a.value, b.value);
@@ -37,6 +39,23 @@ dist::DistTensor Ones(const dist::DistTensor &root) {
                                               root.mesh_ptr());
 }
 
+/// What the engine keeps per node of the reachable graph: one entry per node (a node-based map, so references stay
+/// valid while it grows), instead of a map of buffers, a map of counts and a set of visited nodes.
+struct NodeTask {
+    int dependencies = 0;           ///< edges of the reachable graph into the node not yet run
+    bool visited = false;           ///< reached by the dependency count's walk
+    std::vector<dist::Grad> buffer; ///< the gradients arrived so far, one slot per input (sized on first use)
+};
+
+/// Sums `grad` into input `input_nr` of `node`'s buffer.
+void Deliver(NodeTask &task, const Node &node, int input_nr, dist::Grad grad) {
+    if (task.buffer.empty()) {
+        task.buffer.resize(static_cast<std::size_t>(node.num_inputs()));
+    }
+    dist::Grad &slot = task.buffer[static_cast<std::size_t>(input_nr)];
+    slot = Combine(std::move(slot), std::move(grad));
+}
+
 } // namespace
 
 bool GradEnabled() { return grad_enabled; }
@@ -44,63 +63,73 @@ NoGradGuard::NoGradGuard() : previous_(grad_enabled) { grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { grad_enabled = previous_; }
 
 void Backward(const std::vector<Variable> &roots, const std::vector<dist::DistTensor> &grads, bool retain_graph) {
+    SHARDLINE_CHECK(grads.empty() || grads.size() == roots.size(), "autograd::Backward",
+                    "expected one gradient per root ({}), got {}", roots.size(), grads.size());
+    std::vector<const dist::DistTensor *> given(roots.size(), nullptr);
+    for (std::size_t r = 0; r < grads.size(); ++r) {
+        given[r] = &grads[r];
+    }
+    detail::RunBackward(roots.data(), given.data(), roots.size(), retain_graph);
+}
+
+namespace detail {
+
+void RunBackward(const Variable *roots, const dist::DistTensor *const *grads, std::size_t n, bool retain_graph) {
     constexpr const char *kOp = "autograd::Backward";
-    SHARDLINE_CHECK(grads.empty() || grads.size() == roots.size(), kOp, "expected one gradient per root ({}), got {}",
-                    roots.size(), grads.size());
-    std::unordered_map<Node *, std::vector<dist::Grad>> buffers;
-    std::unordered_map<Node *, int> dependencies;
+    std::unordered_map<Node *, NodeTask> tasks;
+    tasks.reserve(16);
     std::vector<std::shared_ptr<Node>> seeds;
-    for (std::size_t r = 0; r < roots.size(); ++r) {
+    seeds.reserve(n);
+    for (std::size_t r = 0; r < n; ++r) {
         const Variable &root = roots[r];
         SHARDLINE_CHECK(root.defined() && root.requires_grad(), kOp,
                         "root {} does not require grad (nothing to differentiate)", r);
-        dist::DistTensor g = r < grads.size() && grads[r].defined() ? grads[r] : Ones(root.value());
-        SHARDLINE_CHECK_AS(ShapeError, g.global_shape() == root.shape(), kOp,
+        const bool given = grads[r] != nullptr && grads[r]->defined();
+        dist::Grad g{.value = given ? *grads[r] : Ones(root.value())};
+        SHARDLINE_CHECK_AS(ShapeError, g.value.global_shape() == root.shape(), kOp,
                            "the gradient of root {} must have its shape {}, got {}", r, ShapeToString(root.shape()),
-                           g.ToString());
-        const Edge edge = GradientEdge(root);
-        auto &buffer = buffers[edge.node.get()];
-        buffer.resize(static_cast<std::size_t>(edge.node->num_inputs()));
-        buffer[static_cast<std::size_t>(edge.input_nr)] =
-            Combine(buffer[static_cast<std::size_t>(edge.input_nr)], dist::Grad{.value = g});
-        seeds.push_back(edge.node);
+                           g.value.ToString());
+        Edge edge = GradientEdge(root);
+        Deliver(tasks[edge.node.get()], *edge.node, edge.input_nr, std::move(g));
+        seeds.push_back(std::move(edge.node));
     }
 
     // Dependency counts: how many edges of the reachable graph point at each node.
-    std::unordered_set<Node *> seen;
     std::vector<Node *> stack;
     for (const auto &s : seeds) {
-        if (seen.insert(s.get()).second) {
+        NodeTask &task = tasks[s.get()];
+        if (!task.visited) {
+            task.visited = true;
             stack.push_back(s.get());
         }
     }
-    std::vector<Node *> order;
     while (!stack.empty()) {
         Node *node = stack.back();
         stack.pop_back();
-        order.push_back(node);
         for (const Edge &e : node->next_edges()) {
             if (!e.valid()) {
                 continue;
             }
-            ++dependencies[e.node.get()];
-            if (seen.insert(e.node.get()).second) {
+            NodeTask &task = tasks[e.node.get()];
+            ++task.dependencies;
+            if (!task.visited) {
+                task.visited = true;
                 stack.push_back(e.node.get());
             }
         }
     }
 
-    std::deque<std::shared_ptr<Node>> ready;
+    // The ready queue: a vector read from the front (every node enters it once).
+    std::vector<std::shared_ptr<Node>> ready;
+    ready.reserve(tasks.size());
     for (const auto &s : seeds) {
-        if (dependencies[s.get()] == 0 && std::find(ready.begin(), ready.end(), s) == ready.end()) {
+        if (tasks[s.get()].dependencies == 0 && std::find(ready.begin(), ready.end(), s) == ready.end()) {
             ready.push_back(s);
         }
     }
-    while (!ready.empty()) {
-        std::shared_ptr<Node> node = std::move(ready.front());
-        ready.pop_front();
-        std::vector<dist::Grad> inputs = std::move(buffers[node.get()]);
-        buffers.erase(node.get());
+    for (std::size_t head = 0; head < ready.size(); ++head) {
+        const std::shared_ptr<Node> node = std::move(ready[head]);
+        std::vector<dist::Grad> inputs = std::move(tasks[node.get()].buffer);
         inputs.resize(static_cast<std::size_t>(node->num_inputs()));
         std::vector<dist::Grad> outputs = node->Apply(std::move(inputs));
         if (!retain_graph) {
@@ -112,17 +141,17 @@ void Backward(const std::vector<Variable> &roots, const std::vector<dist::DistTe
             if (!e.valid()) {
                 continue;
             }
+            NodeTask &task = tasks[e.node.get()];
             if (i < outputs.size() && outputs[i].defined()) {
-                auto &buffer = buffers[e.node.get()];
-                buffer.resize(static_cast<std::size_t>(e.node->num_inputs()));
-                buffer[static_cast<std::size_t>(e.input_nr)] =
-                    Combine(std::move(buffer[static_cast<std::size_t>(e.input_nr)]), outputs[i]);
+                Deliver(task, *e.node, e.input_nr, std::move(outputs[i]));
             }
-            if (--dependencies[e.node.get()] == 0) {
+            if (--task.dependencies == 0) {
                 ready.push_back(e.node);
             }
         }
     }
 }
+
+} // namespace detail
 
 } // namespace shardline::autograd

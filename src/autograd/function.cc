@@ -30,6 +30,9 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
     fn->next_edges_.clear();
     fn->grad_layouts_.clear();
     fn->leaves_.clear();
+    fn->next_edges_.reserve(inputs.size());
+    fn->grad_layouts_.reserve(inputs.size());
+    fn->leaves_.reserve(inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) {
         const Variable &in = inputs[i];
         if (!fn->needs_input_grad_[i]) {

@@ -21,8 +21,8 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {DistTensor::Local(
-            kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr))};
+        return Output(DistTensor::Local(
+            kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr)));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         // Only what the requested gradients need: x for dW, W for dX.
@@ -38,11 +38,15 @@ protected:
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(3);
         const Tensor& dy = g[0].local();
-        const detail::ParamGradRequest wreq{
-            .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}};
-        const detail::ParamGradRequest breq{
-            .needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}};
-        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, {wreq, breq}, dy.dtype(), dy.device());
+        std::vector<detail::ParamGradRequest> requests; // built in place: no initializer-list copies
+        requests.reserve(2);
+        requests.push_back(
+            {.needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}});
+        requests.push_back(
+            {.needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}});
+        const detail::ParamGradRequest& wreq = requests[0];
+        const detail::ParamGradRequest& breq = requests[1];
+        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, requests, dy.dtype(), dy.device());
         Tensor& dweight = params.grads[0];
         Tensor& dbias = params.grads[1];
         Tensor dx;
@@ -88,7 +92,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::GeluForward(in[0], approximation_)};
+        return Output(dist::GeluForward(in[0], approximation_));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
@@ -108,7 +112,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::Add(in[0], in[1], alpha_)};
+        return Output(dist::Add(in[0], in[1], alpha_));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         // The grad rule needs the operands' layouts only; keep them without their data.
@@ -139,7 +143,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::BiasAdd(in[0], in[1])};
+        return Output(dist::BiasAdd(in[0], in[1]));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>& out) override {
         x_ = in[0];
@@ -172,7 +176,9 @@ public:
     std::string name() const override { return "ScaleBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {dist::Scale(in[0], alpha_)}; }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return Output(dist::Scale(in[0], alpha_));
+    }
     void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = dist::Scale(g[0], alpha_)}};
@@ -211,7 +217,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_})};
+        return Output(dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_}));
     }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
@@ -231,7 +237,9 @@ public:
     std::string name() const override { return "MatmulBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {dist::Matmul(in[0], in[1])}; }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return Output(dist::Matmul(in[0], in[1]));
+    }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         a_ = in[0];
         b_ = in[1];
@@ -254,7 +262,9 @@ public:
     std::string name() const override { return "OuterBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {dist::Outer(in[0], in[1])}; }
+    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+        return Output(dist::Outer(in[0], in[1]));
+    }
     void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
         x_ = in[0];
         y_ = in[1];
@@ -344,7 +354,7 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return {dist::MoveToLayout(in[0], layout_)};
+        return Output(dist::MoveToLayout(in[0], layout_));
     }
     void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {

@@ -74,7 +74,7 @@ protected:
         }
         Shape y_global = in[0].global_shape();
         y_global.back() = options_.out_features;
-        return {DistTensor::FromTrustedShard(std::move(y), std::move(y_global), layouts_.y, in[0].mesh_ptr())};
+        return Output(DistTensor::FromTrustedShard(std::move(y), std::move(y_global), layouts_.y, in[0].mesh_ptr()));
     }
 
     void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {

@@ -82,7 +82,7 @@ protected:
         h_shape_ = h_shape;
         Shape y_global = in[kX].global_shape();
         y_global.back() = fc2_.out_features;
-        return {DistTensor::FromTrustedShard(std::move(y), std::move(y_global), l2_.y, in[kX].mesh_ptr())};
+        return Output(DistTensor::FromTrustedShard(std::move(y), std::move(y_global), l2_.y, in[kX].mesh_ptr()));
     }
 
     void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {

@@ -24,7 +24,10 @@ dist::Grad ToGrad(const Tensor &buffer, bool in_sink, comm::DeviceMesh *mesh, co
 ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamGradRequest> &requests, DType dtype,
                                 Device device) {
     ParamGradTargets t;
+    t.grads.reserve(requests.size());
+    t.in_sink.reserve(requests.size());
     std::vector<Tensor *> sinks;
+    sinks.reserve(requests.size());
     bool all_fresh = true; // every gradient going into a buffer finds it standing for zeros
     for (const ParamGradRequest &r : requests) {
         Tensor *sink = r.needed ? r.sink.BufferFor(mesh, r.layout) : nullptr;

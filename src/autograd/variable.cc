@@ -6,6 +6,7 @@
 #include <shardline/kernels/elementwise.h>
 
 #include "accumulate_grad.h"
+#include "engine_internal.h"
 
 namespace shardline::autograd {
 namespace {
@@ -74,8 +75,16 @@ void Variable::ZeroGrad(bool defer) {
             impl.main_grad.Fill(0.0);
             impl.main_grad_zero_pending = false;
         }
-        impl.grad = dist::DistTensor::FromTrustedShard(impl.main_grad, impl.value.global_shape(), GradLayout(),
-                                                       impl.value.mesh_ptr());
+        // The grad is the main-grad buffer in the grad layout; re-wrapped only when it is not that already (a first
+        // ZeroGrad, a set_grad since, a new deferred Partial).
+        spmd::Layout layout = GradLayout();
+        const dist::DistTensor &g = impl.grad;
+        if (!(g.defined() && g.local().data() == impl.main_grad.data() && g.local().shape() == impl.main_grad.shape() &&
+              g.dtype() == impl.main_grad.dtype() && g.mesh_ptr() == impl.value.mesh_ptr() && g.layout() == layout &&
+              g.global_shape() == impl.value.global_shape())) {
+            impl.grad = dist::DistTensor::FromTrustedShard(impl.main_grad, impl.value.global_shape(), std::move(layout),
+                                                           impl.value.mesh_ptr());
+        }
         return;
     }
     impl.grad = dist::DistTensor();
@@ -119,6 +128,11 @@ const std::vector<int> &Variable::deferred_partial() const {
 
 spmd::Layout Variable::GradLayout() const {
     const VariableImpl &impl = Checked(impl_, "Variable::GradLayout");
+    if (impl.deferred_partial.empty()) {
+        // The common case (no GradSync): the value's layout without Partial, copied once.
+        const spmd::Layout &layout = impl.value.layout();
+        return layout.IsPartial() ? layout.WithoutPartial() : layout;
+    }
     std::map<int, spmd::ReduceOp> partial;
     for (int d : impl.deferred_partial) {
         // A mesh dim that shards the value cannot also hold a Partial (and needs no reduction).
@@ -134,7 +148,7 @@ void Variable::AddPostAccumulateHook(std::function<void(Variable &)> hook) {
 }
 
 void Variable::Backward(const dist::DistTensor *grad, bool retain_graph) const {
-    autograd::Backward({*this}, {grad != nullptr ? *grad : dist::DistTensor()}, retain_graph);
+    detail::RunBackward(this, &grad, 1, retain_graph); // no vectors of copies for the one root
 }
 
 Variable Variable::Detach() const {

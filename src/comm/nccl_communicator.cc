@@ -22,7 +22,13 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, int rank, int si
     try {
         DeviceGuard guard(device);
         CudaContext::Get(device); // the compute stream exists before ours is ordered against it
-        SHARDLINE_CHECK_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+        // The highest priority: a collective overlapping a GEMM (the backward's dx all-reduce beside the wgrad GEMM,
+        // DESIGN.md §10) gets SMs as soon as any free up, instead of waiting for the GEMM's queued blocks; this is
+        // what orders the two without CUDA_DEVICE_MAX_CONNECTIONS=1.
+        int least_priority = 0;
+        int greatest_priority = 0;
+        SHARDLINE_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+        SHARDLINE_CHECK_CUDA(cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, greatest_priority));
         SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&s.ready_event, cudaEventDisableTiming));
         SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&s.check_event, cudaEventDisableTiming));
         SHARDLINE_CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&s.barrier_buffer), sizeof(float), s.stream));

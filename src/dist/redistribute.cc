@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,8 +34,10 @@ bool AllEqual(const std::vector<std::int64_t> &v) {
 
 class StepRunner {
 public:
-    StepRunner(comm::DeviceMesh &mesh, const spmd::ProcessMesh &pm, const Shape &global_shape, Tensor local)
-        : mesh_(mesh), pm_(pm), global_shape_(global_shape), local_(std::move(local)) {}
+    /// `owned`: the local may be overwritten (an all-reduce runs in place on it, not on a copy).
+    StepRunner(comm::DeviceMesh &mesh, const spmd::ProcessMesh &pm, const Shape &global_shape, Tensor local,
+               bool owned = false)
+        : mesh_(mesh), pm_(pm), global_shape_(global_shape), local_(std::move(local)), owned_(owned) {}
 
     void Run(const RedistributeStep &step) {
         switch (step.collective) {
@@ -60,7 +64,34 @@ public:
 
     Tensor Take() { return Owned(); }
 
+    /// Leave the next collective in flight instead of waiting for it (RedistributeAsync's last step): its handle and
+    /// what must follow it (unpacking the received blocks) are kept for Finish.
+    void DeferNextCollective() { defer_ = true; }
+    /// Waits for the deferred collective, if any, and runs what follows it.
+    void Finish() {
+        if (deferred_work_) {
+            comm::WorkHandle work = std::move(deferred_work_);
+            work->Wait();
+            if (deferred_then_) {
+                std::function<void()> then = std::move(deferred_then_);
+                then();
+            }
+        }
+    }
+
 private:
+    /// `work`, then `then()`: at once, or deferred to Finish. The synchronous path builds no std::function.
+    template <class Then> void Await(comm::WorkHandle work, Then &&then) {
+        if (defer_) {
+            defer_ = false;
+            deferred_work_ = std::move(work);
+            deferred_then_ = std::forward<Then>(then);
+            return;
+        }
+        work->Wait();
+        then();
+    }
+
     /// The shard of `layout` held by the group member `member` of the step's mesh dim (this rank's other coords).
     LocalShard ShardOf(const spmd::Layout &layout, int mesh_dim, std::int64_t member) const {
         std::vector<std::int64_t> coord = mesh_.coordinate();
@@ -88,7 +119,7 @@ private:
 
     void AllReduce(const RedistributeStep &step) {
         Tensor &t = Owned();
-        mesh_.group(step.mesh_dim).AllReduce(t, detail::ToCommOp(step.reduce_op))->Wait();
+        Await(mesh_.group(step.mesh_dim).AllReduce(t, detail::ToCommOp(step.reduce_op)), [] {});
     }
 
     // S -> R on tensor dim t: block j (member j's shard) lands at its offset inside the gathered shard.
@@ -109,25 +140,25 @@ private:
         }
         Tensor flat = Tensor::Empty({total}, local_.dtype(), local_.device());
         comm::Communicator &group = mesh_.group(d);
-        if (AllEqual(counts)) {
-            group.AllGather(local_, flat)->Wait();
-        } else {
-            group.AllGatherV(local_, flat, counts)->Wait();
-        }
-        if (detail::OuterSize(after.shape, t) == 1) {
-            // The blocks are consecutive ranges of dim t already.
-            Replace(flat.View(after.shape));
-            return;
-        }
-        Tensor out = Tensor::Empty(after.shape, local_.dtype(), local_.device());
-        std::int64_t at = 0;
-        for (std::int64_t j = 0; j < n; ++j) {
-            const LocalShard &b = blocks[static_cast<std::size_t>(j)];
-            Tensor block = FlatBlock(flat, at, b.shape);
-            detail::CopyDimBlock(block, t, 0, out, b.offset[t] - after.offset[t], b.shape[t]);
-            at += counts[static_cast<std::size_t>(j)];
-        }
-        Replace(std::move(out));
+        comm::WorkHandle work =
+            AllEqual(counts) ? group.AllGather(local_, flat) : group.AllGatherV(local_, flat, counts);
+        Await(std::move(work),
+              [this, t, n, flat, after = std::move(after), blocks = std::move(blocks), counts = std::move(counts)] {
+                  if (detail::OuterSize(after.shape, t) == 1) {
+                      // The blocks are consecutive ranges of dim t already.
+                      Replace(flat.View(after.shape));
+                      return;
+                  }
+                  Tensor out = Tensor::Empty(after.shape, local_.dtype(), local_.device());
+                  std::int64_t at = 0;
+                  for (std::int64_t j = 0; j < n; ++j) {
+                      const LocalShard &b = blocks[static_cast<std::size_t>(j)];
+                      Tensor block = FlatBlock(flat, at, b.shape);
+                      detail::CopyDimBlock(block, t, 0, out, b.offset[t] - after.offset[t], b.shape[t]);
+                      at += counts[static_cast<std::size_t>(j)];
+                  }
+                  Replace(std::move(out));
+              });
     }
 
     // P -> S on tensor dim t: block j of this rank's (partial) local is member j's part; pack them in member order.
@@ -158,12 +189,9 @@ private:
         Tensor out = Tensor::Empty(after.shape, local_.dtype(), local_.device());
         comm::Communicator &group = mesh_.group(d);
         const comm::ReduceOp op = detail::ToCommOp(step.reduce_op);
-        if (AllEqual(counts)) {
-            group.ReduceScatter(packed, out, op)->Wait();
-        } else {
-            group.ReduceScatterV(packed, out, counts, op)->Wait();
-        }
-        Replace(std::move(out));
+        comm::WorkHandle work =
+            AllEqual(counts) ? group.ReduceScatter(packed, out, op) : group.ReduceScatterV(packed, out, counts, op);
+        Await(std::move(work), [this, out] { Replace(out); });
     }
 
     // S(t) -> S(t2) on mesh dim d: send member j the part of this local that j's new shard covers along t2; receive
@@ -218,24 +246,24 @@ private:
         // The even form needs every member to choose it, so decide on the block sizes between every pair of members
         // (what each rank computes alike), not on this rank's own counts: a rank with an empty shard sends and
         // receives only empty blocks while its peers exchange uneven ones.
-        if (EvenAllToAll(step)) {
-            group.AllToAll(send, recv)->Wait();
-        } else {
-            group.AllToAllV(send, send_counts, recv, recv_counts)->Wait();
-        }
-        if (detail::OuterSize(after.shape, t) == 1) {
-            Replace(recv.View(after.shape));
-            return;
-        }
-        Tensor out = Tensor::Empty(after.shape, local_.dtype(), local_.device());
-        std::int64_t at = 0;
-        for (std::int64_t j = 0; j < n; ++j) {
-            const Shape &shape = recv_shapes[static_cast<std::size_t>(j)];
-            Tensor block = FlatBlock(recv, at, shape);
-            detail::CopyDimBlock(block, t, 0, out, recv_offsets[static_cast<std::size_t>(j)], shape[t]);
-            at += recv_counts[static_cast<std::size_t>(j)];
-        }
-        Replace(std::move(out));
+        comm::WorkHandle work =
+            EvenAllToAll(step) ? group.AllToAll(send, recv) : group.AllToAllV(send, send_counts, recv, recv_counts);
+        Await(std::move(work), [this, t, n, recv, after = std::move(after), recv_shapes = std::move(recv_shapes),
+                                recv_offsets = std::move(recv_offsets), recv_counts = std::move(recv_counts)] {
+            if (detail::OuterSize(after.shape, t) == 1) {
+                Replace(recv.View(after.shape));
+                return;
+            }
+            Tensor out = Tensor::Empty(after.shape, local_.dtype(), local_.device());
+            std::int64_t at = 0;
+            for (std::int64_t j = 0; j < n; ++j) {
+                const Shape &shape = recv_shapes[static_cast<std::size_t>(j)];
+                Tensor block = FlatBlock(recv, at, shape);
+                detail::CopyDimBlock(block, t, 0, out, recv_offsets[static_cast<std::size_t>(j)], shape[t]);
+                at += recv_counts[static_cast<std::size_t>(j)];
+            }
+            Replace(std::move(out));
+        });
     }
 
     /// True when the block that any member sends to any member has one size (the same answer on every rank).
@@ -291,6 +319,9 @@ private:
     const Shape &global_shape_;
     Tensor local_;
     bool owned_ = false;
+    bool defer_ = false;
+    comm::WorkHandle deferred_work_;
+    std::function<void()> deferred_then_;
 };
 
 } // namespace
@@ -314,21 +345,34 @@ DistTensor DistTensor::Redistribute(const spmd::Layout &dst) const {
     return Redistribute(dst, plan);
 }
 
-DistTensor DistTensor::Redistribute(const spmd::Layout &dst, const spmd::RedistributePlan &plan) const {
+namespace {
+
+/// The checks shared by Redistribute and RedistributeAsync; false for an empty plan (nothing to run).
+bool CheckRunnable(const Tensor &local, comm::DeviceMesh *mesh, const spmd::Layout &src, const spmd::Layout &dst,
+                   const Shape &global_shape, const spmd::RedistributePlan &plan) {
     constexpr const char *kOp = "DistTensor::Redistribute";
-    SHARDLINE_CHECK(local_.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    SHARDLINE_CHECK(local.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
     if (plan.steps.empty()) {
-        return FromTrustedShard(local_, global_shape_, dst, mesh_);
+        return false;
     }
-    SHARDLINE_CHECK(mesh_ != nullptr, kOp, "a local tensor {} cannot run a plan of {} steps to {}", local_.ToString(),
+    SHARDLINE_CHECK(mesh != nullptr, kOp, "a local tensor {} cannot run a plan of {} steps to {}", local.ToString(),
                     plan.steps.size(), dst.ToString());
     if (plan.NumCollectives() > 0) {
-        const DeviceType want = mesh_->world().device_type();
+        const DeviceType want = mesh->world().device_type();
         SHARDLINE_CHECK_AS(
-            DeviceError, local_.device().type == want, kOp,
+            DeviceError, local.device().type == want, kOp,
             "{} -> {} of global shape {} needs collectives over '{}' ({}), which move {} tensors, got {}",
-            layout_.ToString(), dst.ToString(), ShapeToString(global_shape_), mesh_->world().name(),
-            mesh_->world().backend(), DeviceTypeName(want), local_.ToString());
+            src.ToString(), dst.ToString(), ShapeToString(global_shape), mesh->world().name(), mesh->world().backend(),
+            DeviceTypeName(want), local.ToString());
+    }
+    return true;
+}
+
+} // namespace
+
+DistTensor DistTensor::Redistribute(const spmd::Layout &dst, const spmd::RedistributePlan &plan) const {
+    if (!CheckRunnable(local_, mesh_, layout_, dst, global_shape_, plan)) {
+        return FromTrustedShard(local_, global_shape_, dst, mesh_);
     }
     const spmd::ProcessMesh pm = detail::ToProcessMesh(*mesh_);
     StepRunner runner(*mesh_, pm, global_shape_, local_);
@@ -336,6 +380,69 @@ DistTensor DistTensor::Redistribute(const spmd::Layout &dst, const spmd::Redistr
         runner.Run(step);
     }
     return FromTrustedShard(runner.Take(), global_shape_, dst, mesh_);
+}
+
+/// A RedistributeAsync in flight: the runner and what it refers to, at a stable address until Wait.
+class StepRunnerState {
+public:
+    StepRunnerState(comm::DeviceMesh *mesh, Shape global_shape, spmd::Layout dst, Tensor local, bool consume_local)
+        : mesh_(mesh), pm_(mesh != nullptr ? detail::ToProcessMesh(*mesh) : spmd::ProcessMesh()),
+          global_shape_(std::move(global_shape)), dst_(std::move(dst)), done_(std::move(local)),
+          consume_local_(consume_local) {}
+
+    void Run(const spmd::RedistributePlan &plan) {
+        runner_.emplace(*mesh_, pm_, global_shape_, std::move(done_), consume_local_);
+        // Only a plan that ends with a collective leaves it in flight: a local step after it would need its result.
+        const std::size_t last = plan.steps.size() - 1;
+        for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+            const spmd::RedistributeStep &step = plan.steps[i];
+            if (i == last && step.collective != spmd::Collective::kLocalSlice &&
+                step.collective != spmd::Collective::kLocalPartialize) {
+                runner_->DeferNextCollective();
+            }
+            runner_->Run(step);
+        }
+    }
+
+    DistTensor Finish() {
+        if (runner_) {
+            runner_->Finish();
+            done_ = runner_->Take();
+            runner_.reset();
+        }
+        return DistTensor::FromTrustedShard(std::move(done_), global_shape_, dst_, mesh_);
+    }
+
+private:
+    comm::DeviceMesh *mesh_;
+    spmd::ProcessMesh pm_;
+    Shape global_shape_;
+    spmd::Layout dst_;
+    Tensor done_;
+    bool consume_local_ = false;
+    std::optional<StepRunner> runner_;
+};
+
+PendingRedistribute::PendingRedistribute() = default;
+PendingRedistribute::~PendingRedistribute() = default;
+PendingRedistribute::PendingRedistribute(PendingRedistribute &&) noexcept = default;
+PendingRedistribute &PendingRedistribute::operator=(PendingRedistribute &&) noexcept = default;
+
+DistTensor PendingRedistribute::Wait() {
+    SHARDLINE_CHECK(state_ != nullptr, "PendingRedistribute::Wait", "nothing in flight (already waited, or empty)");
+    const std::unique_ptr<StepRunnerState> state = std::move(state_);
+    return state->Finish();
+}
+
+PendingRedistribute DistTensor::RedistributeAsync(const spmd::Layout &dst, const spmd::RedistributePlan &plan,
+                                                  bool consume_local) const {
+    PendingRedistribute pending;
+    const bool run = CheckRunnable(local_, mesh_, layout_, dst, global_shape_, plan);
+    pending.state_ = std::make_unique<StepRunnerState>(mesh_, global_shape_, dst, local_, consume_local);
+    if (run) {
+        pending.state_->Run(plan);
+    }
+    return pending;
 }
 
 } // namespace shardline::dist

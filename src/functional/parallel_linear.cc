@@ -1,8 +1,8 @@
-// Column- and row-parallel Linear on caller-owned memory. Each entry point validates everything (before any
-// collective), finds its configuration's rule answer and plans (linear_plan.h), wraps the caller's memory in tensors
-// (Tensor::FromBlob) and runs one shared sequence: move the inputs as the rule's input plans say, run the local
-// kernels, move the outputs as the rule's output plans say (DistTensor::Redistribute), add a bias the rule puts after
-// a reduction. No collective is chosen here.
+// Column- and row-parallel Linear on caller-owned memory (TensorView and the group: views.cc). Each entry point
+// validates everything (before any collective), finds its configuration's rule answer and plans (linear_plan.h), wraps
+// the caller's memory in tensors (Tensor::FromBlob) and runs one shared sequence: move the inputs as the rule's input
+// plans say, run the local kernels, move the outputs as the rule's output plans say (DistTensor::Redistribute), add a
+// bias the rule puts after a reduction. No collective is chosen here.
 
 #include <algorithm>
 #include <optional>
@@ -30,80 +30,6 @@
 #include "linear_plan.h"
 
 namespace shardline::functional {
-
-std::int64_t TensorView::numel() const {
-    std::int64_t n = 1;
-    for (int d = 0; d < ndim && d < kMaxViewDims; ++d) {
-        n *= shape[d];
-    }
-    return n;
-}
-
-TensorView View(void *data, std::initializer_list<std::int64_t> shape, DType dtype) {
-    SHARDLINE_CHECK_AS(ShapeError, shape.size() <= static_cast<std::size_t>(kMaxViewDims), "functional::View",
-                       "a view has at most {} dims, got {} ([{}])", kMaxViewDims, shape.size(), fmt::join(shape, ", "));
-    TensorView view{.data = data, .dtype = dtype, .ndim = static_cast<int>(shape.size())};
-    int d = 0;
-    for (std::int64_t extent : shape) {
-        view.shape[d++] = extent;
-    }
-    return view;
-}
-
-TensorView View(const void *data, std::initializer_list<std::int64_t> shape, DType dtype) {
-    // Inputs are only read; the one view type keeps the argument structs simple.
-    return View(const_cast<void *>(data), shape, dtype);
-}
-
-TensorView View(const Tensor &tensor) {
-    if (!tensor.defined()) {
-        return {};
-    }
-    SHARDLINE_CHECK(tensor.is_contiguous(), "functional::View", "the tensor must be contiguous, got a strided {}",
-                    tensor.ToString());
-    SHARDLINE_CHECK_AS(ShapeError, tensor.rank() <= kMaxViewDims, "functional::View",
-                       "a view has at most {} dims, got {}", kMaxViewDims, tensor.ToString());
-    TensorView view{.data = tensor.data(), .dtype = tensor.dtype(), .ndim = tensor.rank()};
-    std::copy(tensor.shape().begin(), tensor.shape().end(), view.shape);
-    return view;
-}
-
-TensorParallelGroup TensorParallelGroup::Named(comm::DeviceMesh &mesh, std::string_view dim_name) {
-    return {.mesh = &mesh, .tp_dim = mesh.dim_index(dim_name)};
-}
-
-std::int64_t TensorParallelGroup::size() const {
-    SHARDLINE_CHECK(mesh != nullptr, "TensorParallelGroup", "the group needs a mesh, got a null mesh");
-    SHARDLINE_CHECK(tp_dim >= 0 && tp_dim < mesh->ndim(), "TensorParallelGroup",
-                    "tp_dim ({}) must name a dim of the mesh [{}] (0 to {})", tp_dim, fmt::join(mesh->shape(), ", "),
-                    mesh->ndim() - 1);
-    return mesh->shape()[static_cast<std::size_t>(tp_dim)];
-}
-
-std::int64_t TensorParallelGroup::rank() const {
-    size(); // a null mesh or a bad tp_dim raises here
-    return mesh->coordinate()[static_cast<std::size_t>(tp_dim)];
-}
-
-std::int64_t TensorParallelGroup::ShardSize(std::int64_t n) const { return spmd::ChunkRange(n, size(), rank()).second; }
-
-std::int64_t TensorParallelGroup::ShardOffset(std::int64_t n) const {
-    return spmd::ChunkRange(n, size(), rank()).first;
-}
-
-void CheckShardsNotEmpty(std::string_view op, std::string_view name, std::int64_t n, std::int64_t tp) {
-    if (n <= 0 || tp <= 0 || spmd::ChunkRange(n, tp, tp - 1).second > 0) {
-        return; // sizes that are not positive are reported by the callers' own checks
-    }
-    std::vector<std::int64_t> parts;
-    for (std::int64_t r = 0; r < tp && parts.size() < 8; ++r) {
-        parts.push_back(spmd::ChunkRange(n, tp, r).second);
-    }
-    SHARDLINE_THROW(ShapeError, op,
-                    "{} ({}) over tp ({}) gives the ranks {}{} features (torch.chunk: ceil({}/{}) = {} per rank until "
-                    "they run out); every rank needs at least one",
-                    name, n, tp, fmt::join(parts, ", "), tp > 8 ? ", ..., 0" : "", n, tp, (n + tp - 1) / tp);
-}
 
 namespace {
 
@@ -176,16 +102,32 @@ public:
 
     /// `local` (this rank's shard of a global tensor in `layout`) moved by `plan`, a cached plan of the rule: nothing
     /// to do for an empty plan, else DistTensor::Redistribute runs exactly the plan's steps (no planning) on the mesh
-    /// dims' groups and returns a tensor of its own.
+    /// dims' groups and returns a tensor of its own. `output`: local is an output of this call's kernels (a temporary,
+    /// or the caller's output buffer it is delivered to), which the plan may overwrite: an all-reduce then runs in
+    /// place on it instead of on a copy, and Deliver has nothing left to copy.
     Tensor Move(const Tensor &local, const Shape &global, const spmd::Layout &layout,
-                const spmd::RedistributePlan &plan) {
+                const spmd::RedistributePlan &plan, bool output = false) {
         if (plan.steps.empty()) {
             return local;
+        }
+        if (output) {
+            dist::PendingRedistribute pending = Start(local, global, layout, plan, true);
+            return Finish(pending);
         }
         collectives_ += plan.NumCollectives();
         const dist::DistTensor t(local, global, layout, mesh_);
         return t.Redistribute(plan.steps.back().after, plan).local();
     }
+
+    /// Move with the plan's last collective left in flight (DistTensor::RedistributeAsync): the same collectives, in
+    /// the same order; Finish gives the moved tensor.
+    dist::PendingRedistribute Start(const Tensor &local, const Shape &global, const spmd::Layout &layout,
+                                    const spmd::RedistributePlan &plan, bool output = false) {
+        collectives_ += plan.NumCollectives();
+        const dist::DistTensor t(local, global, layout, mesh_);
+        return t.RedistributeAsync(plan.steps.empty() ? layout : plan.steps.back().after, plan, output);
+    }
+    static Tensor Finish(dist::PendingRedistribute &pending) { return pending.Wait().local(); }
 
 private:
     comm::DeviceMesh &mesh_;
@@ -271,7 +213,7 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
                                                           .pre_activation = activation ? &pre_activation : nullptr});
     }
     // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
-    Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan), t.y);
+    Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan, /*output=*/true), t.y);
     if (bias_after) {
         if (t.group_sizes.defined()) {
             kernels::GroupedBiasAdd(t.y, t.bias, t.group_sizes); // each expert's bias on its rows
@@ -296,16 +238,20 @@ struct BackwardTensors {
     Tensor pre_activation{};                                                       ///< with dx and an activation
     Tensor pre_activation_dbias{};                                                 ///< undefined: not wanted
     Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
+    bool overlap = true;  ///< the options' overlap_grad_comm
 };
 
-/// A grouped layer's local backward: the split grouped kernels for exactly the wanted gradients (the bias grad rides
-/// with the weight grad when both are in one dtype).
-void RunGroupedBackwardKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, Tensor &dx,
-                               bool accumulate) {
+/// A grouped layer's dgrad (when dx is wanted).
+void RunGroupedInputKernel(const BackwardTensors &t, const Tensor &dy, Tensor &dx) {
     if (t.dx.defined()) {
         kernels::GroupedLinearBackwardInput(kernels::GroupedLinearBackwardInputArgs{
             .dy = dy, .weight = t.weight, .group_sizes = t.group_sizes, .dx = dx});
     }
+}
+
+/// A grouped layer's parameter gradients: the split grouped kernels for exactly the wanted ones (the bias grad rides
+/// with the weight grad when both are in one dtype).
+void RunGroupedParamKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, bool accumulate) {
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
     const bool bias_with_weight = t.dweight.defined() && t.dbias.defined() && t.dbias.dtype() == t.dweight.dtype();
@@ -324,6 +270,32 @@ void RunGroupedBackwardKernels(const BackwardTensors &t, const Tensor &dy, const
     }
 }
 
+/// The local kernels of a backward for the gradients given (nullptr: not computed now): one LinearBackward, so the
+/// kernels decide per shape whether the bias grad rides in the wgrad GEMM or runs beside it; dbias apart (its own
+/// column sum) when its dtype differs from dweight's (a float32 main grad for one and not the other), as the kernel
+/// takes dbias in dweight's dtype only.
+void RunLinearKernels(const BackwardTensors &t, const Tensor &dy, const Tensor *x, Tensor *dx, Tensor *dweight,
+                      Tensor *dbias, Tensor *pre_dbias) {
+    const bool accumulate = t.mode == GradMode::kAccumulate;
+    const bool activation = dx != nullptr && t.input_activation != kernels::LinearActivation::kNone;
+    const bool bias_apart = dbias != nullptr && dweight != nullptr && dbias->dtype() != dweight->dtype();
+    kernels::LinearBackward(kernels::LinearBackwardArgs{
+        .dy = dy,
+        .x = dweight != nullptr ? x : nullptr,
+        .weight = dx != nullptr ? &t.weight : nullptr,
+        .dx = dx,
+        .dweight = dweight,
+        .dbias = bias_apart ? nullptr : dbias,
+        .accumulate = accumulate,
+        .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
+        .pre_activation = activation ? &t.pre_activation : nullptr,
+        .pre_activation_dbias = dx != nullptr ? pre_dbias : nullptr});
+    if (bias_apart) {
+        kernels::LinearBackwardBias(
+            kernels::LinearBackwardBiasArgs{.dy = dy, .dbias = *dbias, .accumulate = accumulate});
+    }
+}
+
 BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTensors &t) {
     const spmd::CachedRule &rule = *plan.grad;
     const bool want_dx = t.dx.defined();
@@ -333,24 +305,42 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     if (!want_dx && !want_dw && !want_db) {
         return {};
     }
+    const bool grouped = t.group_sizes.defined();
+    const bool accumulate = t.mode == GradMode::kAccumulate;
     // dy into the layout the rule wants: a local slice (column, gather_output), all-gathered (row, sequence
     // parallel), or as given.
     const Tensor dy_used =
         call.Move(t.dy, plan.y_shape, plan.y_layout, rule.input_plans[static_cast<std::size_t>(plan.grad_out_grad)]);
 
-    // x into the layout of the wgrad GEMM: the forward's gathered input when kept, else all-gathered again (column,
-    // sequence parallel), sliced locally (row, input not parallel), or as given.
-    Tensor x_used;
-    if (want_dw) {
-        x_used = t.x_total.defined() ? t.x_total
-                                     : call.Move(t.x, plan.x_shape, plan.x_layout,
-                                                 rule.input_plans[static_cast<std::size_t>(plan.grad_x)]);
-    }
     // dx = dy·W comes out in the grad rule's layout (column: Partial over tp) and goes back to x's layout after the
     // kernels: an all-reduce, a reduce-scatter (sequence parallel) or an all-gather (row, input not parallel).
     const auto o = static_cast<std::size_t>(plan.grad_x_grad);
     const spmd::TensorSpec &dx_rule = rule.info.outputs[o];
     const spmd::RedistributePlan &dx_plan = rule.output_plans[o];
+    // x into the layout of the wgrad GEMM: the forward's gathered input when kept, else all-gathered again (column,
+    // sequence parallel), sliced locally (row, input not parallel), or as given.
+    const spmd::RedistributePlan &x_plan = rule.input_plans[static_cast<std::size_t>(plan.grad_x)];
+    const bool gather_x = want_dw && !t.x_total.defined();
+
+    // Overlap (DESIGN.md §10): when dx has a collective and parameter grads are wanted, the dgrad GEMM runs first, dx's
+    // collective goes out on the communication stream (NCCL orders it after the GEMM by an event) while the wgrad GEMM
+    // and the bias grad run, and the call waits for it at its end (NCCL: the caller's stream waits on an event; no
+    // host wait). x's all-gather for dweight, when the forward did not keep it, is issued first and awaited only
+    // before the wgrad GEMM, so it overlaps the dgrad GEMM. The same kernels on the same operands, and the same
+    // collectives in the same order (x's before dx's): bitwise the results and counts of the plain order.
+    const bool overlap = t.overlap && want_dx && (want_dw || want_db) && dx_plan.NumCollectives() > 0;
+
+    dist::PendingRedistribute x_pending;
+    Tensor x_used;
+    if (want_dw) {
+        if (!gather_x) {
+            x_used = t.x_total;
+        } else if (overlap) {
+            x_pending = call.Start(t.x, plan.x_shape, plan.x_layout, x_plan);
+        } else {
+            x_used = call.Move(t.x, plan.x_shape, plan.x_layout, x_plan);
+        }
+    }
     Tensor dx_local;
     if (want_dx) {
         dx_local = dx_plan.steps.empty() ? t.dx : OutputBuffer(t.dx, call.LocalShape(plan.x_shape, dx_rule.layout));
@@ -360,36 +350,44 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     SHARDLINE_CHECK(!activation || dx_plan.steps.empty(), "RowParallelLinearBackward",
                     "an input activation needs dx in the input's layout (internal: the rule moves dx)");
 
-    // One LinearBackward for what is wanted, so the kernels decide per shape whether the bias grad rides in the wgrad
-    // GEMM or runs beside it. Parameter gradients stay in their parameters' layouts (checked when the plan was built):
-    // no collective, and they accumulate straight into the caller's (main) grads. The kernel takes dbias in dweight's
-    // dtype only; a float32 main grad for one and not the other gets its own column sum.
-    const bool accumulate = t.mode == GradMode::kAccumulate;
-    const bool bias_apart = want_db && want_dw && t.dbias.dtype() != t.dweight.dtype();
+    // Parameter gradients stay in their parameters' layouts (checked when the plan was built): no collective, and
+    // they accumulate straight into the caller's (main) grads.
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
     Tensor pre_dbias = t.pre_activation_dbias;
-    if (t.group_sizes.defined()) {
-        RunGroupedBackwardKernels(t, dy_used, x_used, dx_local, accumulate);
-    } else {
-        kernels::LinearBackward(kernels::LinearBackwardArgs{
-            .dy = dy_used,
-            .x = want_dw ? &x_used : nullptr,
-            .weight = want_dx ? &t.weight : nullptr,
-            .dx = want_dx ? &dx_local : nullptr,
-            .dweight = want_dw ? &dweight : nullptr,
-            .dbias = want_db && !bias_apart ? &dbias : nullptr,
-            .accumulate = accumulate,
-            .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
-            .pre_activation = activation ? &t.pre_activation : nullptr,
-            .pre_activation_dbias = want_pre_db ? &pre_dbias : nullptr});
-        if (bias_apart) {
-            kernels::LinearBackwardBias(
-                kernels::LinearBackwardBiasArgs{.dy = dy_used, .dbias = dbias, .accumulate = accumulate});
+    if (overlap) {
+        if (grouped) {
+            RunGroupedInputKernel(t, dy_used, dx_local);
+        } else {
+            RunLinearKernels(t, dy_used, nullptr, &dx_local, nullptr, nullptr, want_pre_db ? &pre_dbias : nullptr);
         }
+        dist::PendingRedistribute dx_pending =
+            call.Start(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true);
+        if (x_pending.valid()) {
+            x_used = Call::Finish(x_pending);
+        }
+        if (grouped) {
+            RunGroupedParamKernels(t, dy_used, x_used, accumulate);
+        } else {
+            RunLinearKernels(t, dy_used, &x_used, nullptr, want_dw ? &dweight : nullptr, want_db ? &dbias : nullptr,
+                             nullptr);
+        }
+        // Waited here, at the end of the layer's backward, rather than left to dx's consumer: the call's contract is
+        // that dx is in the caller's buffer (stream-ordered) when it returns, and the op before this layer consumes
+        // dx at once; on NCCL the wait is an event on the caller's stream, so the host does not block.
+        Deliver(Call::Finish(dx_pending), t.dx);
+        return BackwardInfo{.collectives = call.collectives()};
+    }
+
+    if (grouped) {
+        RunGroupedInputKernel(t, dy_used, dx_local);
+        RunGroupedParamKernels(t, dy_used, x_used, accumulate);
+    } else {
+        RunLinearKernels(t, dy_used, &x_used, want_dx ? &dx_local : nullptr, want_dw ? &dweight : nullptr,
+                         want_db ? &dbias : nullptr, want_pre_db ? &pre_dbias : nullptr);
     }
     if (want_dx) {
-        Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan), t.dx);
+        Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true), t.dx);
     }
     return BackwardInfo{.collectives = call.collectives()};
 }
@@ -434,7 +432,8 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
                                        .dweight = call.Wrap(args.dweight),
                                        .dbias = call.Wrap(args.dbias),
                                        .mode = args.param_grads,
-                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
+                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                       .overlap = options.overlap_grad_comm});
 }
 
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
@@ -467,7 +466,8 @@ BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
                                        .input_activation = args.input_activation,
                                        .pre_activation = args.dx.present() ? call.Wrap(args.pre_activation) : Tensor(),
                                        .pre_activation_dbias = call.Wrap(args.pre_activation_dbias),
-                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
+                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                       .overlap = options.overlap_grad_comm});
 }
 
 } // namespace shardline::functional

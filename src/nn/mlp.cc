@@ -17,7 +17,8 @@ ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallel
                                                                 .out_features = options.ffn_hidden,
                                                                 .bias = options.bias,
                                                                 .gather_output = false,
-                                                                .sequence_parallel = options.sequence_parallel},
+                                                                .sequence_parallel = options.sequence_parallel,
+                                                                .overlap_grad_comm = options.overlap_grad_comm},
                                     tp, p));
     p.name = name + ".fc2";
     fc2 = RegisterModule("fc2", std::make_shared<RowParallelLinear>(
@@ -25,7 +26,8 @@ ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallel
                                                              .out_features = options.hidden,
                                                              .bias = options.bias,
                                                              .input_is_parallel = true,
-                                                             .sequence_parallel = options.sequence_parallel},
+                                                             .sequence_parallel = options.sequence_parallel,
+                                                             .overlap_grad_comm = options.overlap_grad_comm},
                                     tp, p));
 }
 

@@ -221,6 +221,42 @@ TEST_P(RedistributeTest, LocalShardsAndCollectiveCountsMatchThePlan) {
     } else {
         EXPECT_TRUE(SameValues(gathered, full)) << "FullTensor() of " << dst.ToString();
     }
+
+    // RedistributeAsync: the same collectives (calls and bytes on every mesh dim), the same local shard bit for bit,
+    // the source unchanged; the last collective is finished by Wait.
+    std::vector<comm::CollectiveCounts> sync_counts;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+        mesh.group(d).ResetCounts();
+    }
+    const DistTensor again = x.Redistribute(dst, plan);
+    for (int d = 0; d < mesh.ndim(); ++d) {
+        sync_counts.push_back(mesh.group(d).Counts());
+        mesh.group(d).ResetCounts();
+    }
+    dist::PendingRedistribute pending = x.RedistributeAsync(dst, plan);
+    ASSERT_TRUE(pending.valid());
+    const DistTensor async = pending.Wait();
+    EXPECT_FALSE(pending.valid()) << "waited once";
+    for (int d = 0; d < mesh.ndim(); ++d) {
+        const comm::CollectiveCounts counts = mesh.group(d).Counts();
+        for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {
+            const auto kind = static_cast<CollectiveKind>(k);
+            EXPECT_EQ(counts.Calls(kind), sync_counts[d].Calls(kind)) << "async " << comm::CollectiveName(kind);
+            EXPECT_EQ(counts.Bytes(kind), sync_counts[d].Bytes(kind)) << "async " << comm::CollectiveName(kind);
+        }
+    }
+    EXPECT_EQ(async.layout(), dst);
+    EXPECT_EQ(async.global_shape(), p.shape);
+    EXPECT_TRUE(SameValues(async.local(), again.local())) << "RedistributeAsync's local shard is Redistribute's";
+    EXPECT_EQ(x.local().ToDoubleVector(), src_before) << "the source is left unchanged by RedistributeAsync";
+
+    // consume_local (a buffer of the caller's own): the same values; an all-reduce runs in place on it, no copy.
+    const DistTensor own(x.local().Clone(), p.shape, src, mesh);
+    const DistTensor consumed = own.RedistributeAsync(dst, plan, /*consume_local=*/true).Wait();
+    EXPECT_TRUE(SameValues(consumed.local(), again.local())) << "consume_local gives Redistribute's local shard";
+    if (plan.steps.size() == 1 && plan.steps[0].collective == spmd::Collective::kAllReduce) {
+        EXPECT_EQ(consumed.local().data(), own.local().data()) << "the all-reduce ran in place on the consumed local";
+    }
 }
 
 // clang-format off

@@ -8,6 +8,7 @@
 // only for inputs that need one) before passing it on.
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <shardline/autograd/variable.h>
@@ -28,6 +29,13 @@ protected:
                               const std::vector<dist::DistTensor>& outputs) = 0;
     virtual std::vector<dist::Grad> Backward(const std::vector<dist::DistTensor>& grad_outputs) = 0;
 
+    /// A Forward's one output, moved into the vector (`return {out};` would copy it: a braced list is const).
+    static std::vector<dist::DistTensor> Output(dist::DistTensor out) {
+        std::vector<dist::DistTensor> outputs;
+        outputs.reserve(1);
+        outputs.push_back(std::move(out));
+        return outputs;
+    }
     bool needs_input_grad(std::size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
     /// The main-grad buffer of input i when it is a leaf that has one (backward kernels may accumulate into it when
     /// their gradient has the sink's layout); empty otherwise.

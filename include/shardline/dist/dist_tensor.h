@@ -1,5 +1,6 @@
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,30 @@
 #include <shardline/spmd/redistribute.h>
 
 namespace shardline::dist {
+
+class DistTensor;
+class StepRunnerState;
+
+/// A redistribution whose last collective is still in flight (DistTensor::RedistributeAsync), so that independent
+/// work can run meanwhile. Wait() finishes it: waits for the collective (NCCL: orders the compute stream after it,
+/// without a host wait; MPI: until it completed), unpacks what arrived and returns the moved tensor. Dropping it
+/// unwaited abandons the result; the communicator keeps the collective's buffers alive until it ends.
+class PendingRedistribute {
+public:
+    PendingRedistribute();
+    ~PendingRedistribute();
+    PendingRedistribute(PendingRedistribute&&) noexcept;
+    PendingRedistribute& operator=(PendingRedistribute&&) noexcept;
+
+    /// False for a default-constructed or already waited one.
+    bool valid() const { return state_ != nullptr; }
+    /// The moved tensor. Throws Error when !valid(), CommError when the collective failed.
+    DistTensor Wait();
+
+private:
+    friend class DistTensor;
+    std::unique_ptr<StepRunnerState> state_;
+};
 
 /// A tensor dim split over mesh dims given by name, major first: {.dim = 1, .over = {"dp"}}. A negative dim counts
 /// from the end ({.dim = -1, .over = {"tp"}}: the features).
@@ -56,6 +81,13 @@ public:
     /// The same with a plan made earlier by spmd::PlanRedistribute (e.g. cached with a rule) from this layout to
     /// `dst`; the plan is not re-validated.
     DistTensor Redistribute(const spmd::Layout& dst, const spmd::RedistributePlan& plan) const;
+    /// The same, returning once the plan's last collective is issued: the steps before it run as Redistribute runs
+    /// them, and PendingRedistribute::Wait finishes the last one. The same collectives, in the same order, with the
+    /// same bytes as Redistribute; an empty plan (or one without collectives) is finished at once.
+    /// `consume_local`: the plan may overwrite this tensor's local shard, for a local that is a buffer of the caller's
+    /// own (a kernel's output): an all-reduce then runs in place on it instead of on a copy, and the result shares it.
+    PendingRedistribute RedistributeAsync(const spmd::Layout& dst, const spmd::RedistributePlan& plan,
+                                          bool consume_local = false) const;
     /// This tensor's value with another local shard of the same shape (e.g. a kernel's output in the same layout).
     DistTensor WithLocal(Tensor local) const;
     /// The full tensor on every rank (redistributes to replicated).

@@ -165,6 +165,13 @@ struct ColumnParallelLinearOptions {
     /// [T, in] with its rows grouped by expert as the call's group_sizes say. Not with sequence_parallel or an
     /// activation.
     std::int64_t num_experts = 0;
+    /// The backward overlaps dx's collective with the parameter grads (DESIGN.md §10): the dgrad GEMM first, dx's
+    /// all-reduce (reduce-scatter under sequence_parallel) issued at once, on CUDA on the communicator's stream ordered
+    /// by events, while the wgrad GEMM and the bias grad run, and waited for at the end of the call (on CUDA an event
+    /// wait on the caller's stream, no host wait). Under sequence_parallel without x_total, x's all-gather for dweight
+    /// is issued before the dgrad GEMM and awaited before the wgrad GEMM. The same kernels, collectives, order and
+    /// bytes as the plain order, so bitwise the same results. Off: every collective waited for where it is issued.
+    bool overlap_grad_comm = true;
 
     /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
     bool adds_bias() const { return bias && !skip_bias_add; }
@@ -235,6 +242,9 @@ struct RowParallelLinearOptions {
     /// [T, in] with its rows grouped by expert as the call's group_sizes say. Not with sequence_parallel or an
     /// activation.
     std::int64_t num_experts = 0;
+    /// The backward overlaps dx's collective (the all-gather of a non-parallel input's dx) with the parameter grads,
+    /// as ColumnParallelLinearOptions::overlap_grad_comm does: bitwise the same results, collectives and bytes.
+    bool overlap_grad_comm = true;
 
     /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
     bool adds_bias() const { return bias && !skip_bias_add; }

@@ -18,6 +18,9 @@ struct ParallelMLPOptions {
     /// autograd node for the block (autograd::ParallelMLP; Megatron's bias_gelu_fusion). false, or the erf GELU: fc1,
     /// a separate GELU node, fc2.
     bool gelu_fusion = true;
+    /// fc1's and fc2's overlap_grad_comm (functional/parallel_linear.h): the backward's dx collective beside the
+    /// parameter grads. Bitwise the same results and collectives either way; off only to measure the difference.
+    bool overlap_grad_comm = true;
 };
 
 /// Megatron's ParallelMLP: ColumnParallelLinear(hidden → ffn) → GELU → RowParallelLinear(ffn → hidden). Without

@@ -32,7 +32,11 @@ GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 rows=()
 status=0
 start=$SECONDS
-row() { rows+=("| $1 | $2 | $3 |"); [[ $2 == FAIL* ]] && status=1; }
+row() {
+  rows+=("| $1 | $2 | $3 |")
+  if [[ $2 == FAIL* ]]; then status=1; fi
+  return 0
+}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 say() { echo "== $* ($((SECONDS - start)) s)" >&2; }
 
@@ -54,7 +58,7 @@ if has tests; then
     rc=$?
     summary=$(grep -E "tests passed|tests failed" "$OUT/tests.log" | tail -n 1)
     failed=$(sed -n 's/^ *[0-9]* - \(dist\.[^ ]*\) .*(Failed\|Timeout).*/\1/p' "$OUT/tests.log" | tr '\n' ' ')
-    (( rc == 0 )) && row tests PASS "$summary" || row tests "FAIL" "$summary; failed: ${failed:-see tests.log}"
+    if (( rc == 0 )); then row tests PASS "$summary"; else row tests FAIL "$summary; failed: ${failed:-see tests.log}"; fi
   fi
 fi
 
@@ -69,12 +73,20 @@ run_train() { # $1: name, $2: ranks, rest: train_char_lm arguments
   say "train $name"
   local dir="$OUT/train_$name"
   mkdir -p "$dir"
+  local steps=(--steps "$TRAIN_STEPS")
+  [[ " $* " == *" --steps "* ]] && steps=() # the caller's own --steps (CLI11 refuses a repeated option)
   (cd "$dir" && timeout 600 "$BUILD/launch/shardline-run" -n "$np" -- "$BUILD/examples/train_char_lm" \
-     --config "$REPO/examples/configs/char_lm_gpu.json" --steps "$TRAIN_STEPS" "$@") > "$dir/log" 2>&1
+     --config "$REPO/examples/configs/char_lm_gpu.json" "${steps[@]}" "$@") > "$dir/log" 2>&1
   local rc=$?
   local last
   last=$(grep -E "^step" "$dir/log" | tail -n 1)
-  (( rc == 0 )) && row "train $name" PASS "${last:-no step line}" || row "train $name" "FAIL (rc $rc)" "$(tail -n 2 "$dir/log" | tr '\n' ' ')"
+  if (( rc == 0 )); then
+    row "train $name" PASS "${last:-no step line}"
+  else # the ranks' own errors (RunMain prints "[rank r/N] what"), else the log's end
+    local why
+    why=$(grep -m 2 -E '^\[rank [0-9]+/[0-9]+\] [^[]' "$dir/log" | grep -v '\[info\]' | tr '\n' ' ' | cut -c1-400)
+    row "train $name" "FAIL (rc $rc)" "${why:-$(tail -n 2 "$dir/log" | tr '\n' ' ')}"
+  fi
 }
 if has train; then
   run_train tp2 2 --tp 2
@@ -100,8 +112,8 @@ if has tp_mlp; then
   if (( GPUS >= 2 )); then
     say "tp_mlp (QUICK=$QUICK)"
     NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD bash "$REPO/bench/tp_mlp/run_tp_mlp_bench.sh" \
-      "$OUT/tp_mlp" > "$OUT/tp_mlp.log" 2>&1 && row tp_mlp PASS "summary in tp_mlp/summary.md" ||
-      row tp_mlp FAIL "see tp_mlp.log"
+      "$OUT/tp_mlp" > "$OUT/tp_mlp.log" 2>&1
+    if (( $? == 0 )); then row tp_mlp PASS "summary in tp_mlp/summary.md"; else row tp_mlp FAIL "see tp_mlp.log"; fi
   else
     row tp_mlp skipped "needs 2 GPUs"
   fi
@@ -114,14 +126,15 @@ if has comm; then
     fi
     say "comm np$np"
     ROUNDS=${COMM_ROUNDS:-1} BUILD=$BUILD bash "$REPO/bench/comm/run_comm_bench.sh" "$np" "$OUT/comm_np$np" \
-      > "$OUT/comm_np$np.log" 2>&1 && row "comm np$np" PASS "table in comm_np$np.log" || row "comm np$np" FAIL "see comm_np$np.log"
+      > "$OUT/comm_np$np.log" 2>&1
+    if (( $? == 0 )); then row "comm np$np" PASS "table in comm_np$np.log"; else row "comm np$np" FAIL "see comm_np$np.log"; fi
   done
 fi
 if has moe; then
   if [[ -x $REPO/bench/moe/run_moe_bench.sh ]]; then
     say "moe"
-    BUILD=$BUILD bash "$REPO/bench/moe/run_moe_bench.sh" "$OUT/moe" > "$OUT/moe.log" 2>&1 &&
-      row moe PASS "see moe.log" || row moe FAIL "see moe.log"
+    BUILD=$BUILD bash "$REPO/bench/moe/run_moe_bench.sh" "$OUT/moe" > "$OUT/moe.log" 2>&1
+    if (( $? == 0 )); then row moe PASS "see moe.log"; else row moe FAIL "see moe.log"; fi
   else
     row moe skipped "bench/moe/run_moe_bench.sh not in this tree"
   fi

@@ -164,10 +164,14 @@ void MoERouterBackward(const MoERouterBackwardArgs& args) {
                 : 0.0;
         T* dl = static_cast<T*>(args.dlogits.data());
         RouterRow row;
+        // g: the gradient w.r.t. the scores (then back through softmax/sigmoid); direct: w.r.t. the logits.
         std::vector<double> g(static_cast<std::size_t>(experts));
+        std::vector<double> direct(static_cast<std::size_t>(experts));
+        const bool direct_softmax = normalize && !sigmoid;
         for (std::int64_t t = 0; t < tokens; ++t) {
             row.Load(logits + t * experts, experts, c.score_function);
             std::fill(g.begin(), g.end(), 0.0);
+            std::fill(direct.begin(), direct.end(), 0.0);
             const std::int64_t* ti = idx + t * k;
             if (dw != nullptr) {
                 // w_j = s_j / S (normalised) or s_j: ds_j = (dw_j - Σ_i w_i·dw_i) / S, or dw_j.
@@ -179,9 +183,16 @@ void MoERouterBackward(const MoERouterBackwardArgs& args) {
                 for (int j = 0; j < k; ++j) {
                     w_dot_dw += row.s[static_cast<std::size_t>(ti[j])] / chosen * static_cast<double>(dw[t * k + j]);
                 }
+                // Normalised softmax top-k is the softmax over the chosen logits alone: d l_j = w_j·(dw_j − w·dw) for
+                // a chosen j, exactly 0 for the others (through the full softmax that 0 is a cancellation).
                 for (int j = 0; j < k; ++j) {
+                    const auto e = static_cast<std::size_t>(ti[j]);
                     const double d = static_cast<double>(dw[t * k + j]);
-                    g[static_cast<std::size_t>(ti[j])] += normalize ? (d - w_dot_dw) / chosen : d;
+                    if (direct_softmax) {
+                        direct[e] += row.s[e] / chosen * (d - w_dot_dw);
+                    } else {
+                        g[e] += normalize ? (d - w_dot_dw) / chosen : d;
+                    }
                 }
             }
             if (aux_scale != 0.0) {
@@ -207,7 +218,8 @@ void MoERouterBackward(const MoERouterBackwardArgs& args) {
             }
             for (std::int64_t e = 0; e < experts; ++e) {
                 const auto ue = static_cast<std::size_t>(e);
-                double d = sigmoid ? g[ue] * row.s[ue] * (1.0 - row.s[ue]) : row.s[ue] * (g[ue] - s_dot_g);
+                double d =
+                    (sigmoid ? g[ue] * row.s[ue] * (1.0 - row.s[ue]) : row.s[ue] * (g[ue] - s_dot_g)) + direct[ue];
                 // z: d lse_t / d logits[t, e] = softmax_e.
                 const double softmax = std::exp(row.logits[ue] - row.lse);
                 d += z_scale * row.lse * softmax;

@@ -222,10 +222,12 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
     const float *lrow = logits + t * experts;
     RouterRow row;
     row.Load(lrow, experts, sigmoid, lane);
-    float g[kPerLane];
+    // g: the gradient w.r.t. the scores s (then through softmax/sigmoid); direct: w.r.t. the logits themselves.
+    float g[kPerLane], direct[kPerLane];
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
         g[i] = 0.0f;
+        direct[i] = 0.0f;
     }
     if (dweights != nullptr) {
         // w_j = s_j / S (normalised) or s_j: ds_j = (dw_j - Σ_i w_i·dw_i) / S, or dw_j.
@@ -250,13 +252,21 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
         for (int j = 0; j < kMoEMaxTopk; ++j) {
             w_dot_dw += j < topk ? sj[j] / chosen * dwj[j] : 0.0f;
         }
+        // Normalised softmax top-k: w = softmax over the chosen logits alone, so d l_j = w_j·(dw_j − Σ_i w_i·dw_i) for
+        // a chosen j and exactly 0 for the others. Written directly: through the full softmax's backward the others'
+        // zero is a cancellation (Σ_e s_e·g_e = 0 in exact arithmetic), which left fp32 noise of ~1e-6 on every
+        // unchosen logit (measured on an H200).
+        const bool direct_softmax = normalize && !sigmoid;
 #pragma unroll
         for (int j = 0; j < kMoEMaxTopk; ++j) {
             if (j < topk) {
-                const float d = normalize ? (dwj[j] - w_dot_dw) / chosen : dwj[j];
+                const float d = direct_softmax ? sj[j] / chosen * (dwj[j] - w_dot_dw)
+                                : normalize    ? (dwj[j] - w_dot_dw) / chosen
+                                               : dwj[j];
 #pragma unroll
                 for (int i = 0; i < kPerLane; ++i) {
-                    g[i] += ej[j] == lane + 32 * i ? d : 0.0f;
+                    const bool mine = ej[j] == lane + 32 * i;
+                    (direct_softmax ? direct[i] : g[i]) += mine ? d : 0.0f;
                 }
             }
         }
@@ -297,7 +307,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
     for (int i = 0; i < kPerLane; ++i) {
         const int e = lane + 32 * i;
         if (e < experts) {
-            float d = sigmoid ? g[i] * row.s[i] * (1.0f - row.s[i]) : row.s[i] * (g[i] - s_dot_g);
+            float d = (sigmoid ? g[i] * row.s[i] * (1.0f - row.s[i]) : row.s[i] * (g[i] - s_dot_g)) + direct[i];
             if (dz != nullptr) {
                 d += zc * expf(row.l[i] - row.lse); // d lse / d logit = softmax
             }

@@ -210,10 +210,8 @@ void GroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& args) {
     SHARDLINE_CHECK_AS(ShapeError, args.x.size(0) == args.dy.size(0), kOp,
                        "x and dy must have the same rows, got x {} and dy {}", args.x.ToString(), args.dy.ToString());
     CheckSameDevice(args.dweight, "dweight", args.x, "x", kOp);
-    SHARDLINE_CHECK_AS(DTypeError,
-                       args.dweight.dtype() == args.x.dtype() ||
-                           (args.accumulate && args.dweight.dtype() == DType::kFloat32),
-                       kOp, "dweight must have x's dtype {} (or be a float32 main grad with accumulate), got {}",
+    SHARDLINE_CHECK_AS(DTypeError, args.dweight.dtype() == args.x.dtype() || args.dweight.dtype() == DType::kFloat32,
+                       kOp, "dweight must have x's dtype {} (or be a float32 main grad), got {}",
                        DTypeName(args.x.dtype()), args.dweight.ToString());
     if (args.dbias != nullptr) {
         CheckLike(*args.dbias, "dbias", args.dweight, "dweight", kOp);

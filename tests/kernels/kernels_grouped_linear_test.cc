@@ -191,6 +191,18 @@ TEST_P(GroupedLinearTest, BackwardWeightAccumulatesIntoTheMainGrad) {
     EXPECT_TRUE(ValuesMatch(db, want_db, main_dtype, OnCuda(kEpilogueRoundings)));
 }
 
+TEST_P(GroupedLinearTest, BackwardWeightOverwritesTheMainGrad) {
+    // The first backward after a deferred ZeroGrad writes the fp32 main grad with beta = 0 (a MoE run at bf16 with
+    // GradSync's buckets was refused here on 4×H200): poisoned old values must not survive, empty experts get zero.
+    const DType main_dtype = MainGradDType(device(), dtype());
+    Tensor dw = Poison({experts_, kOut, kIn}, main_dtype);
+    Tensor db = Poison({experts_, kOut}, main_dtype);
+    GroupedLinearBackwardWeight(
+        GroupedLinearBackwardWeightArgs{.dy = dy_, .x = x_, .group_sizes = group_sizes_, .dweight = dw, .dbias = &db});
+    EXPECT_TRUE(ValuesMatch(dw, RefDw(), main_dtype, OnCuda(kEpilogueRoundings)));
+    EXPECT_TRUE(ValuesMatch(db, RefDb(), main_dtype, OnCuda(kEpilogueRoundings)));
+}
+
 TEST_P(GroupedLinearTest, BackwardWeightAccumulatesInTheComputeDType) {
     Tensor dw = Random({experts_, kOut, kIn}, dtype(), 8, "dw.old");
     Tensor db = Random({experts_, kOut}, dtype(), 8, "db.old");

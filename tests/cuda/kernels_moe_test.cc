@@ -7,7 +7,9 @@
 // small and edge routings on both devices.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -232,7 +234,19 @@ TEST_F(MoECudaPermuteTest, AutogradPipelineMatchesTheCpu) {
             }
             EXPECT_TRUE(ValuesMatch(results[1][0], results[0][0], DType::kFloat32, 64)) << "loss";
             EXPECT_TRUE(ValuesMatch(results[1][1], results[0][1], DType::kFloat32, 16)) << "dx";
-            EXPECT_TRUE(ValuesMatch(results[1][2], results[0][2], DType::kFloat32, 64)) << "dlogits";
+            // dlogits of a chosen expert = w_j·(dw_j − w·dw): with topk 2 a difference of two fp32 dot products
+            // (dw) of similar size, so its error scales with the gradient's largest entries, not with its own value
+            // (measured on an H200: dropless rows off by 800x a relative budget, capacity rows with dropped copies
+            // within it). An absolute term of 16 roundings of the largest |dlogit| covers that; a wrong formula
+            // is off by O(1) of the large entries.
+            double largest = 0.0;
+            for (const double v : results[0][2]) {
+                largest = std::max(largest, std::abs(v));
+            }
+            const std::string diff = CompareValues(results[1][2], results[0][2], Tolerance(DType::kFloat32, 64),
+                                                   Tolerance(DType::kFloat32, 16) * largest);
+            EXPECT_TRUE(diff.empty()) << "dlogits: " << diff;
+            EXPECT_GT(largest, 0.0);
         }
     }
 }

@@ -171,10 +171,21 @@ GemmTuningOptions GemmTuningOptionsFromEnv() {
     return o;
 }
 
+namespace {
+thread_local int g_tuning_pauses = 0; // GemmTuningPause scopes open on this thread
+} // namespace
+
+GemmTuningPause::GemmTuningPause() { ++g_tuning_pauses; }
+GemmTuningPause::~GemmTuningPause() { --g_tuning_pauses; }
+
 GemmTuningOptions CurrentGemmTuningOptions() {
     TuningState& s = State();
     std::lock_guard lock(s.mutex);
-    return OptionsLocked(s);
+    GemmTuningOptions options = OptionsLocked(s);
+    if (g_tuning_pauses > 0) {
+        options.enabled = false;
+    }
+    return options;
 }
 
 void SetGemmTuningOptions(const GemmTuningOptions& options) {

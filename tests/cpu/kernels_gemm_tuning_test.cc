@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -427,6 +428,26 @@ TEST(GemmTuningOptionsTest, SetOptionsReplacesTheEnvironmentsAndChecksTopK) {
     EXPECT_THROW(SetGemmTuningOptions(GemmTuningOptions{.top_k = 0}), Error);
     SetGemmTuningOptions(saved);
     EXPECT_EQ(CurrentGemmTuningOptions().top_k, saved.top_k);
+}
+
+TEST(GemmTuningOptionsTest, APauseTurnsTimingOffOnItsThreadOnlyAndNests) {
+    const GemmTuningOptions saved = CurrentGemmTuningOptions();
+    SetGemmTuningOptions(GemmTuningOptions{.enabled = true, .top_k = 5});
+    {
+        const GemmTuningPause outer;
+        EXPECT_FALSE(CurrentGemmTuningOptions().enabled);
+        EXPECT_EQ(CurrentGemmTuningOptions().top_k, 5) << "only the timing pauses";
+        bool other_thread = false;
+        std::thread([&] { other_thread = CurrentGemmTuningOptions().enabled; }).join();
+        EXPECT_TRUE(other_thread) << "another thread still tunes";
+        {
+            const GemmTuningPause inner;
+            EXPECT_FALSE(CurrentGemmTuningOptions().enabled);
+        }
+        EXPECT_FALSE(CurrentGemmTuningOptions().enabled) << "the outer pause still holds";
+    }
+    EXPECT_TRUE(CurrentGemmTuningOptions().enabled);
+    SetGemmTuningOptions(saved);
 }
 
 } // namespace

@@ -43,6 +43,17 @@ struct GemmTuningOptions {
 GemmTuningOptions GemmTuningOptionsFromEnv();
 /// The options in force (the environment's until SetGemmTuningOptions).
 GemmTuningOptions CurrentGemmTuningOptions();
+/// Within its scope this thread builds new GEMM plans from cuBLASLt's heuristic alone, without timing candidates
+/// (CurrentGemmTuningOptions().enabled reads false): for GEMMs whose shapes change from call to call — the grouped
+/// GEMM's loop over experts, whose rows follow the routing — where timing every new shape would cost milliseconds
+/// each step. Nests. Plans already built keep what they were built with.
+class GemmTuningPause {
+public:
+    GemmTuningPause();
+    ~GemmTuningPause();
+    GemmTuningPause(const GemmTuningPause&) = delete;
+    GemmTuningPause& operator=(const GemmTuningPause&) = delete;
+};
 /// Replaces the options for this process, drops every cached plan (they are rebuilt under the new options) and
 /// forgets the loaded tuning-cache file (the new file is read at the next plan build).
 void SetGemmTuningOptions(const GemmTuningOptions& options);

@@ -6,6 +6,7 @@
 // mesh). No auxiliary loss: Megatron's is per rank (f and P of this rank's tokens, averaged over the data-parallel
 // ranks), so its value and gradient depend on the number of data-parallel ranks, which changes with the mesh.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -29,8 +30,23 @@ nlohmann::json ConfigJson(const Config &c) {
             {"weight_decay", c.weight_decay},
             {"dtype", c.dtype},
             {"seed", c.seed},
-            {"data", c.data}};
+            {"data", c.data},
+            {"num_experts", c.num_experts},
+            {"moe_router_topk", c.moe_router_topk},
+            {"ep", c.ep},
+            {"etp", c.etp},
+            {"moe_aux_loss_coeff", c.moe_aux_loss_coeff},
+            {"moe_capacity_factor", c.moe_capacity_factor}};
 }
+
+namespace {
+
+/// "dp 2 x tp 2", or "dp 1 x ep 2 x tp 2" for a MoE model (a config without "num_experts" is dense).
+std::string MeshText(std::int64_t dp, std::int64_t ep, std::int64_t tp, bool moe) {
+    return moe ? fmt::format("dp {} x ep {} x tp {}", dp, ep, tp) : fmt::format("dp {} x tp {}", dp, tp);
+}
+
+} // namespace
 
 Checkpointer::Checkpointer(const Config &c, comm::Communicator &world, const char *program)
     : c_(c), world_(world), program_(program) {
@@ -59,8 +75,10 @@ std::int64_t Checkpointer::Load(Trainer &trainer, bool lead) {
     trainer.RestoreState(extra.at("trainer"));
     if (lead) {
         const nlohmann::json &saved = extra.at("config");
-        fmt::print("{}: loaded '{}' (step {}, saved on dp {} x tp {}) onto dp {} x tp {} in {:.2f} s\n", program_,
-                   info.path, info.step, saved.value("dp", 0), saved.value("tp", 0), c_.dp, c_.tp,
+        const bool moe = saved.value("num_experts", 0) > 0 || c_.num_experts > 0;
+        fmt::print("{}: loaded '{}' (step {}, saved on {}) onto {} in {:.2f} s\n", program_, info.path, info.step,
+                   MeshText(saved.value("dp", 0), saved.value("ep", 1), saved.value("tp", 0), moe),
+                   MeshText(c_.dp, c_.ep, c_.tp, moe),
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         std::fflush(stdout);
     }

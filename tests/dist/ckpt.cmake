@@ -20,3 +20,8 @@ foreach(_shardline_backend IN ITEMS cpu cuda)
     target_compile_definitions(shardline_dist_ckpt_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
   endif()
 endforeach()
+
+# MoE checkpoints (issues 16/17): an nn::MoEMLP with its AdamW state saved on every (dp, ep, tp) mesh of the world and
+# loaded on every other, bitwise after the load and within rtol 1e-5 over the next training steps.
+shardline_add_dist_test(NAME shardline_dist_ckpt_moe_tests_cpu SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_moe_test.cc
+                        NP 2 4 BACKEND cpu TIMEOUT 180)

@@ -14,6 +14,9 @@ reshard: saves after step 4 of 8 on dp x tp = 1x2 and 2x2, loaded on 1x1, 1x4 an
 crash:   a job killed (SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP) between the writes and the commit of its second save:
          `latest` still names the first, the partial one is listed by shardline-ckpt inspect as uncommitted, and a
          run loaded from the root resumes from the first with bitwise the losses of the uninterrupted run.
+moe:     MoE blocks (4 experts, top-2, no aux loss: it is per rank, so it changes with the data-parallel split) saved
+         after step 4 of 8 on dp x ep x tp = 1x2x2 (4 ranks), loaded on 1x2x1 (2 ranks), 1x4x1 and 1x1x1: the losses
+         of steps 5..8 within rtol 1e-5 of the uninterrupted run; the same mesh resumes bitwise.
 MPIEXEC ARGS is the launcher without -n (e.g. mpiexec --oversubscribe --bind-to none --timeout 120).
 """
 import json
@@ -188,6 +191,31 @@ def crash(work, exe, tool, launcher):
     print("crash before commit: step 2 loaded, the partial save ignored, steps 3..4 bitwise")
 
 
+def moe(work, exe, tool, launcher):
+    """A MoE model saved on ep 2 x tp 2 resumes on ep 2, ep 4 and one rank (issue 17's "ep changes")."""
+    flags = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-aux-loss-coeff", "0"]
+    root = os.path.join(work, "save_ep2_tp2")
+    ref = os.path.join(work, "ref.jsonl")
+    run(launcher, exe, 4, flags + ["--ep", "2", "--tp", "2", "--steps", "8", "--metrics", ref])
+    run(launcher, exe, 4, flags + ["--ep", "2", "--tp", "2", "--steps", "4", "--metrics",
+                                   os.path.join(work, "first.jsonl"), "--save", root])
+    a = losses(ref)
+    loads = {"ep2_tp2": (4, ["--ep", "2", "--tp", "2"]), "ep2": (2, ["--ep", "2"]), "ep4": (4, ["--ep", "4"]),
+             "ep1": (1, ["--ep", "1"])}
+    for lname, (lnp, lflags) in loads.items():
+        got = os.path.join(work, f"resumed_{lname}.jsonl")
+        out = run(launcher, exe, lnp, flags + lflags + ["--steps", "8", "--metrics", got, "--load", root])
+        check(progress_steps(out) == [5, 6, 7, 8], f"ep2_tp2 -> {lname}: logged steps {progress_steps(out)}")
+        check("saved on dp 1 x ep 2 x tp 2" in out, f"ep2_tp2 -> {lname}: the load line does not name the MoE mesh")
+        b = losses(got)
+        for step in range(5, 9):
+            if lname == "ep2_tp2":
+                check(a[step] == b[step], f"same mesh: step {step} loss {b[step]!r} vs {a[step]!r} (bitwise)")
+            rel = abs(b[step] - a[step]) / abs(a[step])
+            check(rel <= 1e-5, f"ep2_tp2 -> {lname}: step {step} loss {b[step]} vs {a[step]} (rel {rel:.2e})")
+        print(f"ep2_tp2 -> {lname}: steps 5..8 within 1e-5 of the uninterrupted run")
+
+
 def main():
     argv = sys.argv[1:]
     sep = argv.index("--")
@@ -196,7 +224,7 @@ def main():
     work = opts["--work"]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    {"exact": exact, "reshard": reshard, "crash": crash}[mode](work, opts["--exe"], opts["--tool"], launcher)
+    {"exact": exact, "reshard": reshard, "crash": crash, "moe": moe}[mode](work, opts["--exe"], opts["--tool"], launcher)
 
 
 if __name__ == "__main__":

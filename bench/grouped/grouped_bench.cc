@@ -40,6 +40,7 @@
 #include "common/bench_util.h"
 #include "common/cli.h"
 #include "common/cublaslt_floor.h"
+#include "common/event_timer.h"
 
 namespace {
 
@@ -135,31 +136,6 @@ struct Operands {
     std::int64_t rows = 0;
 };
 
-class Timer {
-public:
-    explicit Timer(cudaStream_t stream) : stream_(stream) {
-        SHARDLINE_CHECK_CUDA(cudaEventCreate(&start_));
-        SHARDLINE_CHECK_CUDA(cudaEventCreate(&stop_));
-    }
-    ~Timer() {
-        cudaEventDestroy(start_);
-        cudaEventDestroy(stop_);
-    }
-    template <class F> double Microseconds(F &&body) {
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(start_, stream_));
-        body();
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(stop_, stream_));
-        SHARDLINE_CHECK_CUDA(cudaEventSynchronize(stop_));
-        float ms = 0.0f;
-        SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-        return static_cast<double>(ms) * 1000.0;
-    }
-
-private:
-    cudaStream_t stream_;
-    cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
-
 void Forward(const Operands &o, const Tensor &sizes) {
     Tensor y = o.y;
     GroupedLinearForward({.x = o.x, .weight = o.w, .group_sizes = sizes, .y = y});
@@ -210,7 +186,7 @@ int main(int argc, char **argv) try {
     std::printf("# %s, ceiling bf16 8192^3 %.1f TF/s\n", prop.name, ceiling.tflops);
     std::printf("%-18s %-18s %10s %10s %10s %10s %8s %8s\n", "case", "variant", "fwd_us", "dgrad_us", "wgrad_us",
                 "fwdbwd_us", "TF/s", "host_us");
-    Timer timer(stream);
+    bench::EventTimer timer(stream);
     for (const Case &c : kCases) {
         if (!opt.cases.empty() && opt.cases.count(c.name) == 0) {
             continue;

@@ -37,6 +37,7 @@
 
 #include "common/bench_util.h"
 #include "common/cli.h"
+#include "common/event_timer.h"
 
 namespace {
 
@@ -89,31 +90,6 @@ Options Parse(int argc, char **argv) {
     }
     return o;
 }
-
-class Timer {
-public:
-    explicit Timer(cudaStream_t stream) : stream_(stream) {
-        SHARDLINE_CHECK_CUDA(cudaEventCreate(&start_));
-        SHARDLINE_CHECK_CUDA(cudaEventCreate(&stop_));
-    }
-    ~Timer() {
-        cudaEventDestroy(start_);
-        cudaEventDestroy(stop_);
-    }
-    template <class F> double Microseconds(F &&body) {
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(start_, stream_));
-        body();
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(stop_, stream_));
-        SHARDLINE_CHECK_CUDA(cudaEventSynchronize(stop_));
-        float ms = 0.0f;
-        SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
-        return static_cast<double>(ms) * 1000.0;
-    }
-
-private:
-    cudaStream_t stream_;
-    cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
 
 /// Zipf routing bias log w_e (the last `zero` experts: -30, never chosen).
 std::vector<double> RoutingBias(const Case &c) {
@@ -199,7 +175,7 @@ int main(int argc, char **argv) try {
     std::printf("# %s, shardline MoE MLP fwd+bwd, ep = 1, bf16\n", prop.name);
     std::printf("%-14s %10s %10s %12s %10s %12s\n", "case", "layer_us", "gemm_us", "tokens/s", "non-GEMM",
                 "max/min load");
-    Timer timer(stream);
+    bench::EventTimer timer(stream);
     int status = 0;
     for (const Case &c : kCases) {
         if (!opt.cases.empty() && opt.cases.count(c.name) == 0) {

@@ -177,6 +177,9 @@ thread_local int g_tuning_pauses = 0; // GemmTuningPause scopes open on this thr
 
 GemmTuningPause::GemmTuningPause() { ++g_tuning_pauses; }
 GemmTuningPause::~GemmTuningPause() { --g_tuning_pauses; }
+namespace detail {
+bool GemmTuningPaused() { return g_tuning_pauses > 0; }
+} // namespace detail
 
 GemmTuningOptions CurrentGemmTuningOptions() {
     TuningState& s = State();
@@ -223,7 +226,8 @@ GemmPlanStats GetGemmPlanStats() {
                          .file_hits = c.file_hits.load(),
                          .file_rejected = c.file_rejected.load(),
                          .epilogue_fused = c.epilogue_fused.load(),
-                         .epilogue_separate = c.epilogue_separate.load()};
+                         .epilogue_separate = c.epilogue_separate.load(),
+                         .algo_reused = c.algo_reused.load()};
 }
 
 void ResetGemmPlanStats() {
@@ -235,6 +239,7 @@ void ResetGemmPlanStats() {
     c.file_rejected = 0;
     c.epilogue_fused = 0;
     c.epilogue_separate = 0;
+    c.algo_reused = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

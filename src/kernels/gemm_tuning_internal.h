@@ -23,8 +23,13 @@ struct GemmStatCounters {
     std::atomic<std::uint64_t> file_rejected{0};
     std::atomic<std::uint64_t> epilogue_fused{0};
     std::atomic<std::uint64_t> epilogue_separate{0};
+    std::atomic<std::uint64_t> algo_reused{0};
 };
 GemmStatCounters& GemmCounters();
+
+/// Whether a GemmTuningPause is open on this thread: the shapes of these calls change from call to call, so the
+/// cuBLASLt provider keeps their plans apart (gemm_lt_plan.cc, TransientPlan).
+bool GemmTuningPaused();
 
 /// The record for (gpu, version, key) in the tuning-cache file in force, if one is configured and has it. The file is
 /// read once (at the first lookup after the options changed).

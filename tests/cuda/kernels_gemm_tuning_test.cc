@@ -421,6 +421,31 @@ TEST_P(CudaGemmTuningTest, TuningOffTakesTheHeuristicsFirstPick) {
     }
 }
 
+// The grouped GEMM's loop over experts: under a pause, shapes that change from call to call (the rows of each expert)
+// ask the heuristic once per shape class and reuse its pick, and stay out of the plan cache that GemmPlanInfos lists.
+TEST_P(CudaGemmTuningTest, PausedShapesOfOneClassShareOneHeuristicQuery) {
+    const DType dtype = GetParam();
+    const std::size_t listed = GemmPlanInfos().size();
+    // m 897..1024 are one class (rounded up to 1024); a fresh class at 1500 asks again.
+    const std::vector<std::int64_t> rows = {1000, 1016, 1024, 968, 1000, 1500};
+    {
+        const kernels::GemmTuningPause pause;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+            SCOPED_TRACE(::testing::Message() << "m=" << rows[i]);
+            const Layer layer(rows[i], 256, 384, dtype, 40 + i);
+            ExpectMatchesFloat64(layer, RunLayer(layer));
+        }
+    }
+    const GemmPlanStats stats = GetGemmPlanStats();
+    EXPECT_EQ(stats.tuned, 0u) << "timed under a pause";
+    // Three GEMMs per layer (forward, dgrad, wgrad + BGRADB). The forward and dgrad vary in m, the wgrad in k: each
+    // asks once for the class of 1024 and once for 1500's; m = 1000 the second time hits the transient cache.
+    EXPECT_EQ(stats.heuristic_queries, 6u);
+    EXPECT_EQ(stats.algo_reused, 9u) << "1016, 1024 and 968 reuse the class's pick for each of the three GEMMs";
+    EXPECT_EQ(stats.plans_built, 15u);
+    EXPECT_EQ(GemmPlanInfos().size(), listed) << "transient plans are not in the listed cache";
+}
+
 INSTANTIATE_TEST_SUITE_P(DType, CudaGemmTuningTest, CudaDTypes(), DTypeParamName);
 
 } // namespace

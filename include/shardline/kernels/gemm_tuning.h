@@ -46,7 +46,10 @@ GemmTuningOptions CurrentGemmTuningOptions();
 /// Within its scope this thread builds new GEMM plans from cuBLASLt's heuristic alone, without timing candidates
 /// (CurrentGemmTuningOptions().enabled reads false): for GEMMs whose shapes change from call to call — the grouped
 /// GEMM's loop over experts, whose rows follow the routing — where timing every new shape would cost milliseconds
-/// each step. Nests. Plans already built keep what they were built with.
+/// each step. Nests. Plans already built keep what they were built with. Such plans are also cheap to build: the
+/// heuristic is asked once per shape class (m, n and k each rounded up to a quarter of their power of two) and its
+/// algorithm reused, after cuBLASLt's check, by every other shape of the class; and they are kept in a bounded cache
+/// of their own, so that a long MoE run does not grow the plan cache with every routing.
 class GemmTuningPause {
 public:
     GemmTuningPause();
@@ -69,6 +72,7 @@ struct GemmPlanStats {
     std::uint64_t file_rejected = 0;     ///< records found but refused by cuBLASLt's algorithm check
     std::uint64_t epilogue_fused = 0;    ///< measured-epilogue plans that keep the fused epilogue
     std::uint64_t epilogue_separate = 0; ///< measured-epilogue plans that run it apart (measured faster)
+    std::uint64_t algo_reused = 0;       ///< plans under a GemmTuningPause that took the algorithm of a similar shape
 };
 GemmPlanStats GetGemmPlanStats();
 void ResetGemmPlanStats();

@@ -31,10 +31,17 @@ namespace {
 // Tuning also asks the heuristic for its candidates under this workspace cap (see BuildPlan).
 constexpr std::size_t kSmallWorkspaceBytes = std::size_t{1} << 20;
 
+// Plans built under a GemmTuningPause (shapes that change from call to call) live in a cache of their own, emptied
+// when it reaches this many plans: a long MoE run brings new per-expert shapes at every step.
+constexpr std::size_t kMaxTransientPlans = 2048;
+
 struct PlanCache {
     std::mutex mutex;
     std::unordered_map<GemmPlanKey, std::shared_ptr<LtPlan>, GemmPlanKeyHash> plans;
     std::unordered_map<std::string, bool> warned; ///< one fallback warning per key string
+    /// Under a pause: the plans of exact shapes (bounded), and the heuristic's algorithm per shape class.
+    std::unordered_map<GemmPlanKey, std::shared_ptr<LtPlan>, GemmPlanKeyHash> transient;
+    std::unordered_map<GemmPlanKey, cublasLtMatmulAlgo_t, GemmPlanKeyHash> class_algos;
 };
 
 PlanCache &ThePlanCache() {
@@ -103,8 +110,10 @@ void WarnOnce(const std::string &key, const std::string &message) {
 }
 
 /// Builds the plan for p: descriptors, epilogue attributes (with this call's pointers, whose alignment the heuristic
-/// reads), then the algorithm (tuning-cache record, timed candidates or the heuristic's first pick).
-std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, CudaContext &ctx) {
+/// reads), then the algorithm (`reuse` when given and cuBLASLt's check accepts it for this shape, else a tuning-cache
+/// record, timed candidates or the heuristic's first pick).
+std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, CudaContext &ctx,
+                                  const cublasLtMatmulAlgo_t *reuse = nullptr) {
     detail::GemmCounters().plans_built.fetch_add(1);
     auto plan = std::make_shared<LtPlan>();
     plan->key = GemmPlanKeyString(key);
@@ -147,6 +156,23 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
 
     const GemmTuningOptions options = CurrentGemmTuningOptions();
     const DeviceIdentity &id = Identity(ctx.device());
+
+    // 0. The algorithm of a similar shape (a transient plan's class), if cuBLASLt accepts it for this one.
+    if (reuse != nullptr) {
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), plan->c.get(),
+                                    plan->c.get(), reuse, &check) == CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= ctx.workspace_bytes()) {
+            plan->algo = *reuse;
+            plan->usable = true;
+            plan->candidate_count = 1;
+            detail::GemmCounters().algo_reused.fetch_add(1);
+            if (MeasuresEpilogue(p)) {
+                CountEpilogueDecision(*plan); // untuned: the fused epilogue, one launch
+            }
+            return plan;
+        }
+    }
 
     // 1. A tuning-cache record: no heuristic query, no timing.
     if (std::optional<GemmTuningRecord> record = detail::FindTuningRecord(id.gpu, id.cublaslt_version, plan->key)) {
@@ -334,6 +360,53 @@ cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const Gemm
                           plan.c.get(), d, plan.c.get(), &algo, ctx.workspace(), ctx.workspace_bytes(), stream);
 }
 
+namespace {
+
+/// x rounded up to a quarter of its power of two (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, ...).
+std::int64_t ShapeClass(std::int64_t x) {
+    if (x <= 8) {
+        return x;
+    }
+    std::int64_t power = 1;
+    while (power * 2 <= x) {
+        power *= 2;
+    }
+    const std::int64_t quarter = power / 4;
+    return (x + quarter - 1) / quarter * quarter;
+}
+
+/// A plan for a shape that changes from call to call (under a GemmTuningPause): from the transient cache, else built
+/// with the algorithm the heuristic chose for the first shape of its class (checked for this one), else built with a
+/// heuristic query whose pick then serves the class.
+std::shared_ptr<LtPlan> TransientPlan(const GemmParams &p, const GemmPlanKey &key, CudaContext &ctx) {
+    PlanCache &cache = ThePlanCache();
+    GemmPlanKey class_key = key;
+    class_key.m = ShapeClass(key.m);
+    class_key.n = ShapeClass(key.n);
+    class_key.k = ShapeClass(key.k);
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    {
+        std::lock_guard lock(cache.mutex);
+        if (auto it = cache.transient.find(key); it != cache.transient.end()) {
+            return it->second;
+        }
+        if (auto it = cache.class_algos.find(class_key); it != cache.class_algos.end()) {
+            algo = it->second;
+        }
+    }
+    std::shared_ptr<LtPlan> plan = BuildPlan(p, key, ctx, algo ? &*algo : nullptr);
+    std::lock_guard lock(cache.mutex);
+    if (!algo && plan->usable) {
+        cache.class_algos.emplace(class_key, plan->algo);
+    }
+    if (cache.transient.size() >= kMaxTransientPlans) {
+        cache.transient.clear(); // plans in use stay alive through their shared_ptr
+    }
+    return cache.transient.emplace(key, std::move(plan)).first->second;
+}
+
+} // namespace
+
 std::shared_ptr<LtPlan> GetPlan(const GemmParams &p, CudaContext &ctx) {
     const GemmPlanKey key = MakeGemmPlanKey(p, ctx.allow_tf32(), ctx.workspace_bytes());
     PlanCache &cache = ThePlanCache();
@@ -342,6 +415,9 @@ std::shared_ptr<LtPlan> GetPlan(const GemmParams &p, CudaContext &ctx) {
         if (auto it = cache.plans.find(key); it != cache.plans.end()) {
             return it->second;
         }
+    }
+    if (detail::GemmTuningPaused()) {
+        return TransientPlan(p, key, ctx);
     }
     // Built outside the cache lock: tuning takes milliseconds once per key, and other keys (other threads, other
     // devices) must not wait for it. Two threads racing on one new key both build; the first insert wins.
@@ -359,6 +435,8 @@ void ClearPlanCache() {
     std::lock_guard lock(cache.mutex);
     cache.plans.clear();
     cache.warned.clear();
+    cache.transient.clear();
+    cache.class_algos.clear();
 }
 
 std::vector<GemmPlanInfo> PlanInfos() {

@@ -6,7 +6,7 @@
 #           has --num-experts), plus a checkpoint saved on 4 GPUs (tp 4) and resumed on 2 (tp 2);
 #   tp_mlp  bench/tp_mlp against torch DTensor (QUICK=1 by default here: the 8b shape at 128 and 8192 tokens);
 #   comm    bench/comm against torch.distributed at 2 and 4 ranks (one round);
-#   moe     bench/moe's EP run against its torch peer when the build has it.
+#   moe     bench/moe/run_moe_ep_bench.sh: the MoE MLP at ep 2 and 4 against a torch all-to-all reference.
 # Logs and JSON go to OUT_DIR; a table of every part is printed last (and written to OUT_DIR/summary.md).
 #
 #   BUILD=build-gpu bench/multi_gpu/run.sh OUT_DIR
@@ -131,12 +131,15 @@ if has comm; then
   done
 fi
 if has moe; then
-  if [[ -x $REPO/bench/moe/run_moe_bench.sh ]]; then
-    say "moe"
-    BUILD=$BUILD bash "$REPO/bench/moe/run_moe_bench.sh" "$OUT/moe" > "$OUT/moe.log" 2>&1
-    if (( $? == 0 )); then row moe PASS "see moe.log"; else row moe FAIL "see moe.log"; fi
+  if (( GPUS < 2 )); then
+    row moe skipped "the EP bench needs 2 GPUs"
+  elif [[ -x $BUILD/bench/moe/shardline-moe-ep-bench ]]; then
+    say "moe (ep 2, 4)"
+    NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD bash "$REPO/bench/moe/run_moe_ep_bench.sh" \
+      "$OUT/moe_ep" > "$OUT/moe_ep.log" 2>&1
+    if (( $? == 0 )); then row moe PASS "summary in moe_ep/summary.md"; else row moe FAIL "see moe_ep.log"; fi
   else
-    row moe skipped "bench/moe/run_moe_bench.sh not in this tree"
+    row moe skipped "shardline-moe-ep-bench not built"
   fi
 fi
 

@@ -48,7 +48,7 @@ for NP in $NPS; do
     echo "== ep $NP round $round/$ROUNDS: torch" >&2
     # shellcheck disable=SC2086
     "${MPIRUN[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29500 + RANDOM % 1000)) \
-      python3 "$PEER" --cases "$OUT/cases.json" --json "$OUT/moe_ep_torch.jsonl" $BENCH_ARGS 2>&1 \
+      python3 "$PEER" --case-file "$OUT/cases.json" --json "$OUT/moe_ep_torch.jsonl" $BENCH_ARGS 2>&1 \
       | tee -a "$OUT/moe_ep_torch_np$NP.log" || status=1
   done
 done

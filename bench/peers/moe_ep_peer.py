@@ -2,9 +2,11 @@
 """torch peer of shardline-moe-ep-bench: a reference expert-parallel MoE MLP (ep = the world, one GPU per rank) forward
 + backward on the same cases, with the same routing, timing and a JSON-lines record per case (impl "torch", rank 0).
 
-    mpirun -n N python3 bench/peers/moe_ep_peer.py --cases CASES.json --json OUT.jsonl [--warmup 3 --iters 10 --rounds 3]
+    mpirun -n N python3 bench/peers/moe_ep_peer.py --case-file CASES.json --json OUT.jsonl [--cases a,b --warmup 3
+        --iters 10 --rounds 3]
 
-CASES.json is what `shardline-moe-ep-bench --list-cases` prints (run_moe_ep_bench.sh passes it). Launch with mpirun
+CASES.json is what `shardline-moe-ep-bench --list-cases` prints (run_moe_ep_bench.sh passes it); --cases selects by
+name as the C++ side's option does, so that one BENCH_ARGS serves both. Launch with mpirun
 (OMPI_COMM_WORLD_*; MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29547) or torchrun.
 
 The layer, as Megatron-Core's all-to-all token dispatcher does it, with torch's own ops: a stable argsort of the expert
@@ -132,7 +134,8 @@ def timed(fn):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", required=True)
+    ap.add_argument("--case-file", required=True)
+    ap.add_argument("--cases", default="", help="comma list of case names (default: all)")
     ap.add_argument("--json", default="")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
@@ -143,7 +146,8 @@ def main():
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local_rank))
     group = dist.group.WORLD
     ep = world
-    cases = json.load(open(args.cases))
+    wanted = {c for c in args.cases.split(",") if c}
+    cases = [c for c in json.load(open(args.case_file)) if not wanted or c["case"] in wanted]
     out = open(args.json, "a") if (args.json and rank == 0) else None
     meta = {"tool": "moe_ep_peer", "impl": "torch", "device": torch.cuda.get_device_name(0), "commit": commit(),
             "torch": torch.__version__, "ep": ep,

@@ -11,7 +11,9 @@
 #
 #   BUILD=build-gpu bench/multi_gpu/run.sh OUT_DIR
 #
-# Environment: BUILD (build), PARTS ("tests train tp_mlp comm moe"), TRAIN_STEPS (60), QUICK (1, for tp_mlp),
+# Environment: BUILD (build), PARTS ("tests train tp_mlp comm moe"), TESTS_REGEX (only the NCCL dist tests whose name
+# matches, e.g. "moe|overlap"; the fault jobs always run), TRAIN (the train runs: "dense moe ckpt"), TRAIN_STEPS (60),
+# QUICK (1, for tp_mlp),
 # SHARDLINE_COMMIT (default git rev-parse --short HEAD). NVLink multicast stays off in every process. Exits non-zero
 # when any part failed; a part that cannot run (too few GPUs, not built) is listed as skipped with the reason.
 set -uo pipefail
@@ -46,7 +48,8 @@ if has tests; then
   selected=()
   while read -r name; do
     np=${name##*.np}
-    (( np <= GPUS )) && selected+=("$name")
+    (( np <= GPUS )) || continue
+    [[ -z ${TESTS_REGEX:-} || $name =~ $TESTS_REGEX ]] && selected+=("$name")
   done < <(ctest --test-dir "$BUILD" -N -L dist | sed -n 's/^ *Test *#[0-9]*: \(dist\.[^ ]*\(_cuda\|nccl\)[^ ]*\.np[0-9]*\)$/\1/p')
   if (( ${#selected[@]} == 0 )); then
     row tests "skipped" "no NCCL dist test fits $GPUS GPUs"
@@ -88,23 +91,31 @@ run_train() { # $1: name, $2: ranks, rest: train_char_lm arguments
     row "train $name" "FAIL (rc $rc)" "${why:-$(tail -n 2 "$dir/log" | tr '\n' ' ')}"
   fi
 }
+TRAIN=${TRAIN:-dense moe ckpt}
+runs() { [[ " $TRAIN " == *" $1 "* ]]; }
 if has train; then
-  run_train tp2 2 --tp 2
-  run_train tp4 4 --tp 4
-  run_train dp2_tp2 4 --dp 2 --tp 2
-  if "$BUILD/examples/train_char_lm" --help 2>&1 | grep -q -- --num-experts; then
+  if runs dense; then
+    run_train tp2 2 --tp 2
+    run_train tp4 4 --tp 4
+    run_train dp2_tp2 4 --dp 2 --tp 2
+  fi
+  if ! runs moe; then
+    :
+  elif "$BUILD/examples/train_char_lm" --help 2>&1 | grep -q -- --num-experts; then
     run_train moe_ep2_tp1 2 --num-experts 8 --moe-router-topk 2 --ep 2
     run_train moe_ep2_tp2 4 --num-experts 8 --moe-router-topk 2 --ep 2 --tp 2
     run_train moe_ep4 4 --num-experts 8 --moe-router-topk 2 --ep 4
   else
     row "train moe" skipped "train_char_lm has no --num-experts in this build"
   fi
-  # A checkpoint saved on 4 GPUs at tp 4 and resumed on 2 at tp 2.
-  half=$((TRAIN_STEPS / 2))
-  ckpt="$OUT/ckpt"
-  rm -rf "$ckpt"
-  run_train save_tp4 4 --tp 4 --steps "$half" --save "$ckpt"
-  run_train load_tp2 2 --tp 2 --load "$ckpt"
+  if runs ckpt; then
+    # A checkpoint saved on 4 GPUs at tp 4 and resumed on 2 at tp 2.
+    half=$((TRAIN_STEPS / 2))
+    ckpt="$OUT/ckpt"
+    rm -rf "$ckpt"
+    run_train save_tp4 4 --tp 4 --steps "$half" --save "$ckpt"
+    run_train load_tp2 2 --tp 2 --load "$ckpt"
+  fi
 fi
 
 # --- tp_mlp, comm, moe benchmarks ------------------------------------------------------------------------------------

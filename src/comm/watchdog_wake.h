@@ -6,9 +6,9 @@
 // The watchdog polls every `poll` while there is something to watch, and for `idle_polls` more periods once there is
 // not; only then does it sleep without a deadline. The issuing thread notifies it only in that state. So a steady
 // stream of calls costs no notify at all (a notify per call was a futex wake-up on the issuing thread plus an extra
-// watchdog pass contending for the mutex and the CUDA driver with the next call: ~2.5-5 µs per call in a CPU model of
-// it), and an idle communicator's watchdog still costs nothing after `poll · idle_polls`. torch's ProcessGroupNCCL
-// watchdog likewise polls its work list on its own period and is never woken per collective.
+// watchdog pass contending for the mutex and the CUDA driver with the next call), and an idle communicator's watchdog
+// costs nothing after `poll · idle_polls`. torch's ProcessGroupNCCL watchdog likewise polls its work list on its own
+// period and is never woken per collective.
 
 #include <chrono>
 #include <condition_variable>

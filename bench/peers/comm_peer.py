@@ -6,12 +6,17 @@ Launch with torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or mpirun (OMPI_COMM_WORLD_*
 127.0.0.1:29533). bytes is the larger buffer, as in nccl-tests; algbw = bytes / t, busbw = algbw * 2(n-1)/n for
 all_reduce and (n-1)/n for all_gather and reduce_scatter. Each iteration is timed with CUDA events on the current
 stream around the (synchronous-to-the-stream) call; the per-iteration time is the max over ranks; median and p90.
+shardline-comm-bench times its calls the same way (events around the call and its Wait(host=False), no host sync in
+between), so the two "us per call" compare like for like; when the host path is slower than the kernel, that time is
+host path + kernel. --mode back_to_back instead times --iters calls back to back plus one synchronize on the host
+clock (per call, max over ranks; median = p90 = that number): the throughput view, as shardline-comm-host-bench's e2e_us.
 """
 
 import argparse
 import datetime
 import json
 import os
+import time
 
 from peer_util import commit, no_nvlink_multicast, percentile, rank_env
 
@@ -28,7 +33,7 @@ def bus_factor(op, n):
     return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
-def measure(op, nbytes, n, dtype, warmup, iters, device):
+def measure(op, nbytes, n, dtype, warmup, iters, device, mode="events"):
     elem = torch.tensor([], dtype=dtype).element_size()
     count = max(nbytes // elem, n)
     count = count // n * n
@@ -50,6 +55,16 @@ def measure(op, nbytes, n, dtype, warmup, iters, device):
     for _ in range(warmup):
         run()
     torch.cuda.synchronize(device)
+    if mode == "back_to_back":
+        dist.barrier(device_ids=[device.index])
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            run()
+        torch.cuda.synchronize(device)
+        per_call = torch.tensor([(time.perf_counter() - start) * 1e6 / iters], dtype=torch.float64, device=device)
+        dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
+        return per_call.item(), per_call.item()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     dist.barrier(device_ids=[device.index])
     torch.cuda.synchronize(device)
@@ -74,6 +89,8 @@ def main():
     parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--json", default="")
+    parser.add_argument("--mode", default="events", choices=["events", "back_to_back"],
+                        help="events: per-call CUDA events (as shardline-comm-bench); back_to_back: N calls + 1 sync")
     args = parser.parse_args()
 
     rank, size, local = rank_env("comm_peer.py")
@@ -93,7 +110,7 @@ def main():
     for op in [o for o in args.ops.split(",") if o]:
         nbytes = args.min_bytes
         while nbytes <= args.max_bytes:
-            median, p90 = measure(op, nbytes, size, dtype, args.warmup, args.iters, device)
+            median, p90 = measure(op, nbytes, size, dtype, args.warmup, args.iters, device, args.mode)
             algbw = nbytes / (median * 1e-6) / 1e9
             busbw = algbw * bus_factor(op, size)
             if rank == 0:
@@ -102,7 +119,7 @@ def main():
                     out.write(json.dumps({"impl": "torch", "device": name, "date": date, "commit": rev,
                                           "ranks": size, "dtype": dtype_name, "op": op, "bytes": nbytes,
                                           "median_us": median, "p90_us": p90, "algbw": algbw,
-                                          "busbw": busbw}) + "\n")
+                                          "busbw": busbw, "mode": args.mode}) + "\n")
                     out.flush()
             nbytes *= args.factor
     if out:

@@ -133,7 +133,10 @@ void Communicator::CheckTensor(const Tensor& t, std::string_view op, std::string
     }
     SHARDLINE_CHECK_AS(ShapeError, t.is_contiguous(), op, "expected {} to be contiguous, got strides {} of {} ({})",
                        what, ShapeToString(t.strides()), t.ToString(), Where());
-    CheckMaxCount(t.numel(), op, fmt::format("{} numel", what));
+    // Inline rather than CheckMaxCount(..., fmt::format("{} numel", what)): that would format a string on every call.
+    SHARDLINE_CHECK_AS(ShapeError, t.numel() <= max_count(), op,
+                       "expected {} numel in [0, {}] (the {} backend's count limit), got {} ({})", what, max_count(),
+                       backend(), t.numel(), Where());
 }
 
 void Communicator::CheckPair(const Tensor& input, const Tensor& output, std::string_view op,

@@ -21,10 +21,10 @@ template <class Calls> struct Enqueue {
     bool has_work;
 
     bool HasWork() const { return has_work; }
-    void Keep(std::vector<std::shared_ptr<Storage>>& keep) const {
-        for (const Tensor* t : tensors) {
-            if (t != nullptr && t->storage() != nullptr) {
-                keep.push_back(t->storage());
+    void Keep(std::array<std::shared_ptr<Storage>, 2>& keep) const {
+        for (std::size_t i = 0; i < tensors.size(); ++i) {
+            if (tensors[i] != nullptr) {
+                keep[i] = tensors[i]->storage();
             }
         }
     }
@@ -43,6 +43,20 @@ struct FirstError {
         }
     }
 };
+
+/// Appends `op` to the watchdog's list, waking the watchdog only when it sleeps without a deadline (it has been idle
+/// for kWatchdogIdlePolls polls); otherwise it finds the op on its next poll. No notify per call: watchdog_wake.h.
+void Track(NcclState& s, const std::shared_ptr<NcclOp>& op) {
+    bool asleep = false;
+    {
+        std::lock_guard track(s.mutex);
+        s.outstanding.push_back(op);
+        asleep = s.wake.Asleep();
+    }
+    if (asleep) {
+        s.wake.Notify();
+    }
+}
 
 } // namespace
 
@@ -81,11 +95,11 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
             op->captured = captured;
             if (!captured) {
                 // (Captured tensors are graph memory whose frees the capture orders after the collective.)
-                std::vector<std::shared_ptr<Storage>> keep;
-                enqueue.Keep(keep);
-                op->keep = std::move(keep);
+                enqueue.Keep(op->keep);
             }
 
+            // The communication stream must not start before what the compute stream has queued (the tensors'
+            // producers): one record + one stream wait, both asynchronous; torch's ProcessGroupNCCL pays the same.
             SHARDLINE_CHECK_CUDA(cudaEventRecord(s.ready_event, compute));
             SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(s.stream, s.ready_event, 0));
             if (enqueue.HasWork()) {
@@ -98,34 +112,38 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
                     throw;
                 }
                 const ncclResult_t end = ncclGroupEnd();
-                try {
-                    WaitLeftInProgress(s, {s.comm}, first_error != ncclSuccess ? first_error : end, issue.api,
-                                       op->Describe(), op->issued);
-                } catch (...) {
-                    // Kernels may already be queued on s.stream and still touch the kept tensors: track the op
-                    // as failed so the watchdog releases them only once its done-event has fired (after the
-                    // abort this failure leads to).
-                    op->status = NcclOp::kFailed;
-                    if (!captured) {
-                        (void)cudaEventRecord(op->done, s.stream);
-                        std::lock_guard track(s.mutex);
-                        s.outstanding.push_back(op);
+                const ncclResult_t returned = first_error != ncclSuccess ? first_error : end;
+                // ncclSuccess: NCCL launched the group on this thread (a blocking communicator, or a group with
+                // nothing to do): nothing is in progress, so phase 1 is over without a poll. Asynchronous errors
+                // of the running kernel are the watchdog's (phase 2). Otherwise (a non-blocking communicator's
+                // group runs on an NCCL thread and returns ncclInProgress) poll until it has left ncclInProgress.
+                if (returned != ncclSuccess) {
+                    try {
+                        WaitLeftInProgress(s, {s.comm}, returned, issue.api,
+                                           std::function<std::string()>([&op] { return op->Describe(); }), op->issued);
+                    } catch (...) {
+                        // Kernels may already be queued on s.stream and still touch the kept tensors: track the op
+                        // as failed so the watchdog releases them only once its done-event has fired (after the
+                        // abort this failure leads to).
+                        op->status = NcclOp::kFailed;
+                        if (!captured) {
+                            (void)cudaEventRecord(op->done, s.stream);
+                            Track(s, op);
+                        }
+                        throw;
                     }
-                    throw;
                 }
             }
             SHARDLINE_CHECK_CUDA(cudaEventRecord(op->done, s.stream));
             if (!captured) {
                 // Registered before nccl_mutex is released: an abort carried out by NcclLock's destructor must see
                 // this op, or it would stay pending and be reported done once the aborted kernel's event fires.
-                std::lock_guard track(s.mutex);
-                s.outstanding.push_back(op);
+                Track(s, op);
             }
         } catch (...) {
             s.NoteAbortAndRethrow(issue, "issuing");
         }
     }
-    s.wake.notify_one();
     return MakeNcclWork(std::move(op));
 }
 

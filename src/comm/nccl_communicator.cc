@@ -64,7 +64,7 @@ NcclCommunicator::~NcclCommunicator() {
             std::lock_guard lock(s.mutex);
             s.stop = true;
         }
-        s.wake.notify_all();
+        s.wake.NotifyAll();
         if (s.watchdog.joinable()) {
             s.watchdog.join();
         }

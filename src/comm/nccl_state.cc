@@ -40,9 +40,9 @@ std::string NcclOp::Describe() const {
 /// working on it. Polls until it has left ncclInProgress; throws CommError on an error, a requested abort or the
 /// timeout. `comms` are polled together (a split polls parent and child). nccl_mutex held.
 void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comms, ncclResult_t returned,
-                        std::string_view api, const std::string& what, Clock::time_point start) {
+                        std::string_view api, const std::function<std::string()>& describe, Clock::time_point start) {
     if (returned != ncclSuccess && returned != ncclInProgress) {
-        SHARDLINE_THROW(CommError, api, "{} failed: {} ({})", what, ncclGetErrorString(returned),
+        SHARDLINE_THROW(CommError, api, "{} failed: {} ({})", describe(), ncclGetErrorString(returned),
                         ncclGetLastError(nullptr));
     }
     const auto timeout = CommTimeout();
@@ -56,13 +56,14 @@ void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comm
             ncclResult_t async = ncclSuccess;
             const ncclResult_t r = ncclCommGetAsyncError(c, &async);
             if (r != ncclSuccess) {
-                SHARDLINE_THROW(CommError, api, "{}: ncclCommGetAsyncError failed: {}", what, ncclGetErrorString(r));
+                SHARDLINE_THROW(CommError, api, "{}: ncclCommGetAsyncError failed: {}", describe(),
+                                ncclGetErrorString(r));
             }
             if (async == ncclInProgress) {
                 in_progress = true;
             } else if (async != ncclSuccess) {
-                SHARDLINE_THROW(CommError, api, "{} failed asynchronously: {} ({})", what, ncclGetErrorString(async),
-                                ncclGetLastError(c));
+                SHARDLINE_THROW(CommError, api, "{} failed asynchronously: {} ({})", describe(),
+                                ncclGetErrorString(async), ncclGetLastError(c));
             }
         }
         if (!in_progress) {
@@ -76,7 +77,7 @@ void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comm
             SHARDLINE_THROW(CommError, api,
                             "{} did not leave ncclInProgress within {:.1f} s (phase 1: enqueue; elapsed {:.1f} s); "
                             "communicator aborted",
-                            what, Seconds(timeout), Seconds(elapsed));
+                            describe(), Seconds(timeout), Seconds(elapsed));
         }
         backoff.Pause();
     }
@@ -111,23 +112,29 @@ void NcclState::WatchdogLoop() noexcept {
         while (true) {
             {
                 std::unique_lock lock(mutex);
-                if (outstanding.empty() && (!abort_requested || abort_done)) {
-                    wake.wait(lock, [&] { return stop || !outstanding.empty(); });
-                } else {
-                    wake.wait_for(lock, kWatchdogPoll, [&] { return stop; });
-                }
+                // Nothing to watch: no work in flight and no requested abort left to carry out.
+                const auto idle = [&] { return outstanding.empty() && (!abort_requested || abort_done); };
+                wake.Wait(lock, stop, idle);
                 if (stop) {
                     return;
+                }
+                if (idle()) {
+                    continue; // an idle poll (watchdog_wake.h): nothing in flight to query or to fail
                 }
                 ops.assign(outstanding.begin(), outstanding.end());
             }
 
-            // Retire finished work (its tensors may go back to the pool now), find the oldest overdue one.
+            // Retire finished work (its tensors may go back to the pool now) and look at the oldest unfinished op.
+            // Every tracked op's done-event is recorded on the one communication stream, in the order the ops were
+            // appended (both under nccl_mutex), so they complete in list order: the finished ones are a prefix, and
+            // the first unfinished op is the oldest (if it is not overdue, nothing later is). The pass therefore
+            // queries the finished ops and one more, not the whole list, and pops the prefix; only this thread
+            // removes from the list while it runs (the destructor joins it first).
             const auto now = Clock::now();
             const auto timeout = CommTimeout();
             std::shared_ptr<NcclOp> overdue;
             std::string cuda_failure;
-            std::vector<NcclOp*> finished;
+            std::size_t finished = 0;
             for (auto& op : ops) {
                 const cudaError_t q = cudaEventQuery(op->done);
                 if (q == cudaSuccess) {
@@ -138,22 +145,21 @@ void NcclState::WatchdogLoop() noexcept {
                     int expected = NcclOp::kPending;
                     op->status.compare_exchange_strong(expected, abort_requested ? NcclOp::kFailed : NcclOp::kDone);
                     op->Release();
-                    finished.push_back(op.get());
-                } else if (q != cudaErrorNotReady) {
+                    ++finished;
+                    continue;
+                }
+                if (q != cudaErrorNotReady) {
                     (void)cudaGetLastError();
-                    if (cuda_failure.empty()) {
-                        cuda_failure = fmt::format("{}: CUDA reported {} ({}) while it ran", op->Describe(),
-                                                   cudaGetErrorName(q), cudaGetErrorString(q));
-                    }
-                } else if (op->status == NcclOp::kPending && overdue == nullptr && now - op->issued > timeout) {
+                    cuda_failure = fmt::format("{}: CUDA reported {} ({}) while it ran", op->Describe(),
+                                               cudaGetErrorName(q), cudaGetErrorString(q));
+                } else if (op->status == NcclOp::kPending && now - op->issued > timeout) {
                     overdue = op;
                 }
+                break;
             }
-            if (!finished.empty()) {
+            if (finished > 0) {
                 std::lock_guard lock(mutex);
-                std::erase_if(outstanding, [&](const std::shared_ptr<NcclOp>& op) {
-                    return std::find(finished.begin(), finished.end(), op.get()) != finished.end();
-                });
+                outstanding.erase(outstanding.begin(), outstanding.begin() + static_cast<std::ptrdiff_t>(finished));
             }
             ops.clear();
 

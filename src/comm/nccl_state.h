@@ -8,11 +8,12 @@
 // destruction, abort), nccl_world.cc (split, CreateNcclWorld, FromNcclComm, the NVLS guard).
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,8 @@
 #include <shardline/core/logging.h>
 #include <shardline/core/tensor.h>
 
+#include "comm/watchdog_wake.h"
+
 namespace shardline::comm::detail {
 
 using Clock = std::chrono::steady_clock;
@@ -36,6 +39,8 @@ using Clock = std::chrono::steady_clock;
 // How often the watchdog looks at outstanding work. Timeouts are seconds; this bounds how long a finished
 // collective's tensors stay referenced when nobody waits on it.
 inline constexpr auto kWatchdogPoll = std::chrono::milliseconds(2);
+// Idle polls (100 ms) before the watchdog sleeps without a deadline and a call has to wake it (watchdog_wake.h).
+inline constexpr int kWatchdogIdlePolls = 50;
 // How long a destructor lets ncclCommFinalize run before it falls back to ncclCommAbort.
 inline constexpr auto kMaxFinalize = std::chrono::seconds(30);
 
@@ -162,12 +167,14 @@ struct NcclOp {
     bool captured = false;
     std::atomic<int> status{kPending};
     std::mutex keep_mutex;
-    std::vector<std::shared_ptr<Storage>> keep; // released once the collective is complete or ordered on compute
+    /// The storages of the (at most two) tensors the collective touches, released once it is complete or ordered on
+    /// the compute stream. A fixed array: no per-call vector allocation on the issue path.
+    std::array<std::shared_ptr<Storage>, 2> keep;
 
     ~NcclOp();
     std::string Describe() const;
     void Release() {
-        std::vector<std::shared_ptr<Storage>> drop;
+        std::array<std::shared_ptr<Storage>, 2> drop;
         {
             std::lock_guard lock(keep_mutex);
             drop.swap(keep);
@@ -199,7 +206,7 @@ struct NcclState {
 
     // Guards everything below.
     std::mutex mutex;
-    std::condition_variable wake;
+    WatchdogWake wake{kWatchdogPoll, kWatchdogIdlePolls}; // the watchdog's waits; no notify per call
     std::string abort_reason;
     Clock::time_point abort_requested_at;
     std::deque<std::shared_ptr<NcclOp>> outstanding;
@@ -234,7 +241,7 @@ struct NcclState {
             AbortLocked();
             nccl_mutex.unlock();
         }
-        wake.notify_all();
+        wake.NotifyAll();
     }
 
     /// nccl_mutex held. Work whose done-event already fired finished before the abort and stays valid; the rest fails.
@@ -334,8 +341,14 @@ private:
 /// Phase 1: NCCL has accepted the call (ncclGroupEnd/Init/Split returned) but a non-blocking communicator may still be
 /// working on it. Polls until it has left ncclInProgress; throws CommError on an error, a requested abort or the
 /// timeout. `comms` are polled together (a split polls parent and child). nccl_mutex held.
+/// `describe` names the call in a message; it runs only when one is raised (the issue path calls this once per
+/// collective on a non-blocking communicator, and formatting the op's description every time costs a string).
 void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comms, ncclResult_t returned,
-                        std::string_view api, const std::string& what, Clock::time_point start);
+                        std::string_view api, const std::function<std::string()>& describe, Clock::time_point start);
+inline void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comms, ncclResult_t returned,
+                               std::string_view api, const std::string& what, Clock::time_point start) {
+    WaitLeftInProgress(state, comms, returned, api, std::function<std::string()>([&] { return what; }), start);
+}
 
 /// A non-blocking configuration named `name` (the string must outlive the config's use).
 ncclConfig_t NonBlockingConfig(const std::string& name);

@@ -258,6 +258,44 @@ TEST_F(NcclCommunicatorTest, ManyCollectivesInFlightWithoutWaiting) {
     }
 }
 
+// Handles dropped at once (no Wait): the watchdog alone retires the work and releases the tensors it kept. It retires
+// the finished prefix of its list (done-events complete in issue order), polls on its own period while busy and sleeps
+// without a deadline once idle, woken by the next call only then (watchdog_wake.h): a burst of 256 calls must all be
+// retired, and so must one call issued after the watchdog has gone to sleep (were that wake-up missing, its tensor
+// would stay kept forever).
+TEST_F(NcclCommunicatorTest, WatchdogRetiresDroppedWorkInABurstAndAfterIdle) {
+    comm::Communicator& world = World();
+    const std::int64_t n = 1001;
+    const auto all_released = [](const std::vector<Tensor>& ts) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (std::chrono::steady_clock::now() < deadline) {
+            if (std::all_of(ts.begin(), ts.end(), [](const Tensor& t) { return t.storage().use_count() == 1; })) {
+                return true;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return false;
+    };
+    for (const int calls : {256, 1}) {
+        std::vector<Tensor> tensors;
+        for (int i = 0; i < calls; ++i) {
+            tensors.push_back(InputTensor(fmt::format("dropped/{}/{}", calls, i), world.rank(), n, DType::kFloat32));
+        }
+        for (int i = 0; i < calls; ++i) {
+            (void)world.AllReduce(tensors[i], ReduceOp::kSum); // the handle is dropped here
+        }
+        EXPECT_TRUE(all_released(tensors)) << calls << " dropped call(s) were not retired by the watchdog";
+        world.Barrier()->Wait(true); // orders the compute stream after every collective above
+        for (int i = 0; i < calls; ++i) {
+            EXPECT_TRUE(SameValues(tensors[i].ToDoubleVector(), ReduceOverRanks(fmt::format("dropped/{}/{}", calls, i),
+                                                                                world.size(), n, ReduceOp::kSum)))
+                << calls << "/" << i;
+        }
+        // Let the watchdog go idle past its idle polls (100 ms) and sleep without a deadline before the single call.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+}
+
 // A 2x2 grid (row-major rank = row * 2 + col): rows and columns as sub-communicators.
 TEST_F(NcclCommunicatorTest, SplitTwoByTwoRowsAndColumns) {
     comm::Communicator& world = World();

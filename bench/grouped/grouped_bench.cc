@@ -6,10 +6,12 @@
 //   2. Cases: Mixtral-, DeepSeek-, OLMoE-, Qwen-MoE-like experts with Zipf-skewed routing (count_e = ⌊T·topk·w_e/Σw⌋
 //      rounded down to 16, w_e = 1/(e+1)^s, the last `zero` experts empty). Y_e = X_e·W_eᵀ, W [E, N, K], bf16.
 //      Phases: fwd (GroupedLinearForward), dgrad (GroupedLinearBackwardInput), wgrad (GroupedLinearBackwardWeight),
-//      fwd+bwd (the three in one timed region; 6·M·K·N flops). Variants: the provider's auto choice, the CUTLASS
-//      grouped kernel with each tile, and the loop of cached cuBLASLt GEMMs; sizes on the host and on the device. Each
-//      variant passes a correctness gate (its forward against the loop's, which the kernel tests hold to float64)
-//      first.
+//      fwd+bwd (the three in one timed region; 6·M·K·N flops). Variants: the provider's auto choice (per-shape
+//      tuning: each phase's first call times the candidates and keeps the fastest), the CUTLASS grouped kernel with
+//      each config forced, and the loop of cached cuBLASLt GEMMs; sizes on the host and on the device. Each variant
+//      passes a correctness gate (its forward against the loop's, which the kernel tests hold to float64) first.
+//      Every record says what ran ("config": GroupedGemm's path per phase); "tuning" records give each tuned shape
+//      class's candidates (µs) and winner.
 //   3. Host µs per call: 2000 back-to-back forwards without synchronising (device sizes: no host sync on the CUTLASS
 //      path).
 //
@@ -89,6 +91,8 @@ const std::vector<Variant> kVariants = {
     {"auto-host", {}, false},
     {"cutlass256-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k256x128}, true},
     {"cutlass128-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k128x128}, true},
+    {"cutlass-pp128x128-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::kPingpong128x128}, true},
+    {"cutlass-pp128x64-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::kPingpong128x64}, true},
     {"loop-host", {.impl = GroupedGemmImpl::kLoop}, false},
 };
 
@@ -184,8 +188,8 @@ int main(int argc, char **argv) try {
     };
     emit({{"case", "calibration"}, {"variant", "gemm8192"}, {"tflops", ceiling.tflops}});
     std::printf("# %s, ceiling bf16 8192^3 %.1f TF/s\n", prop.name, ceiling.tflops);
-    std::printf("%-18s %-18s %10s %10s %10s %10s %8s %8s\n", "case", "variant", "fwd_us", "dgrad_us", "wgrad_us",
-                "fwdbwd_us", "TF/s", "host_us");
+    std::printf("%-18s %-18s %10s %10s %10s %10s %8s %8s  %s\n", "case", "variant", "fwd_us", "dgrad_us", "wgrad_us",
+                "fwdbwd_us", "TF/s", "host_us", "config fwd | dgrad | wgrad");
     bench::EventTimer timer(stream);
     for (const Case &c : kCases) {
         if (!opt.cases.empty() && opt.cases.count(c.name) == 0) {
@@ -277,6 +281,15 @@ int main(int argc, char **argv) try {
             const auto t1 = std::chrono::steady_clock::now();
             SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
             const double host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / opt.host_calls;
+            // What ran in each phase (auto: the tuned winner of the phase's shape class).
+            std::map<std::string, std::string> config;
+            Forward(o, sizes);
+            config["fwd"] = LastGroupedGemmPath();
+            Dgrad(o, sizes);
+            config["dgrad"] = LastGroupedGemmPath();
+            Wgrad(o, sizes);
+            config["wgrad"] = LastGroupedGemmPath();
+            config["fwdbwd"] = config["fwd"] + " | " + config["dgrad"] + " | " + config["wgrad"];
             auto &s = samples[v->name];
             std::map<std::string, double> median;
             for (const char *phase : {"fwd", "dgrad", "wgrad", "fwdbwd"}) {
@@ -294,12 +307,27 @@ int main(int argc, char **argv) try {
                       {"p90_us", bench::Percentile(s[phase], 0.9)},
                       {"tflops", phase_flops / med * 1e-6},
                       {"frac_ceiling", phase_flops / med * 1e-6 / ceiling.tflops},
-                      {"host_us_per_fwd", host_us}});
+                      {"host_us_per_fwd", host_us},
+                      {"config", config[phase]}});
             }
-            std::printf("%-18s %-18s %10.1f %10.1f %10.1f %10.1f %8.1f %8.2f\n", c.name.c_str(), v->name.c_str(),
+            std::printf("%-18s %-18s %10.1f %10.1f %10.1f %10.1f %8.1f %8.2f  %s\n", c.name.c_str(), v->name.c_str(),
                         median["fwd"], median["dgrad"], median["wgrad"], median["fwdbwd"],
-                        3 * flops / median["fwdbwd"] * 1e-6, host_us);
+                        3 * flops / median["fwdbwd"] * 1e-6, host_us, config["fwdbwd"].c_str());
         }
+        // The per-shape tuning of this case: every timed class, its candidates' µs and the winner.
+        for (const GroupedGemmTuningInfo &info : GroupedGemmTuningInfos()) {
+            json candidates = json::object();
+            for (const auto &[name, us] : info.candidates_us) {
+                candidates[name] = us;
+            }
+            emit({{"case", c.name},
+                  {"variant", "tuning"},
+                  {"key", info.key},
+                  {"winner", info.winner},
+                  {"candidates_us", candidates}});
+            std::printf("#   tuned %s -> %s\n", info.key.c_str(), info.winner.c_str());
+        }
+        ClearGroupedGemmTuning();
     }
     SetGroupedGemmChoice({});
     return 0;

@@ -26,6 +26,8 @@ def main():
     ap.add_argument("--png", default="")
     args = ap.parse_args()
     ours = load(os.path.join(args.dir, "grouped_shardline.jsonl"))
+    tuning = [r for r in ours if r.get("variant") == "tuning"]  # per tuned shape class: candidates µs, winner
+    ours = [r for r in ours if r.get("variant") != "tuning"]
     torch_recs = load(os.path.join(args.dir, "grouped_torch.jsonl"))
     ceiling = max((r["tflops"] for r in ours if r.get("case") == "calibration"), default=0.0)
     table = {}  # (case, impl/variant, phase) -> best median over process rounds
@@ -80,6 +82,19 @@ def main():
                 host = [r.get("host_us_per_fwd") for r in ours + torch_recs
                         if r.get("case") == c and (("torch:" if r.get("impl") == "torch" else "") + r["variant"]) == v]
                 print(f"  {c:18s} {v:18s} {ph[0]:9.1f} {ph[1]:9.1f} {ph[2]:9.1f}   host {min(host):.2f}")
+    chosen = {}  # (case, variant) -> what ran per phase (the last process round's)
+    for r in ours:
+        if r.get("variant", "").startswith("auto") and r.get("phase") == "fwdbwd" and r.get("config"):
+            chosen[(r["case"], r["variant"])] = r["config"]
+    if chosen:
+        print("\nwhat auto ran (fwd | dgrad | wgrad):\n")
+        for (c, v), config in chosen.items():
+            print(f"  {c:18s} {v:12s} {config}")
+    if tuning:
+        print("\ntuned shape classes (candidate µs per call; winner):\n")
+        for r in tuning:
+            times = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["candidates_us"].items(), key=lambda kv: kv[1]))
+            print(f"  {r['case']:18s} {r['key']}: {r['winner']}  [{times}]")
     if args.png:
         try:
             import matplotlib

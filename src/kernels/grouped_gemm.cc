@@ -121,9 +121,13 @@ GroupedGemmChoice InitialChoice() {
     const std::string impl = env::GetChoice("SHARDLINE_GROUPED_GEMM", "auto", {"auto", "cutlass", "loop"});
     c.impl = impl == "cutlass" ? GroupedGemmImpl::kCutlass
                                : (impl == "loop" ? GroupedGemmImpl::kLoop : GroupedGemmImpl::kAuto);
-    const std::string tile = env::GetChoice("SHARDLINE_GROUPED_GEMM_TILE", "auto", {"auto", "256x128", "128x128"});
-    c.tile = tile == "256x128" ? GroupedGemmTile::k256x128
-                               : (tile == "128x128" ? GroupedGemmTile::k128x128 : GroupedGemmTile::kAuto);
+    const std::string tile = env::GetChoice("SHARDLINE_GROUPED_GEMM_TILE", "auto",
+                                            {"auto", "256x128", "128x128", "pingpong128x128", "pingpong128x64"});
+    c.tile = tile == "256x128"           ? GroupedGemmTile::k256x128
+             : tile == "128x128"         ? GroupedGemmTile::k128x128
+             : tile == "pingpong128x128" ? GroupedGemmTile::kPingpong128x128
+             : tile == "pingpong128x64"  ? GroupedGemmTile::kPingpong128x64
+                                         : GroupedGemmTile::kAuto;
     return c;
 }
 std::atomic<std::uint16_t>& ChoiceWord() {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <shardline/core/device.h>
@@ -80,21 +81,55 @@ struct GroupedGemmOp {
 /// reads device-resident sizes on the host first (one synchronisation; refused while a CUDA graph is captured).
 void GroupedGemm(const GroupedGemmParams& params);
 
-/// The CUDA provider's implementation choice. kAuto: the CUTLASS SM90 grouped GEMM for device-resident sizes (the path
-/// without a host synchronisation) and for many small experts, the loop of cached cuBLASLt GEMMs for few large ones
-/// (docs/kernels.md); kCutlass / kLoop force one (kCutlass where it is eligible). The tile of the CUTLASS kernel:
-/// 256×128×64 (cluster 1×2) or 128×128×64, kAuto by the rows per group. Start: SHARDLINE_GROUPED_GEMM
-/// (auto|cutlass|loop) and SHARDLINE_GROUPED_GEMM_TILE (auto|256x128|128x128).
+/// The CUDA provider's implementation choice. kAuto: per shape class, by measurement (the first call of a class times
+/// every candidate — the CUTLASS configs built for its dtype, and the loop of cached cuBLASLt GEMMs when the sizes are
+/// on the host — and keeps the fastest; see GroupedGemmTuningInfos); where timing is not allowed (a CUDA graph
+/// capture, GemmTuningPause, SHARDLINE_GEMM_TUNING=0) and the class has no winner yet, the heuristic: CUTLASS for
+/// device-resident sizes (the path without a host synchronisation) and for many small experts, the loop for few large
+/// ones (docs/kernels.md). kCutlass / kLoop force one (kCutlass where it is eligible).
+///
+/// The CUTLASS config (schedule, CTA tile m×n×k of the column-major D, cluster): kAuto chooses as above (under
+/// kCutlass: by the rows per group); the others force one where this build has it for the dtype (bf16: all four;
+/// fp16: the two cooperative ones; otherwise the heuristic's):
+///   k256x128          cooperative 256×128×64, cluster 1×2 (torch._grouped_mm's large config, transposed)
+///   k128x128          cooperative 128×128×64, no cluster
+///   kPingpong128x128  pingpong 128×128×64, cluster 2×1
+///   kPingpong128x64   pingpong 128×64×128, cluster 1×2 (torch._grouped_mm's small config, transposed)
+/// Start: SHARDLINE_GROUPED_GEMM (auto|cutlass|loop) and SHARDLINE_GROUPED_GEMM_TILE (auto|256x128|128x128|
+/// pingpong128x128|pingpong128x64).
 enum class GroupedGemmImpl : std::uint8_t { kAuto, kCutlass, kLoop };
-enum class GroupedGemmTile : std::uint8_t { kAuto, k256x128, k128x128 };
+enum class GroupedGemmTile : std::uint8_t { kAuto, k256x128, k128x128, kPingpong128x128, kPingpong128x64 };
 struct GroupedGemmChoice {
     GroupedGemmImpl impl = GroupedGemmImpl::kAuto;
     GroupedGemmTile tile = GroupedGemmTile::kAuto;
 };
 GroupedGemmChoice GetGroupedGemmChoice();
 void SetGroupedGemmChoice(const GroupedGemmChoice& choice);
-/// What the default provider runs for this problem: "cutlass 256x128", "cutlass 128x128", or "loop (<why>)".
+/// What the default provider runs for this problem now: "cutlass <config> (tuned)" (the class's winner), "loop
+/// (tuned)", "cutlass <config> (forced)", or, before the class is tuned, the heuristic's pick: "cutlass <config>
+/// (heuristic)" / "loop (<why>)". <config>: cooperative256x128, cooperative128x128, pingpong128x128, pingpong128x64.
 std::string GroupedGemmPath(const GroupedGemmParams& params);
+/// The path the CUDA default provider took on this thread's last GroupedGemm, in GroupedGemmPath's words (a first
+/// call of a class says "(tuned)": it ran the winner last); empty before the first.
+std::string LastGroupedGemmPath();
+
+/// What the per-shape tuning did since the process started (or ClearGroupedGemmTuning).
+struct GroupedGemmTuningStats {
+    std::uint64_t tuned = 0;   ///< shape classes whose candidates were timed
+    std::uint64_t hits = 0;    ///< calls served by a class's cached winner
+    std::uint64_t untuned = 0; ///< calls of an untuned class served by the heuristic (capture, pause, tuning off)
+};
+GroupedGemmTuningStats GetGroupedGemmTuningStats();
+/// One tuned shape class: its key text, the winner and every candidate's measured µs per call (negative: it could
+/// not run the problem).
+struct GroupedGemmTuningInfo {
+    std::string key = {};
+    std::string winner = {};
+    std::vector<std::pair<std::string, double>> candidates_us = {};
+};
+std::vector<GroupedGemmTuningInfo> GroupedGemmTuningInfos();
+/// Forgets every winner and zeroes the stats (tests, benches).
+void ClearGroupedGemmTuning();
 
 /// Checks the description (sizes, leading dims, pointers, dtypes, epilogue); throws ShapeError naming `op`.
 void ValidateGroupedGemmParams(const GroupedGemmParams& params, std::string_view op);

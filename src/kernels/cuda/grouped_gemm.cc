@@ -1,15 +1,25 @@
-// The CUDA GroupedGemm provider: per call, the CUTLASS SM90 pointer-array grouped GEMM or the loop of cached cuBLASLt
-// plans (the loop provider of grouped_gemm.cc), and the device-size grouped bias grad. The CUTLASS path reads the sizes
-// on the device only (a setup kernel writes each group's shape and pointers), so with device-resident sizes no host
-// code waits and a CUDA graph captures it.
+// The CUDA GroupedGemm provider: per call, the CUTLASS SM90 pointer-array grouped GEMM (one of its configs) or the loop
+// of cached cuBLASLt plans (the loop provider of grouped_gemm.cc), and the device-size grouped bias grad. The CUTLASS
+// path reads the sizes on the device only (a setup kernel writes each group's shape and pointers), so with
+// device-resident sizes no host code waits and a CUDA graph captures it.
 //
-// Which runs (CutlassChoice): SHARDLINE_GROUPED_GEMM = auto (default) | cutlass | loop. auto, until the GPU
-// measurements of bench/grouped replace it with a per-shape table: CUTLASS for device-resident sizes (the only path
-// without a host synchronisation) and for many small experts (≥ kManyExperts groups, or fewer than kSmallGroupRows
-// rows per group on average), the loop for few large experts. The tile: SHARDLINE_GROUPED_GEMM_TILE = auto | 256x128 |
-// 128x128; auto takes 128×128 below kSmallGroupRows rows per group.
+// Which runs (Choose): SHARDLINE_GROUPED_GEMM = auto (default) | cutlass | loop, SHARDLINE_GROUPED_GEMM_TILE = auto |
+// 256x128 | 128x128 | pingpong128x128 | pingpong128x64. auto/auto: by measurement per shape class (grouped_tuning.h):
+// the first call of a class times every candidate — the CUTLASS configs built for its dtype, and the loop when the
+// sizes are on the host — with CUDA events on the call's own operands, and caches the fastest; later calls of the class
+// run it. No timing inside a graph capture or under GemmTuningPause (or SHARDLINE_GEMM_TUNING=0): an untuned class then
+// gets the heuristic — CUTLASS for device-resident sizes (the only path without a host synchronisation) and for many
+// small experts (≥ kManyExperts groups, or fewer than kSmallGroupRows rows per group on average), the loop for few
+// large experts; the tile 128×128 below kSmallGroupRows rows per group, else 256×128.
+
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 
 #include <shardline/core/context.h>
 #include <shardline/core/env.h>
@@ -20,10 +30,12 @@
 #include <shardline/kernels/grouped_gemm.h>
 #include <shardline/kernels/grouped_linear.h>
 
+#include "candidate_timer.h"
 #include "cuda_ops.h"
 #include "cutlass/grouped_cutlass.h"
 #include "grouped_kernels.h"
 #include "kernels/grouped_internal.h"
+#include "kernels/grouped_tuning.h"
 
 namespace shardline::kernels::cuda {
 namespace {
@@ -32,6 +44,8 @@ namespace cg = cutlass_grouped;
 
 constexpr std::int64_t kManyExperts = 16;
 constexpr std::int64_t kSmallGroupRows = 1024;
+/// Candidate ids are GroupedGemmTile values (kLoopCandidate = kAuto's 0): one slot each.
+constexpr int kConfigSlots = static_cast<int>(GroupedGemmTile::kPingpong128x64) + 1;
 
 bool Aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -94,32 +108,51 @@ const char* CutlassIneligible(const GroupedGemmParams& p, cg::Args& args) {
     return nullptr;
 }
 
-bool ChooseCutlass(const GroupedGemmParams& p) {
-    switch (GetGroupedGemmChoice().impl) {
-    case GroupedGemmImpl::kCutlass:
-        return true;
-    case GroupedGemmImpl::kLoop:
-        return false;
-    case GroupedGemmImpl::kAuto:
-        break;
-    }
-    if (!p.sizes_device.is_cpu()) {
-        return true; // the only path without a host synchronisation
-    }
-    return p.group_count >= kManyExperts || p.total < kSmallGroupRows * p.group_count;
-}
-
-cg::Tile ChooseTile(const GroupedGemmParams& p) {
-    switch (GetGroupedGemmChoice().tile) {
-    case GroupedGemmTile::k256x128:
-        return cg::Tile::k256x128;
+cg::Config ConfigOf(int candidate) {
+    switch (static_cast<GroupedGemmTile>(candidate)) {
     case GroupedGemmTile::k128x128:
-        return cg::Tile::k128x128;
+        return cg::Config::kCooperative128x128;
+    case GroupedGemmTile::kPingpong128x128:
+        return cg::Config::kPingpong128x128;
+    case GroupedGemmTile::kPingpong128x64:
+        return cg::Config::kPingpong128x64;
+    case GroupedGemmTile::k256x128:
     case GroupedGemmTile::kAuto:
         break;
     }
-    return p.total < kSmallGroupRows * p.group_count ? cg::Tile::k128x128 : cg::Tile::k256x128;
+    return cg::Config::kCooperative256x128;
 }
+
+/// The candidates of the tuning, in GroupedGemmTile order: the CUTLASS configs this build has for the dtype.
+constexpr GroupedGemmTile kCutlassCandidates[] = {GroupedGemmTile::k256x128, GroupedGemmTile::k128x128,
+                                                  GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kPingpong128x64};
+
+/// The heuristic's tile: 128×128 below kSmallGroupRows rows per group, else 256×128 (both cooperative, built for bf16
+/// and fp16).
+GroupedGemmTile HeuristicTile(const GroupedGemmParams& p) {
+    return p.total < kSmallGroupRows * p.group_count ? GroupedGemmTile::k128x128 : GroupedGemmTile::k256x128;
+}
+
+/// The heuristic's candidate (kLoopCandidate or a tile), for a problem CUTLASS can serve.
+int HeuristicCandidate(const GroupedGemmParams& p) {
+    const bool cutlass =
+        !p.sizes_device.is_cpu() || p.group_count >= kManyExperts || p.total < kSmallGroupRows * p.group_count;
+    return cutlass ? static_cast<int>(HeuristicTile(p)) : detail::kLoopCandidate;
+}
+
+/// The forced tile where this build has it for the operands' dtype, else the heuristic's.
+int ForcedTile(const GroupedGemmParams& p, const cg::Args& args) {
+    const GroupedGemmTile tile = GetGroupedGemmChoice().tile;
+    if (tile != GroupedGemmTile::kAuto && cg::Built(args.ab, ConfigOf(static_cast<int>(tile)))) {
+        return static_cast<int>(tile);
+    }
+    return static_cast<int>(HeuristicTile(p));
+}
+
+struct Pick {
+    int candidate = detail::kLoopCandidate; ///< kLoopCandidate or a GroupedGemmTile
+    const char* how = "heuristic";          ///< "forced", "tuned" or "heuristic"
+};
 
 /// The sizes on the device: as given, or host sizes uploaded on the compute stream (the host does not wait).
 Tensor DeviceSizes(const GroupedGemmParams& p) {
@@ -138,7 +171,6 @@ bool RunCutlass(const GroupedGemmParams& p, cg::Args args) {
         HostGroupSizes(p.sizes, p.group_count, p.sizes_device, p.total, GroupedGemmOp::kName);
     }
     const Tensor sizes = DeviceSizes(p);
-    args.tile = ChooseTile(p);
     args.groups = static_cast<int>(p.group_count);
     args.sizes = sizes.data_as<std::int64_t>();
     args.grouped_k = p.grouped_dim == GroupedDim::kK;
@@ -175,21 +207,125 @@ bool RunCutlass(const GroupedGemmParams& p, cg::Args args) {
     return true;
 }
 
+/// Runs one candidate on p: the loop, or the CUTLASS config (false when CUTLASS refuses the arguments).
+bool RunCandidate(const GroupedGemmParams& p, cg::Args args, int candidate) {
+    if (candidate == detail::kLoopCandidate) {
+        detail::LoopGroupedGemm(p);
+        return true;
+    }
+    args.config = ConfigOf(candidate);
+    return RunCutlass(p, args);
+}
+
+/// Times the candidates on p's operands (the stream is not capturing) and caches the winner of p's class. D goes to
+/// p.c when beta == 0 (the winner's run right after overwrites it; every candidate writes the same elements) and to a
+/// scratch copy of C otherwise (an accumulating GEMM must not add twice), as the cuBLASLt tuning does.
+std::optional<int> Tune(const GroupedGemmParams& p, const cg::Args& args, const detail::GroupedTuningKey& key) {
+    std::vector<int> candidates;
+    for (const GroupedGemmTile tile : kCutlassCandidates) {
+        if (cg::Built(args.ab, ConfigOf(static_cast<int>(tile)))) {
+            candidates.push_back(static_cast<int>(tile));
+        }
+    }
+    if (p.sizes_device.is_cpu()) {
+        candidates.push_back(detail::kLoopCandidate);
+    }
+    CudaContext& ctx = CudaContext::Get(p.device.index);
+    GroupedGemmParams target = p;
+    Tensor scratch;
+    if (p.beta != 0.0) {
+        // The elements D spans, exactly for the Linear ops' layouts (no more: the copy must not read past C). kN: group
+        // e's n_e columns start at offset_e·row_stride, so the last group ends by (total − 1)·max(row_stride, ld) + m.
+        // kK: group e's n columns start at e·group_stride (+ offset_e·row_stride, 0 for a per-expert grad).
+        const std::int64_t elements = p.grouped_dim == GroupedDim::kN
+                                          ? std::abs(p.c.group_stride) * (p.group_count - 1) +
+                                                std::max(p.c.row_stride, p.c.ld) * (p.total - 1) + p.m
+                                          : std::abs(p.c.group_stride) * (p.group_count - 1) +
+                                                p.c.row_stride * p.total + (p.n - 1) * p.c.ld + p.m;
+        scratch = Tensor::Empty(Shape{elements}, p.c_type, p.device);
+        SHARDLINE_CHECK_CUDA(
+            cudaMemcpyAsync(scratch.data(), p.c.data, scratch.nbytes(), cudaMemcpyDeviceToDevice, ctx.stream()));
+        target.c.data = scratch.data();
+    }
+    CandidateTimer timer(ctx.stream(), nullptr, 0);
+    std::vector<int> reps(static_cast<std::size_t>(kConfigSlots), 0);
+    auto time_us = [&](int candidate) {
+        auto launch = [&] { return RunCandidate(target, args, candidate); };
+        int& n = reps[static_cast<std::size_t>(candidate)];
+        if (n == 0) {
+            const double single = timer.Time(1, launch); // the warm-up, and whether it runs at all
+            if (single < 0.0) {
+                return -1.0;
+            }
+            n = RepsFor(single);
+        }
+        return timer.Time(n, launch);
+    };
+    return detail::TuneGroupedGemm(key, candidates, HeuristicCandidate(p), time_us);
+}
+
+Pick Choose(const GroupedGemmParams& p, const cg::Args& args, bool capturing, bool may_tune) {
+    const GroupedGemmChoice choice = GetGroupedGemmChoice();
+    if (choice.impl == GroupedGemmImpl::kLoop) {
+        return {detail::kLoopCandidate, "forced"};
+    }
+    if (choice.impl == GroupedGemmImpl::kCutlass) {
+        return {ForcedTile(p, args), "forced"};
+    }
+    if (choice.tile != GroupedGemmTile::kAuto) {
+        // auto with a forced tile: the heuristic decides between the loop and CUTLASS, the tile is the forced one.
+        const int h = HeuristicCandidate(p);
+        return {h == detail::kLoopCandidate ? h : ForcedTile(p, args), "forced"};
+    }
+    const detail::GroupedTuningKey key = detail::MakeGroupedTuningKey(p);
+    if (const std::optional<int> winner = detail::FindGroupedWinner(key, may_tune)) {
+        return {*winner, "tuned"};
+    }
+    if (!may_tune || p.total == 0 || (p.grouped_dim == GroupedDim::kK && p.n == 0)) {
+        return {HeuristicCandidate(p), "heuristic"}; // a path query, or nothing to time
+    }
+    if (!detail::GroupedTuningAllowed(capturing)) {
+        detail::CountGroupedUntuned();
+        return {HeuristicCandidate(p), "heuristic"};
+    }
+    if (const std::optional<int> winner = Tune(p, args, key)) {
+        return {*winner, "tuned"};
+    }
+    return {HeuristicCandidate(p), "heuristic"};
+}
+
+std::string PathText(const Pick& pick) {
+    if (pick.candidate == detail::kLoopCandidate) {
+        return fmt::format("loop ({})", std::string_view(pick.how) == "heuristic"
+                                            ? "heuristic: few large experts with host sizes"
+                                            : pick.how);
+    }
+    return fmt::format("cutlass {} ({})", cg::ConfigName(ConfigOf(pick.candidate)), pick.how);
+}
+
 void CudaGroupedGemm(const GroupedGemmParams& p) {
     cg::Args args;
     const char* why_not = CutlassIneligible(p, args);
+    const bool capturing = detail::ComputeStreamCapturing(p.device);
     // Host sizes inside a graph capture: the loop bakes them into the graph (an upload would capture a host pointer).
-    if (why_not == nullptr && p.sizes_device.is_cpu() && detail::ComputeStreamCapturing(p.device)) {
+    if (why_not == nullptr && p.sizes_device.is_cpu() && capturing) {
+        detail::SetLastGroupedGemmPath("loop (host sizes under a graph capture)");
         detail::LoopGroupedGemm(p);
         return;
     }
-    if (why_not == nullptr && ChooseCutlass(p)) {
-        if (RunCutlass(p, args)) {
+    if (why_not == nullptr) {
+        const Pick pick = Choose(p, args, capturing, /*may_tune=*/true);
+        detail::SetLastGroupedGemmPath(PathText(pick));
+        if (pick.candidate == detail::kLoopCandidate) {
+            detail::LoopGroupedGemm(p);
+            return;
+        }
+        if (RunCandidate(p, args, pick.candidate)) {
             return;
         }
         why_not = "CUTLASS's can_implement refused the arguments";
     }
-    if (why_not != nullptr && (!p.sizes_device.is_cpu() || GetGroupedGemmChoice().impl == GroupedGemmImpl::kCutlass)) {
+    if (!p.sizes_device.is_cpu() || GetGroupedGemmChoice().impl == GroupedGemmImpl::kCutlass) {
         static bool warned = false;
         if (!warned) {
             warned = true;
@@ -199,6 +335,7 @@ void CudaGroupedGemm(const GroupedGemmParams& p) {
                 why_not, p.sizes_device.is_cpu() ? "" : " and reads the device sizes on the host");
         }
     }
+    detail::SetLastGroupedGemmPath(std::string("loop (") + why_not + ")");
     detail::LoopGroupedGemm(p);
 }
 
@@ -230,10 +367,7 @@ std::string GroupedGemmPath(const GroupedGemmParams& p) {
     if (const char* why_not = cuda::CutlassIneligible(p, args); why_not != nullptr) {
         return std::string("loop (") + why_not + ")";
     }
-    if (!cuda::ChooseCutlass(p)) {
-        return "loop (chosen for few large experts with host sizes)";
-    }
-    return cuda::ChooseTile(p) == cuda::cutlass_grouped::Tile::k256x128 ? "cutlass 256x128" : "cutlass 128x128";
+    return cuda::PathText(cuda::Choose(p, args, /*capturing=*/false, /*may_tune=*/false));
 }
 
 } // namespace shardline::kernels

@@ -1,4 +1,4 @@
-// Which translation unit serves a grouped GEMM: the (element type, tile) pair, when this build compiled the CUTLASS
+// Which translation unit serves a grouped GEMM: the (element type, config) pair, when this build compiled the CUTLASS
 // kernels (SHARDLINE_HAVE_CUTLASS in shardline/config.h, the same switch that adds the sm_90a objects in
 // src/kernels/cuda/CMakeLists.txt). A source property set in that subdirectory did not reach this file, which
 // shardline_kernels (defined in src/) compiles: every CUTLASS test skipped with "not built" on an H200.
@@ -9,41 +9,83 @@
 
 namespace shardline::kernels::cuda::cutlass_grouped {
 
+const char *ConfigName(Config config) {
+    switch (config) {
+    case Config::kCooperative256x128:
+        return "cooperative256x128";
+    case Config::kCooperative128x128:
+        return "cooperative128x128";
+    case Config::kPingpong128x128:
+        return "pingpong128x128";
+    case Config::kPingpong128x64:
+        return "pingpong128x64";
+    }
+    return "unknown";
+}
+
 #if SHARDLINE_HAVE_CUTLASS
 namespace detail {
 int Run_bf16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_bf16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
+int Run_bf16_pingpong128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
+int Run_bf16_pingpong128x64(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_fp16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_fp16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 } // namespace detail
 
 namespace {
+using RunFn = int (*)(const Args &, void *, std::size_t, std::size_t *);
+
+/// The translation unit of (operand type, config); nullptr where this build has none (fp16 has the cooperative two).
+RunFn Find(Element ab, Config config) {
+    switch (ab) {
+    case Element::kBFloat16:
+        switch (config) {
+        case Config::kCooperative256x128:
+            return &detail::Run_bf16_256x128;
+        case Config::kCooperative128x128:
+            return &detail::Run_bf16_128x128;
+        case Config::kPingpong128x128:
+            return &detail::Run_bf16_pingpong128x128;
+        case Config::kPingpong128x64:
+            return &detail::Run_bf16_pingpong128x64;
+        }
+        return nullptr;
+    case Element::kFloat16:
+        switch (config) {
+        case Config::kCooperative256x128:
+            return &detail::Run_fp16_256x128;
+        case Config::kCooperative128x128:
+            return &detail::Run_fp16_128x128;
+        case Config::kPingpong128x128:
+        case Config::kPingpong128x64:
+            return nullptr;
+        }
+        return nullptr;
+    case Element::kFloat32:
+        return nullptr;
+    }
+    return nullptr;
+}
+
 int Dispatch(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed) {
     if (args.groups <= 0 || args.groups > 65535) {
         return kCannotImplement;
     }
-    const bool large = args.tile == Tile::k256x128;
-    switch (args.ab) {
-    case Element::kBFloat16:
-        return large ? detail::Run_bf16_256x128(args, scratch, scratch_bytes, needed)
-                     : detail::Run_bf16_128x128(args, scratch, scratch_bytes, needed);
-    case Element::kFloat16:
-        return large ? detail::Run_fp16_256x128(args, scratch, scratch_bytes, needed)
-                     : detail::Run_fp16_128x128(args, scratch, scratch_bytes, needed);
-    case Element::kFloat32:
-        break;
-    }
-    return kNotBuilt;
+    const RunFn run = Find(args.ab, args.config);
+    return run == nullptr ? kNotBuilt : run(args, scratch, scratch_bytes, needed);
 }
 } // namespace
 
 bool Built() { return true; }
+bool Built(Element ab, Config config) { return Find(ab, config) != nullptr; }
 int ScratchBytes(const Args &args, std::size_t *bytes) { return Dispatch(args, nullptr, 0, bytes); }
 int Run(const Args &args, void *scratch, std::size_t scratch_bytes) {
     return Dispatch(args, scratch, scratch_bytes, nullptr);
 }
 #else
 bool Built() { return false; }
+bool Built(Element, Config) { return false; }
 int ScratchBytes(const Args &, std::size_t *bytes) {
     *bytes = 0;
     return kNotBuilt;

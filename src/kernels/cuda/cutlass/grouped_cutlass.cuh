@@ -1,7 +1,7 @@
 #pragma once
 
-// The grouped GEMM kernels of one (element type, tile) and the device-side setup of their arguments. Included by the
-// grouped_cutlass_<type>_<tile>.cu files only (each compiles for sm_90a), which instantiate RunConfig for their pair.
+// The grouped GEMM kernels of one (element type, config) and the device-side setup of their arguments. Included by the
+// grouped_cutlass_<type>_<config>.cu files only (each compiles for sm_90a), which instantiate RunConfig for their pair.
 
 #include <algorithm>
 #include <cstddef>
@@ -26,14 +26,31 @@ namespace shardline::kernels::cuda::cutlass_grouped::detail {
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 using GroupShape = ProblemShape::UnderlyingProblemShape;
 
-template <Tile kTile> struct TileTraits;
-template <> struct TileTraits<Tile::k256x128> {
+/// The schedule (kernel and epilogue), CTA tile and cluster of each Config (grouped_cutlass.h).
+template <Config kConfig> struct ConfigTraits;
+template <> struct ConfigTraits<Config::kCooperative256x128> {
     using Shape = cute::Shape<cute::_256, cute::_128, cute::_64>;
     using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
-template <> struct TileTraits<Tile::k128x128> {
+template <> struct ConfigTraits<Config::kCooperative128x128> {
     using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
     using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <> struct ConfigTraits<Config::kPingpong128x128> {
+    using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+    using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+template <> struct ConfigTraits<Config::kPingpong128x64> {
+    using Shape = cute::Shape<cute::_128, cute::_64, cute::_128>;
+    using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
 /// cuBLAS's column-major (trans_a, trans_b) in CUTLASS's terms, where A is M×K and B is K×N: a transposed
@@ -52,10 +69,10 @@ template <> struct LayoutTraits<Layout::kNT> {
     using B = cutlass::layout::RowMajor;
 };
 
-/// The cooperative TMA warp-specialized pointer-array grouped GEMM, fp32 accumulation, D = alpha·acc + beta·C.
-template <class AB, class CD, Layout kLayout, Tile kTile> struct GroupedGemm {
-    using TileShape = typename TileTraits<kTile>::Shape;
-    using ClusterShape = typename TileTraits<kTile>::Cluster;
+/// The TMA warp-specialized pointer-array grouped GEMM of one Config, fp32 accumulation, D = alpha·acc + beta·C.
+template <class AB, class CD, Layout kLayout, Config kConfig> struct GroupedGemm {
+    using TileShape = typename ConfigTraits<kConfig>::Shape;
+    using ClusterShape = typename ConfigTraits<kConfig>::Cluster;
     using LayoutA = typename LayoutTraits<kLayout>::A;
     using LayoutB = typename LayoutTraits<kLayout>::B;
     using LayoutC = cutlass::layout::ColumnMajor;
@@ -65,13 +82,13 @@ template <class AB, class CD, Layout kLayout, Tile kTile> struct GroupedGemm {
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, CD, LayoutC *, kAlignCD, CD, LayoutC *, kAlignCD,
-        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        typename ConfigTraits<kConfig>::Epilogue,
         cutlass::epilogue::fusion::LinearCombination<CD, float>>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, AB, LayoutA *, kAlignAB, AB, LayoutB *, kAlignAB, float,
         TileShape, ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-        cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+        typename ConfigTraits<kConfig>::Kernel>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
@@ -229,9 +246,9 @@ template <class G, class CD> typename G::Device::Arguments MakeArguments(const A
 }
 
 /// ScratchBytes (scratch == nullptr: *needed) or Run for one kernel.
-template <class AB, class CD, Layout kLayout, Tile kTile>
+template <class AB, class CD, Layout kLayout, Config kConfig>
 int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed) {
-    using G = GroupedGemm<AB, CD, kLayout, kTile>;
+    using G = GroupedGemm<AB, CD, kLayout, kConfig>;
     const ScratchLayout<G> layout(args.groups);
     // The workspace size depends on the group count and the hardware, not on the pointers.
     typename G::Device::Arguments arguments = MakeArguments<G, CD>(args, nullptr);
@@ -292,22 +309,22 @@ int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::s
     return cudaGetLastError() == cudaSuccess ? kOk : kRunFailed;
 }
 
-/// The kernels of one (AB, tile): the three layouts with D in AB, and the wgrad layout with D in float32.
-template <class AB, Tile kTile>
+/// The kernels of one (AB, config): the three layouts with D in AB, and the wgrad layout with D in float32.
+template <class AB, Config kConfig>
 int RunConfig(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed) {
     if (args.cd == Element::kFloat32) {
         if (args.layout != Layout::kNT) {
             return kNotBuilt;
         }
-        return RunKernel<AB, float, Layout::kNT, kTile>(args, scratch, scratch_bytes, needed);
+        return RunKernel<AB, float, Layout::kNT, kConfig>(args, scratch, scratch_bytes, needed);
     }
     switch (args.layout) {
     case Layout::kTN:
-        return RunKernel<AB, AB, Layout::kTN, kTile>(args, scratch, scratch_bytes, needed);
+        return RunKernel<AB, AB, Layout::kTN, kConfig>(args, scratch, scratch_bytes, needed);
     case Layout::kNN:
-        return RunKernel<AB, AB, Layout::kNN, kTile>(args, scratch, scratch_bytes, needed);
+        return RunKernel<AB, AB, Layout::kNN, kConfig>(args, scratch, scratch_bytes, needed);
     case Layout::kNT:
-        return RunKernel<AB, AB, Layout::kNT, kTile>(args, scratch, scratch_bytes, needed);
+        return RunKernel<AB, AB, Layout::kNT, kConfig>(args, scratch, scratch_bytes, needed);
     }
     return kNotBuilt;
 }

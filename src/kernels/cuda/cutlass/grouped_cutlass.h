@@ -20,9 +20,19 @@ namespace shardline::kernels::cuda::cutlass_grouped {
 /// dgrad, (0, 1) its wgrad. C/D are column-major.
 enum class Layout : int { kTN = 0, kNN = 1, kNT = 2 };
 enum class Element : int { kBFloat16 = 0, kFloat16 = 1, kFloat32 = 2 };
-/// The CTA tile (m × n × k) and cluster of the cooperative warp-specialized kernel: 256×128×64 with a 1×2 cluster (the
-/// measured best on 8 large experts), and 128×128×64 with no cluster (less padding for many small experts).
-enum class Tile : int { k256x128 = 0, k128x128 = 1 };
+/// The kernel configurations: schedule, CTA tile (m × n × k, in the column-major D's terms: m = D's rows, n = the
+/// grouped rows of a forward/dgrad) and cluster. bf16 builds all four; fp16 the two cooperative ones.
+///   kCooperative256x128  cooperative, 256×128×64, cluster 1×2: torch._grouped_mm's large config (its 128×256, cluster
+///                        2×1, transposed to our column-major D); the measured best on 8 large experts
+///   kCooperative128x128  cooperative, 128×128×64, no cluster: less padding of many small experts
+///   kPingpong128x128     pingpong, 128×128×64, cluster 2×1 (CUTLASS example 57's pingpong): one warp group's epilogue
+///                        overlaps the other's mainloop, for short k (a wgrad over few rows per expert)
+///   kPingpong128x64      pingpong, 128×64×128, cluster 1×2: torch._grouped_mm's small config (its 64×128×128,
+///                        transposed): few rows per group
+enum class Config : int { kCooperative256x128 = 0, kCooperative128x128 = 1, kPingpong128x128 = 2, kPingpong128x64 = 3 };
+inline constexpr int kConfigCount = 4;
+/// "cooperative256x128", ... (the names of SHARDLINE_GROUPED_GEMM_TILE and of the bench's JSON).
+const char* ConfigName(Config config);
 
 struct Operand {
     const void* data = nullptr;
@@ -36,7 +46,7 @@ struct Args {
     Layout layout = Layout::kTN;
     Element ab = Element::kBFloat16; ///< A and B
     Element cd = Element::kBFloat16; ///< C and D: ab, or float32 (a wgrad into a main grad)
-    Tile tile = Tile::k256x128;
+    Config config = Config::kCooperative256x128;
     int groups = 0;
     const std::int64_t* sizes = nullptr; ///< device memory, `groups` entries (negative read as 0; clamped to total)
     bool grouped_k = false;              ///< the sizes are k (a wgrad) instead of n
@@ -60,6 +70,8 @@ enum Status : int {
 
 /// Whether this build compiled the kernels (SHARDLINE_WITH_CUTLASS, sm_90a).
 bool Built();
+/// Whether this build has the kernels of `config` for operands of `ab` (Run answers kNotBuilt otherwise).
+bool Built(Element ab, Config config);
 /// The device scratch `Run` needs for `args` (the per-group arrays and CUTLASS's workspace), in `*bytes`.
 int ScratchBytes(const Args& args, std::size_t* bytes);
 /// Enqueues the grouped GEMM on args.stream; `scratch` is device memory of at least ScratchBytes. For grouped_k with

@@ -6,7 +6,7 @@
 namespace shardline::kernels::cuda::cutlass_grouped::detail {
 
 int Run_fp16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed) {
-    return RunConfig<cutlass::half_t, Tile::k256x128>(args, scratch, scratch_bytes, needed);
+    return RunConfig<cutlass::half_t, Config::kCooperative256x128>(args, scratch, scratch_bytes, needed);
 }
 
 } // namespace shardline::kernels::cuda::cutlass_grouped::detail

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -85,6 +86,11 @@ void OutFile::WriteAt(const void *data, std::size_t bytes, std::int64_t offset) 
         offset += n;
         bytes -= static_cast<std::size_t>(n);
     }
+#ifdef __linux__
+    const std::int64_t written = static_cast<std::int64_t>(p - static_cast<const char *>(data));
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset - written), static_cast<off_t>(written),
+                            SYNC_FILE_RANGE_WRITE); // a hint: the fsync in Close() is what makes the bytes durable
+#endif
 }
 
 void OutFile::Close() {
@@ -132,6 +138,20 @@ void InFile::ReadAt(std::int64_t offset, std::int64_t bytes, void *out) const {
         }
         done += n;
     }
+}
+
+void AdviseHugePages(void *data, std::size_t bytes) noexcept {
+#ifdef MADV_HUGEPAGE
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = (reinterpret_cast<std::uintptr_t>(data) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) / page * page;
+    if (end > begin) {
+        (void)::madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE);
+    }
+#else
+    (void)data;
+    (void)bytes;
+#endif
 }
 
 void ReadRange(const std::string &path, std::int64_t offset, std::int64_t bytes, void *out) {

@@ -24,7 +24,9 @@ public:
     OutFile(const OutFile&) = delete;
     OutFile& operator=(const OutFile&) = delete;
     void Write(const void* data, std::size_t bytes);
-    /// pwrite(2) of all `bytes` at `offset`; thread-safe.
+    /// pwrite(2) of all `bytes` at `offset`, then (Linux) sync_file_range(SYNC_FILE_RANGE_WRITE) to start their
+    /// writeback at once: the disk works while later chunks are produced instead of after the last, when the page
+    /// cache is large enough to hold the whole file below the background-writeback threshold. Thread-safe.
     void WriteAt(const void* data, std::size_t bytes, std::int64_t offset);
     /// fsync and close; then drops the file's (now clean) pages from the page cache (posix_fadvise DONTNEED): a
     /// checkpoint is rarely read back soon, and keeping it cached would evict the trainer's data.
@@ -53,6 +55,10 @@ private:
     int fd_ = -1;
     std::int64_t size_ = 0;
 };
+
+/// Advises the kernel to back [data, data + bytes) with transparent huge pages (fewer page faults when a load fills
+/// gigabytes of fresh staging). Advice only: never fails.
+void AdviseHugePages(void* data, std::size_t bytes) noexcept;
 
 /// Reads [offset, offset + bytes) of `path` into `out`; throws Error naming the file when it is missing or shorter.
 void ReadRange(const std::string& path, std::int64_t offset, std::int64_t bytes, void* out);

@@ -206,7 +206,7 @@ void ReadAll(const Metadata &m, std::vector<ReadJob> &jobs, const ReadPlan &plan
     });
 }
 
-/// After the agreement: the staged values into the tensors, in chunks on a few threads; a CUDA tensor's chunks go
+/// After the agreement: the staged values into the tensors, in chunks on IoWorkers threads; a CUDA tensor's chunks go
 /// through each worker's pinned slot (memcpy, then a copy the link runs at full speed while other workers fill theirs).
 void CopyOut(const TensorList &tensors, std::vector<ReadJob> &jobs, std::int64_t chunk, detail::PhaseTimes &times) {
     struct OutChunk {
@@ -221,7 +221,7 @@ void CopyOut(const TensorList &tensors, std::vector<ReadJob> &jobs, std::int64_t
             chunks.push_back({j, begin, std::min(chunk, bytes - begin)});
         }
     }
-    const int workers = static_cast<int>(std::clamp<std::size_t>(chunks.size(), 1, 4));
+    const int workers = detail::IoWorkers(chunks.size());
     std::vector<std::unique_ptr<detail::StagingSlot>> slots(static_cast<std::size_t>(workers));
     std::vector<detail::DeviceCopier> copiers(static_cast<std::size_t>(workers));
     detail::RunTasks(chunks.size(), workers, [&](std::size_t task, int worker) {
@@ -305,6 +305,7 @@ CheckpointInfo Load(const std::string &path, const TensorList &tensors, comm::Co
                     name, t.local().ToString(), fmt::join(box.shape, ","));
                 // Host staging: nothing reaches a tensor before every rank has read and verified all it needs.
                 jobs.push_back({.record = record, .box = box, .staging = Tensor::Empty(t.local().shape(), t.dtype())});
+                detail::AdviseHugePages(jobs.back().staging.data(), jobs.back().staging.nbytes());
             }
             if (options.strict) {
                 for (const TensorRecord &record : m.tensors) {

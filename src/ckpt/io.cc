@@ -86,10 +86,15 @@ void OutFile::WriteAt(const void *data, std::size_t bytes, std::int64_t offset) 
         offset += n;
         bytes -= static_cast<std::size_t>(n);
     }
+}
+
+void OutFile::StartWriteback(std::int64_t offset, std::int64_t bytes) noexcept {
 #ifdef __linux__
-    const std::int64_t written = static_cast<std::int64_t>(p - static_cast<const char *>(data));
-    (void)::sync_file_range(fd_, static_cast<off_t>(offset - written), static_cast<off_t>(written),
-                            SYNC_FILE_RANGE_WRITE); // a hint: the fsync in Close() is what makes the bytes durable
+    // A hint: the fsync in Close() is what makes the bytes durable.
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#else
+    (void)offset;
+    (void)bytes;
 #endif
 }
 

@@ -24,10 +24,13 @@ public:
     OutFile(const OutFile&) = delete;
     OutFile& operator=(const OutFile&) = delete;
     void Write(const void* data, std::size_t bytes);
-    /// pwrite(2) of all `bytes` at `offset`, then (Linux) sync_file_range(SYNC_FILE_RANGE_WRITE) to start their
-    /// writeback at once: the disk works while later chunks are produced instead of after the last, when the page
-    /// cache is large enough to hold the whole file below the background-writeback threshold. Thread-safe.
+    /// pwrite(2) of all `bytes` at `offset`; thread-safe.
     void WriteAt(const void* data, std::size_t bytes, std::int64_t offset);
+    /// Starts the writeback of bytes written already (Linux: sync_file_range WRITE, which returns once the I/O is
+    /// queued), so the disk works while later chunks are produced instead of only at the fsync, when the page cache
+    /// holds the whole file below the background-writeback threshold. Called in file order, it keeps the writeback
+    /// (and the filesystem's delayed block allocation) sequential. Thread-safe; a hint, never fails.
+    void StartWriteback(std::int64_t offset, std::int64_t bytes) noexcept;
     /// fsync and close; then drops the file's (now clean) pages from the page cache (posix_fadvise DONTNEED): a
     /// checkpoint is rarely read back soon, and keeping it cached would evict the trainer's data.
     void Close();

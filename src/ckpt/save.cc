@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -141,7 +142,8 @@ struct WriteChunk {
 /// Writes and fsyncs this rank's file (no collective: may run on a thread). Never throws. Streamed: chunks of whole
 /// checksum blocks go to a few workers, each of which copies its chunk to a pinned slot when it is on a GPU, computes
 /// its block crc32s and pwrites it at its offset, so the copies, the checksums and the writes of different chunks
-/// overlap and the disk sees several large writes at once; one fsync at the end.
+/// overlap and the disk sees several large writes at once; the written prefix of the file is handed to writeback as
+/// it grows; one fsync at the end.
 void WriteFiles(PendingSave &p, std::int64_t chunk_bytes) noexcept {
     try {
         const std::string path = (fs::path(p.tmp) / detail::RankFileName(p.plan.rank)).string();
@@ -170,6 +172,13 @@ void WriteFiles(PendingSave &p, std::int64_t chunk_bytes) noexcept {
             }
         }
         detail::OutFile file(path);
+        // Chunks are in file order; the writeback of the written prefix starts as it grows (OutFile::StartWriteback).
+        std::mutex prefix_mutex;
+        std::vector<char> written(chunks.size(), 0);
+        std::size_t prefix = 0;
+        const auto file_offset = [&](std::size_t i) {
+            return mine[chunks[i].shard].shard->byte_offset + chunks[i].begin;
+        };
         const int workers = detail::IoWorkers(chunks.size());
         std::vector<std::unique_ptr<detail::StagingSlot>> slots(static_cast<std::size_t>(workers));
         std::vector<detail::DeviceCopier> copiers(static_cast<std::size_t>(workers));
@@ -197,6 +206,21 @@ void WriteFiles(PendingSave &p, std::int64_t chunk_bytes) noexcept {
             }
             const detail::PhaseTimes::Scope timed(p.times, kWrite);
             file.WriteAt(bytes, static_cast<std::size_t>(c.bytes), m.shard->byte_offset + c.begin);
+            std::size_t from = 0;
+            std::size_t to = 0;
+            {
+                std::lock_guard lock(prefix_mutex);
+                written[task] = 1;
+                from = prefix;
+                while (prefix < chunks.size() && written[prefix] != 0) {
+                    ++prefix;
+                }
+                to = prefix;
+            }
+            if (to > from) { // this thread alone advanced the prefix over [from, to)
+                const std::int64_t begin = file_offset(from);
+                file.StartWriteback(begin, file_offset(to - 1) + chunks[to - 1].bytes - begin);
+            }
         });
         {
             const detail::PhaseTimes::Scope timed(p.times, kFsync);

@@ -93,6 +93,8 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
             text(c.save);
         } else if (k == "save_interval") {
             integer(c.save_interval);
+        } else if (k == "save_keep_last") {
+            integer(c.save_keep_last);
         } else if (k == "load") {
             text(c.load);
         } else if (k == "num_experts") {
@@ -115,7 +117,8 @@ void LoadConfig(const std::string &path, Config &c, const char *program) {
                 Error, program,
                 "unknown config key '{}' in '{}' (known: steps, tp, dp, context, hidden, ffn, layers, "
                 "batch, lr, warmup_steps, weight_decay, dtype, seed, log_interval, eval_interval, "
-                "eval_batches, data, metrics, sample_chars, peak_tflops, save, save_interval, load, async_save, "
+                "eval_batches, data, metrics, sample_chars, peak_tflops, save, save_interval, save_keep_last, load, "
+                "async_save, "
                 "num_experts, moe_router_topk, ep, etp, moe_aux_loss_coeff, moe_capacity_factor)",
                 k, path);
         }
@@ -153,6 +156,8 @@ void ConfigFlags::Add(CLI::App &app) {
     save_ = app.add_option("--save", cli_.save, "directory to save checkpoints into (Megatron's --save)");
     save_interval_ = app.add_option("--save-interval", cli_.save_interval,
                                     "steps between checkpoints (0: only after the last step)");
+    save_keep_last_ = app.add_option("--save-keep-last", cli_.save_keep_last,
+                                     "committed checkpoints to keep under --save, the oldest removed (0: all)");
     load_ = app.add_option("--load", cli_.load,
                            "checkpoint to resume from, on any rank count / --tp / --dp (--steps stays the total)");
     async_save_ = app.add_flag("--async-save", cli_.async_save, "write checkpoints on a background thread");
@@ -219,6 +224,9 @@ Config ConfigFlags::Resolve(Config c, const char *program) const {
     }
     if (*save_interval_) {
         c.save_interval = cli_.save_interval;
+    }
+    if (*save_keep_last_) {
+        c.save_keep_last = cli_.save_keep_last;
     }
     if (*load_) {
         c.load = cli_.load;

@@ -68,6 +68,7 @@ struct Config {
     // Checkpoints (Megatron's names; examples/char_lm_checkpoint.h). --steps stays the total.
     std::string save;               ///< directory to save into ("" = none)
     std::int64_t save_interval = 0; ///< steps between saves (0: only after the last step)
+    int save_keep_last = 0;         ///< committed checkpoints kept under `save`, the oldest removed (0: all)
     std::string load;               ///< checkpoint (or directory with `latest`) to resume from
     bool async_save = false;        ///< write on a background thread; the next save or the exit waits
 };
@@ -105,6 +106,7 @@ private:
     CLI::Option* sample_ = nullptr;
     CLI::Option* save_ = nullptr;
     CLI::Option* save_interval_ = nullptr;
+    CLI::Option* save_keep_last_ = nullptr;
     CLI::Option* load_ = nullptr;
     CLI::Option* async_save_ = nullptr;
     CLI::Option* num_experts_ = nullptr;

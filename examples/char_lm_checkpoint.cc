@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -51,8 +52,12 @@ std::string MeshText(std::int64_t dp, std::int64_t ep, std::int64_t tp, bool moe
 Checkpointer::Checkpointer(const Config &c, comm::Communicator &world, const char *program)
     : c_(c), world_(world), program_(program) {
     SHARDLINE_CHECK(c.save_interval >= 0, program, "--save-interval must be >= 0, got {}", c.save_interval);
+    SHARDLINE_CHECK(c.save_keep_last >= 0, program, "--save-keep-last must be >= 0 (0 keeps all), got {}",
+                    c.save_keep_last);
     if (c.async_save && !c.save.empty()) {
-        async_ = std::make_unique<ckpt::AsyncSaver>(&world);
+        ckpt::SaveOptions options;
+        options.keep_last = c.save_keep_last;
+        async_ = std::make_unique<ckpt::AsyncSaver>(&world, std::move(options));
     }
 }
 
@@ -98,6 +103,7 @@ void Checkpointer::MaybeSave(Trainer &trainer, std::int64_t step, bool lead) {
     // Test hook (tests/dist/scripts/char_lm_checkpoint_test.py crash): the process dies between the writes and the
     // commit of this step's save, as a killed job would.
     ckpt::SaveOptions options;
+    options.keep_last = c_.save_keep_last;
     if (env::GetInt("SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP", -1, -1, INT64_MAX) == step) {
         options.before_commit = [] { std::_Exit(9); };
     }

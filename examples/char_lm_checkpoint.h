@@ -2,9 +2,10 @@
 
 // Checkpoints of the char-LM programs, with Megatron's flags: --load DIR resumes on any rank count and --tp/--dp
 // (ckpt::Load reshards), --save DIR writes after every --save-interval steps and after the last one, --async-save
-// writes on a background thread. --steps stays the total (Megatron's train-iters): a run loaded from step 20 with
-// --steps 40 trains steps 21..40. The batches are a pure function of (seed, step), so the data position and the RNG
-// state are the step and the seed, both saved with the config.
+// writes on a background thread, --save-keep-last K keeps the newest K committed checkpoints. --steps stays the total
+// (Megatron's train-iters): a run loaded from step 20 with --steps 40 trains steps 21..40. The batches are a pure
+// function of (seed, step), so the data position and the RNG state are the step and the seed, both saved with the
+// config.
 
 #include <cstdint>
 #include <memory>

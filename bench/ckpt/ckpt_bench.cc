@@ -1,8 +1,11 @@
 // ckpt_bench: save and load GB/s of a large model through ckpt::Save / ckpt::Load (one process, world = nullptr), and
 // the training stall of an async save against the plain device-to-host copy of the same bytes. The disk's own
-// sequential write/read speed is measured by run_ckpt_bench.sh in the same command (dd). One JSON line per run.
+// sequential write/read speed is measured by run_ckpt_bench.sh in the same command (dd). One JSON line per run, with
+// the phases of the best save and load (CheckpointInfo::timings) and how the load was kept off the page cache: the
+// cache dropped (root), else the save's own posix_fadvise(DONTNEED) after its fsync, checked with mincore(2)
+// ("resident_before_load": the fraction of the checkpoint's pages in memory when the load starts; ~0 is honest).
 //
-//   ckpt_bench --dir /nvme/ckpt --gb 4 [--tensors 64] [--dtype bf16] [--device cuda]
+//   ckpt_bench --dir /nvme/ckpt --gb 4 [--tensors 64] [--dtype bf16] [--device cpu|cuda|auto]
 
 #include <algorithm>
 #include <chrono>
@@ -13,8 +16,11 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <shardline/ckpt/checkpoint.h>
@@ -43,6 +49,37 @@ bool DropPageCache() {
     ::sync();
     f << "3\n";
     return f.good();
+}
+
+/// The fraction of the pages of the files under `dir` that are in the page cache (mincore of a read-only mapping).
+double ResidentFraction(const std::string &dir) {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    std::int64_t pages = 0;
+    std::int64_t resident = 0;
+    for (const auto &entry : std::filesystem::recursive_directory_iterator(dir)) {
+        if (!entry.is_regular_file() || entry.file_size() == 0) {
+            continue;
+        }
+        const int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            continue;
+        }
+        const std::size_t bytes = entry.file_size();
+        void *map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+        ::close(fd);
+        if (map == MAP_FAILED) {
+            continue;
+        }
+        std::vector<unsigned char> in((bytes + static_cast<std::size_t>(page) - 1) / static_cast<std::size_t>(page));
+        if (::mincore(map, bytes, in.data()) == 0) {
+            pages += static_cast<std::int64_t>(in.size());
+            for (unsigned char c : in) {
+                resident += c & 1;
+            }
+        }
+        ::munmap(map, bytes);
+    }
+    return pages > 0 ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
 }
 
 } // namespace
@@ -83,16 +120,30 @@ int main(int argc, char **argv) {
     double save_s = 1e30;
     double load_s = 1e30;
     bool dropped = false;
+    double resident = 1.0;
+    nlohmann::json save_phases;
+    nlohmann::json load_phases;
     for (int r = 0; r < repeats; ++r) {
         std::filesystem::remove_all(dir);
-        auto start = Clock::now();
-        ckpt::Save(dir, 1, tensors, {}, nullptr);
-        save_s = std::min(save_s, Seconds(start));
-        dropped = DropPageCache();
-        start = Clock::now();
-        ckpt::Load(dir, tensors, nullptr);
         Synchronize(device);
-        load_s = std::min(load_s, Seconds(start));
+        auto start = Clock::now();
+        const ckpt::CheckpointInfo saved = ckpt::Save(dir, 1, tensors, {}, nullptr);
+        const double s = Seconds(start);
+        if (s < save_s) {
+            save_s = s;
+            save_phases = saved.timings;
+        }
+        dropped = DropPageCache();
+        const double resident_now = ResidentFraction(dir);
+        start = Clock::now();
+        const ckpt::CheckpointInfo loaded = ckpt::Load(dir, tensors, nullptr);
+        Synchronize(device);
+        const double l = Seconds(start);
+        if (l < load_s) {
+            load_s = l;
+            load_phases = loaded.timings;
+            resident = resident_now;
+        }
     }
 
     // The async save's stall (Save() returning) against the plain device-to-host copy into pinned memory.
@@ -133,6 +184,12 @@ int main(int argc, char **argv) {
                                 {"save_gib_per_s", gib / save_s},
                                 {"load_gib_per_s", gib / load_s},
                                 {"page_cache_dropped_before_load", dropped},
+                                {"load_cache_state", dropped ? "page cache dropped before the load (root)"
+                                                             : "not root: the save evicted its files (posix_fadvise "
+                                                               "DONTNEED after fsync); see resident_before_load"},
+                                {"resident_before_load", resident},
+                                {"save_phases", save_phases},
+                                {"load_phases", load_phases},
                                 {"async_stall_ms", stall_s * 1e3},
                                 {"d2h_copy_ms", copy_s * 1e3},
                                 {"stall_over_copy", copy_s > 0 ? stall_s / copy_s : 0.0}};

@@ -8,7 +8,8 @@ shardline_add_library(ckpt
   ${CMAKE_CURRENT_LIST_DIR}/load.cc
   ${CMAKE_CURRENT_LIST_DIR}/metadata.cc
   ${CMAKE_CURRENT_LIST_DIR}/plan.cc
-  ${CMAKE_CURRENT_LIST_DIR}/save.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/save.cc
+  ${CMAKE_CURRENT_LIST_DIR}/stream.cc)
 target_link_libraries(shardline_ckpt PUBLIC shardline_dist nlohmann_json::nlohmann_json PRIVATE ZLIB::ZLIB)
 install(TARGETS shardline_ckpt EXPORT shardlineTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

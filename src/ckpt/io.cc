@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -71,34 +72,95 @@ void OutFile::Write(const void *data, std::size_t bytes) {
     }
 }
 
+void OutFile::WriteAt(const void *data, std::size_t bytes, std::int64_t offset) {
+    const auto *p = static_cast<const char *>(data);
+    while (bytes > 0) {
+        const ssize_t n =
+            ::pwrite(fd_, p, std::min<std::size_t>(bytes, std::size_t{1} << 30), static_cast<off_t>(offset));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        SHARDLINE_CHECK(n > 0, "ckpt::Save", "writing '{}' at byte {} failed with {} bytes left: {}", path_, offset,
+                        bytes, Errno());
+        p += n;
+        offset += n;
+        bytes -= static_cast<std::size_t>(n);
+    }
+}
+
+void OutFile::StartWriteback(std::int64_t offset, std::int64_t bytes) noexcept {
+#ifdef __linux__
+    // A hint: the fsync in Close() is what makes the bytes durable.
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#else
+    (void)offset;
+    (void)bytes;
+#endif
+}
+
 void OutFile::Close() {
     SHARDLINE_CHECK(::fsync(fd_) == 0, "ckpt::Save", "fsync of '{}' failed: {}", path_, Errno());
+    (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED); // advice only: a failure costs cache, not correctness
     const int fd = fd_;
     fd_ = -1;
     SHARDLINE_CHECK(::close(fd) == 0, "ckpt::Save", "close of '{}' failed: {}", path_, Errno());
 }
 
-void ReadRange(const std::string &path, std::int64_t offset, std::int64_t bytes, void *out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    SHARDLINE_CHECK(fd >= 0, "ckpt::Load", "could not open '{}': {}", path, Errno());
+InFile::InFile(const std::string &path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    SHARDLINE_CHECK(fd_ >= 0, "ckpt::Load", "could not open '{}': {}", path, Errno());
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) {
+        const std::string why = Errno();
+        ::close(fd_);
+        SHARDLINE_THROW(Error, "ckpt::Load", "could not stat '{}': {}", path, why);
+    }
+    size_ = static_cast<std::int64_t>(st.st_size);
+    (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL); // larger readahead; advice only
+}
+
+InFile::~InFile() {
+    if (fd_ >= 0) {
+        ::close(fd_);
+    }
+}
+
+void InFile::ReadAt(std::int64_t offset, std::int64_t bytes, void *out) const {
     auto *p = static_cast<char *>(out);
     std::int64_t done = 0;
     while (done < bytes) {
-        const ssize_t n = ::pread(fd, p + done, static_cast<std::size_t>(std::min<std::int64_t>(bytes - done, 1 << 30)),
-                                  static_cast<off_t>(offset + done));
+        const ssize_t n =
+            ::pread(fd_, p + done, static_cast<std::size_t>(std::min<std::int64_t>(bytes - done, 1 << 30)),
+                    static_cast<off_t>(offset + done));
         if (n < 0 && errno == EINTR) {
             continue;
         }
         if (n <= 0) {
             const std::string why = n < 0 ? Errno() : std::string("end of file");
-            ::close(fd);
             SHARDLINE_THROW(Error, "ckpt::Load",
-                            "'{}' is truncated or unreadable: expected bytes [{}, {}), read only up to {} ({})", path,
+                            "'{}' is truncated or unreadable: expected bytes [{}, {}), read only up to {} ({})", path_,
                             offset, offset + bytes, offset + done, why);
         }
         done += n;
     }
-    ::close(fd);
+}
+
+void AdviseHugePages(void *data, std::size_t bytes) noexcept {
+#ifdef MADV_HUGEPAGE
+    const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = (reinterpret_cast<std::uintptr_t>(data) + page - 1) / page * page;
+    const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) / page * page;
+    if (end > begin) {
+        (void)::madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE);
+    }
+#else
+    (void)data;
+    (void)bytes;
+#endif
+}
+
+void ReadRange(const std::string &path, std::int64_t offset, std::int64_t bytes, void *out) {
+    InFile(path).ReadAt(offset, bytes, out);
 }
 
 std::int64_t FileSize(const std::string &path) {
@@ -202,6 +264,57 @@ void CopyBox(const char *src, const std::vector<std::int64_t> &src_offset, const
         if (d < 0) {
             return;
         }
+    }
+}
+
+void CopyBoxWindow(const char *src, std::int64_t window_begin, std::int64_t window_end,
+                   const std::vector<std::int64_t> &src_offset, const std::vector<std::int64_t> &src_shape, char *dst,
+                   const std::vector<std::int64_t> &dst_offset, const std::vector<std::int64_t> &dst_shape,
+                   const std::vector<std::int64_t> &lo, const std::vector<std::int64_t> &hi, std::size_t elem) {
+    const int n = static_cast<int>(lo.size());
+    const auto e = static_cast<std::int64_t>(elem);
+    if (n == 0) {
+        if (window_begin <= 0 && 0 < window_end) {
+            std::memcpy(dst, src - window_begin, elem);
+        }
+        return;
+    }
+    // The box's rows (outer index r, the last dim contiguous) start at increasing src bytes: find the first row that
+    // ends after window_begin, then copy rows, clipped to the window, until one starts at window_end.
+    std::int64_t rows = 1;
+    for (int d = 0; d + 1 < n; ++d) {
+        rows *= hi[d] - lo[d];
+    }
+    const std::int64_t row_bytes = (hi[n - 1] - lo[n - 1]) * e;
+    std::vector<std::int64_t> index(lo.size());
+    const auto start_of = [&](std::int64_t r) {
+        index[n - 1] = lo[n - 1];
+        for (int d = n - 2; d >= 0; --d) {
+            const std::int64_t extent = hi[d] - lo[d];
+            index[d] = lo[d] + r % extent;
+            r /= extent;
+        }
+        return LinearIndexIn(index, src_offset, src_shape) * e;
+    };
+    std::int64_t a = 0;
+    std::int64_t b = rows;
+    while (a < b) {
+        const std::int64_t mid = a + (b - a) / 2;
+        if (start_of(mid) + row_bytes <= window_begin) {
+            a = mid + 1;
+        } else {
+            b = mid;
+        }
+    }
+    for (std::int64_t r = a; r < rows; ++r) {
+        const std::int64_t s = start_of(r); // also sets index to row r
+        if (s >= window_end) {
+            break;
+        }
+        const std::int64_t begin = std::max(s, window_begin);
+        const std::int64_t end = std::min(s + row_bytes, window_end);
+        const std::int64_t t = LinearIndexIn(index, dst_offset, dst_shape) * e + (begin - s);
+        std::memcpy(dst + t, src + (begin - window_begin), static_cast<std::size_t>(end - begin));
     }
 }
 

@@ -15,7 +15,8 @@ std::uint32_t Crc32(const void* data, std::size_t bytes);
 /// crc32 of every `block_bytes` block of [data, data + bytes) (the last block may be short).
 std::vector<std::uint32_t> BlockCrc32(const void* data, std::int64_t bytes, std::int64_t block_bytes);
 
-/// An open file written front to back; Close() fsyncs. Errors name the path and strerror.
+/// An open file, written front to back (Write) or at offsets from several threads (WriteAt); Close() fsyncs once.
+/// Errors name the path and strerror.
 class OutFile {
 public:
     explicit OutFile(const std::string& path);
@@ -23,13 +24,44 @@ public:
     OutFile(const OutFile&) = delete;
     OutFile& operator=(const OutFile&) = delete;
     void Write(const void* data, std::size_t bytes);
-    /// fsync and close.
+    /// pwrite(2) of all `bytes` at `offset`; thread-safe.
+    void WriteAt(const void* data, std::size_t bytes, std::int64_t offset);
+    /// Starts the writeback of bytes written already (Linux: sync_file_range WRITE, which returns once the I/O is
+    /// queued), so the disk works while later chunks are produced instead of only at the fsync, when the page cache
+    /// holds the whole file below the background-writeback threshold. Called in file order, it keeps the writeback
+    /// (and the filesystem's delayed block allocation) sequential. Thread-safe; a hint, never fails.
+    void StartWriteback(std::int64_t offset, std::int64_t bytes) noexcept;
+    /// fsync and close; then drops the file's (now clean) pages from the page cache (posix_fadvise DONTNEED): a
+    /// checkpoint is rarely read back soon, and keeping it cached would evict the trainer's data.
     void Close();
 
 private:
     std::string path_;
     int fd_ = -1;
 };
+
+/// A file opened for reading at offsets from several threads. Errors name the path.
+class InFile {
+public:
+    /// Throws Error naming `path` when it cannot be opened.
+    explicit InFile(const std::string& path);
+    ~InFile();
+    InFile(const InFile&) = delete;
+    InFile& operator=(const InFile&) = delete;
+    std::int64_t size() const { return size_; }
+    const std::string& path() const { return path_; }
+    /// pread(2) of [offset, offset + bytes) into `out`; thread-safe. Throws Error naming the file when it is shorter.
+    void ReadAt(std::int64_t offset, std::int64_t bytes, void* out) const;
+
+private:
+    std::string path_;
+    int fd_ = -1;
+    std::int64_t size_ = 0;
+};
+
+/// Advises the kernel to back [data, data + bytes) with transparent huge pages (fewer page faults when a load fills
+/// gigabytes of fresh staging). Advice only: never fails.
+void AdviseHugePages(void* data, std::size_t bytes) noexcept;
 
 /// Reads [offset, offset + bytes) of `path` into `out`; throws Error naming the file when it is missing or shorter.
 void ReadRange(const std::string& path, std::int64_t offset, std::int64_t bytes, void* out);
@@ -53,6 +85,14 @@ void RemoveTree(const std::string& path) noexcept;
 void CopyBox(const char* src, const std::vector<std::int64_t>& src_offset, const std::vector<std::int64_t>& src_shape,
              char* dst, const std::vector<std::int64_t>& dst_offset, const std::vector<std::int64_t>& dst_shape,
              const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& hi, std::size_t elem);
+
+/// CopyBox restricted to the elements whose bytes in the src box lie in [window_begin, window_end): `src` points at
+/// byte window_begin of the src box (a chunk read from a saved shard). Rows are clipped at the window's ends, so the
+/// windows of one box copy each element once.
+void CopyBoxWindow(const char* src, std::int64_t window_begin, std::int64_t window_end,
+                   const std::vector<std::int64_t>& src_offset, const std::vector<std::int64_t>& src_shape, char* dst,
+                   const std::vector<std::int64_t>& dst_offset, const std::vector<std::int64_t>& dst_shape,
+                   const std::vector<std::int64_t>& lo, const std::vector<std::int64_t>& hi, std::size_t elem);
 
 /// The intersection [lo, hi) of two boxes; false when it is empty.
 bool Intersect(const std::vector<std::int64_t>& a_offset, const std::vector<std::int64_t>& a_shape,

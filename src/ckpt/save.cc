@@ -1,12 +1,13 @@
-// Save: plan (plan.cc), snapshot to host memory, write and fsync one file per rank, then the collective commit.
+// Save: plan (plan.cc), stream this rank's shards into its file (stream.h: copy, crc32 and write of chunks overlap;
+// one fsync), then the collective commit.
 // AsyncSaver runs the write on a thread and the commit at the next Save() or Wait().
 
 #include <algorithm>
-#include <atomic>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <future>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "host_buffer.h"
 #include "io.h"
 #include "plan.h"
+#include "stream.h"
 
 namespace shardline::ckpt {
 namespace {
@@ -30,9 +32,11 @@ namespace fs = std::filesystem;
 
 std::string StepName(std::int64_t step) { return fmt::format("step_{:08d}", step); }
 
-/// The bytes this rank writes, shard by shard in plan order (pointers into the tensors or into a host snapshot).
+/// The bytes this rank writes, shard by shard in plan order: pointers into CPU tensors, into a host snapshot, or (a
+/// synchronous save) into CUDA tensors, which the writer streams through pinned slots.
 struct Snapshot {
     std::vector<const void *> data; ///< one per shard this rank writes
+    std::vector<int> device;        ///< its CUDA device, -1 for host memory
     std::vector<Tensor> keep_alive;
 };
 
@@ -41,6 +45,10 @@ struct Written {
     std::string error;
     std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>> crcs; ///< (first block, block crcs)
 };
+
+enum SavePhase { kD2H, kCrc, kWrite, kFsync, kCommit, kSnapshot, kPlan };
+constexpr std::array<const char *, detail::PhaseTimes::kMaxPhases> kSavePhases = {
+    "d2h", "crc32", "write", "fsync", "commit", "snapshot", "plan", nullptr};
 
 /// A pending save between its snapshot and its commit.
 struct PendingSave {
@@ -51,10 +59,12 @@ struct PendingSave {
     detail::SavePlan plan;
     Snapshot snapshot;
     Written written;
+    detail::PhaseTimes times;
 };
 
 /// Plans, checks that every rank planned the same tensors, and has rank 0 create the temporary directory.
 void Begin(PendingSave &p, const TensorList &tensors, comm::Communicator *world, const SaveOptions &options) {
+    const detail::PhaseTimes::Scope timed(p.times, kPlan);
     std::string error;
     try {
         p.plan = detail::PlanSave(tensors, world, options.block_bytes);
@@ -80,14 +90,15 @@ void Begin(PendingSave &p, const TensorList &tensors, comm::Communicator *world,
     detail::AgreeOrThrow(world, "ckpt::Save", error);
 }
 
-/// The host bytes of this rank's shards: CPU tensors in place unless `copy`; CUDA tensors copied into `buffer`.
+/// This rank's shards: with `copy`, copied into `buffer` (pinned when any is on a GPU: the async save's snapshot);
+/// else in place, CPU and CUDA tensors alike (the synchronous save streams the CUDA ones).
 Snapshot TakeSnapshot(const detail::SavePlan &plan, const TensorList &tensors, bool copy, detail::HostBuffer &buffer) {
     Snapshot s;
     std::int64_t staged = 0;
     bool any_cuda = false;
     for (const detail::PlannedShard &shard : plan.shards) {
         const Tensor &local = tensors[static_cast<std::size_t>(shard.tensor)].second.local();
-        if (shard.writer == plan.rank && (copy || !local.device().is_cpu())) {
+        if (shard.writer == plan.rank && copy) {
             staged += shard.length;
             any_cuda = any_cuda || !local.device().is_cpu();
         }
@@ -100,8 +111,9 @@ Snapshot TakeSnapshot(const detail::SavePlan &plan, const TensorList &tensors, b
             continue;
         }
         const Tensor &local = tensors[static_cast<std::size_t>(shard.tensor)].second.local();
-        if (!copy && local.device().is_cpu()) {
+        if (!copy) {
             s.data.push_back(local.data());
+            s.device.push_back(local.device().is_cpu() ? -1 : local.device().index);
             s.keep_alive.push_back(local);
             continue;
         }
@@ -111,6 +123,7 @@ Snapshot TakeSnapshot(const detail::SavePlan &plan, const TensorList &tensors, b
             devices.push_back(local.device());
         }
         s.data.push_back(host);
+        s.device.push_back(-1);
         host += shard.length;
     }
     for (Device d : devices) {
@@ -119,68 +132,101 @@ Snapshot TakeSnapshot(const detail::SavePlan &plan, const TensorList &tensors, b
     return s;
 }
 
-/// The block crc32s of `shards` ((first block, crcs) per shard), blocks spread over up to 4 threads.
-std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>>
-Checksums(const std::vector<std::pair<const detail::PlannedShard *, const void *>> &shards, std::int64_t block) {
-    std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>> out;
-    std::vector<std::pair<std::size_t, std::int64_t>> blocks; // (shard, block)
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-        out.emplace_back(shards[i].first->first_block,
-                         std::vector<std::uint32_t>(static_cast<std::size_t>(shards[i].first->num_blocks)));
-        for (std::int64_t b = 0; b < shards[i].first->num_blocks; ++b) {
-            blocks.emplace_back(i, b);
-        }
-    }
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-        for (std::size_t k = next++; k < blocks.size(); k = next++) {
-            const auto [i, b] = blocks[k];
-            const detail::PlannedShard &shard = *shards[i].first;
-            const std::int64_t begin = b * block;
-            const std::int64_t bytes = std::min(block, shard.length - begin);
-            out[i].second[static_cast<std::size_t>(b)] =
-                detail::Crc32(static_cast<const char *>(shards[i].second) + begin, static_cast<std::size_t>(bytes));
-        }
-    };
-    const std::size_t threads =
-        std::min<std::size_t>(blocks.size(), std::max(1u, std::min(4u, std::thread::hardware_concurrency())));
-    std::vector<std::thread> pool;
-    for (std::size_t t = 1; t < threads; ++t) {
-        pool.emplace_back(work);
-    }
-    work();
-    for (std::thread &t : pool) {
-        t.join();
-    }
-    return out;
-}
+/// One chunk of the file: bytes [begin, begin + bytes) of shard `shard` (an index into the writer's list).
+struct WriteChunk {
+    std::size_t shard = 0;
+    std::int64_t begin = 0;
+    std::int64_t bytes = 0;
+};
 
-/// Writes and fsyncs this rank's file (no collective: may run on a thread). Never throws.
-void WriteFiles(PendingSave &p) noexcept {
+/// Writes and fsyncs this rank's file (no collective: may run on a thread). Never throws. Streamed: chunks of whole
+/// checksum blocks go to a few workers, each of which copies its chunk to a pinned slot when it is on a GPU, computes
+/// its block crc32s and pwrites it at its offset, so the copies, the checksums and the writes of different chunks
+/// overlap and the disk sees several large writes at once; the written prefix of the file is handed to writeback as
+/// it grows; one fsync at the end.
+void WriteFiles(PendingSave &p, std::int64_t chunk_bytes) noexcept {
     try {
         const std::string path = (fs::path(p.tmp) / detail::RankFileName(p.plan.rank)).string();
-        std::vector<std::pair<const detail::PlannedShard *, const void *>> mine;
+        struct Mine {
+            const detail::PlannedShard *shard;
+            const char *data;
+            int device;
+        };
+        std::vector<Mine> mine;
         std::size_t k = 0;
         for (const detail::PlannedShard &shard : p.plan.shards) {
             if (shard.writer == p.plan.rank) {
-                mine.emplace_back(&shard, p.snapshot.data[k++]);
+                mine.push_back({&shard, static_cast<const char *>(p.snapshot.data[k]), p.snapshot.device[k]});
+                ++k;
             }
         }
-        // The checksums on other threads while this one writes: the bytes are in memory already, so the two overlap
-        // and the save runs at the slower of the disk and crc32 (a few blocks at once), not their sum.
-        auto crcs =
-            std::async(std::launch::async, [&mine, block = p.plan.block_bytes] { return Checksums(mine, block); });
+        const std::int64_t block = p.plan.block_bytes;
+        const std::int64_t chunk = detail::ChunkBytes(chunk_bytes, block);
+        std::vector<WriteChunk> chunks;
+        std::vector<std::pair<std::int64_t, std::vector<std::uint32_t>>> crcs;
+        for (std::size_t i = 0; i < mine.size(); ++i) {
+            crcs.emplace_back(mine[i].shard->first_block,
+                              std::vector<std::uint32_t>(static_cast<std::size_t>(mine[i].shard->num_blocks)));
+            for (std::int64_t begin = 0; begin < mine[i].shard->length; begin += chunk) {
+                chunks.push_back({.shard = i, .begin = begin, .bytes = std::min(chunk, mine[i].shard->length - begin)});
+            }
+        }
         detail::OutFile file(path);
-        try {
-            for (const auto &[shard, data] : mine) {
-                file.Write(data, static_cast<std::size_t>(shard->length));
+        // Chunks are in file order; the writeback of the written prefix starts as it grows (OutFile::StartWriteback).
+        std::mutex prefix_mutex;
+        std::vector<char> written(chunks.size(), 0);
+        std::size_t prefix = 0;
+        const auto file_offset = [&](std::size_t i) {
+            return mine[chunks[i].shard].shard->byte_offset + chunks[i].begin;
+        };
+        const int workers = detail::IoWorkers(chunks.size());
+        std::vector<std::unique_ptr<detail::StagingSlot>> slots(static_cast<std::size_t>(workers));
+        std::vector<detail::DeviceCopier> copiers(static_cast<std::size_t>(workers));
+        detail::RunTasks(chunks.size(), workers, [&](std::size_t task, int worker) {
+            const WriteChunk &c = chunks[task];
+            const Mine &m = mine[c.shard];
+            const char *bytes = m.data + c.begin;
+            if (m.device >= 0) {
+                auto &slot = slots[static_cast<std::size_t>(worker)];
+                if (slot == nullptr) {
+                    slot = std::make_unique<detail::StagingSlot>(chunk, /*pinned=*/true);
+                }
+                const detail::PhaseTimes::Scope timed(p.times, kD2H);
+                copiers[static_cast<std::size_t>(worker)].ToHost(slot->data(), bytes, static_cast<std::size_t>(c.bytes),
+                                                                 m.device);
+                bytes = slot->data();
             }
+            {
+                const detail::PhaseTimes::Scope timed(p.times, kCrc);
+                std::vector<std::uint32_t> &out = crcs[c.shard].second;
+                for (std::int64_t at = 0; at < c.bytes; at += block) {
+                    out[static_cast<std::size_t>((c.begin + at) / block)] =
+                        detail::Crc32(bytes + at, static_cast<std::size_t>(std::min(block, c.bytes - at)));
+                }
+            }
+            const detail::PhaseTimes::Scope timed(p.times, kWrite);
+            file.WriteAt(bytes, static_cast<std::size_t>(c.bytes), m.shard->byte_offset + c.begin);
+            std::size_t from = 0;
+            std::size_t to = 0;
+            {
+                std::lock_guard lock(prefix_mutex);
+                written[task] = 1;
+                from = prefix;
+                while (prefix < chunks.size() && written[prefix] != 0) {
+                    ++prefix;
+                }
+                to = prefix;
+            }
+            if (to > from) { // this thread alone advanced the prefix over [from, to)
+                const std::int64_t begin = file_offset(from);
+                file.StartWriteback(begin, file_offset(to - 1) + chunks[to - 1].bytes - begin);
+            }
+        });
+        {
+            const detail::PhaseTimes::Scope timed(p.times, kFsync);
             file.Close();
-        } catch (...) {
-            crcs.wait();
-            throw;
         }
-        p.written.crcs = crcs.get();
+        p.written.crcs = std::move(crcs);
     } catch (const std::exception &e) {
         p.written.error = e.what();
     }
@@ -273,6 +319,7 @@ std::string CommitOnRank0(const PendingSave &p, const std::vector<double> &crcs,
 
 /// Collective: agrees on the writes, gathers the checksums, rank 0 commits, everyone agrees on the commit.
 CheckpointInfo Finish(PendingSave &p, comm::Communicator *world, const SaveOptions &options) {
+    const auto start = std::chrono::steady_clock::now();
     detail::AgreeOrThrow(world, "ckpt::Save", p.written.error);
     std::vector<double> crcs(static_cast<std::size_t>(p.plan.total_blocks), 0.0);
     for (const auto &[first, blocks] : p.written.crcs) {
@@ -295,7 +342,11 @@ CheckpointInfo Finish(PendingSave &p, comm::Communicator *world, const SaveOptio
     const std::int64_t revision = static_cast<std::int64_t>(
         detail::AllReduceMax(world, {p.plan.rank == 0 ? static_cast<double>(StepOf(name).second) : 0.0})[0]);
     name = revision == 0 ? StepName(p.step) : fmt::format("{}.{}", StepName(p.step), revision);
-    return {.path = (fs::path(p.root) / name).string(), .step = p.step, .extra = p.extra};
+    p.times.Add(kCommit, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return {.path = (fs::path(p.root) / name).string(),
+            .step = p.step,
+            .extra = p.extra,
+            .timings = p.times.Json(kSavePhases)};
 }
 
 } // namespace
@@ -303,18 +354,22 @@ CheckpointInfo Finish(PendingSave &p, comm::Communicator *world, const SaveOptio
 CheckpointInfo Save(const std::string &root, std::int64_t step, const TensorList &tensors, const nlohmann::json &extra,
                     comm::Communicator *world, const SaveOptions &options) {
     SHARDLINE_CHECK(step >= 0, "ckpt::Save", "step must be >= 0, got {}", step);
-    PendingSave p{.root = root, .tmp = {}, .step = step, .extra = extra, .plan = {}, .snapshot = {}, .written = {}};
+    const auto start = std::chrono::steady_clock::now();
+    PendingSave p{
+        .root = root, .tmp = {}, .step = step, .extra = extra, .plan = {}, .snapshot = {}, .written = {}, .times = {}};
     Begin(p, tensors, world, options);
-    detail::HostBuffer buffer;
+    detail::HostBuffer buffer; // stays empty: no copy
     try {
         p.snapshot = TakeSnapshot(p.plan, tensors, /*copy=*/false, buffer);
     } catch (const std::exception &e) {
         p.written.error = e.what();
     }
     if (p.written.error.empty()) {
-        WriteFiles(p);
+        WriteFiles(p, options.chunk_bytes);
     }
-    return Finish(p, world, options);
+    CheckpointInfo info = Finish(p, world, options);
+    info.timings["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return info;
 }
 
 struct AsyncSaver::Impl {
@@ -362,10 +417,11 @@ void AsyncSaver::Save(const std::string &root, std::int64_t step, const TensorLi
         p->written.error = e.what();
     }
     impl_->snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    p->times.Add(kSnapshot, impl_->snapshot_seconds);
     impl_->pending = std::move(p);
     if (impl_->pending->written.error.empty()) {
         PendingSave *job = impl_->pending.get();
-        impl_->writer = std::thread([job] { WriteFiles(*job); });
+        impl_->writer = std::thread([job, chunk = impl_->options.chunk_bytes] { WriteFiles(*job, chunk); });
     }
 }
 

@@ -36,9 +36,9 @@ std::string Name(MeshShape m) { return fmt::format("{}x{}", m.dp, m.tp); }
 
 bool Fits(MeshShape m) { return m.dp * m.tp <= World().size(); }
 
-TEST(CheckpointTest, ReshardsEverySaveMeshOntoEveryLoadMesh) {
-    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
-    const std::string dir = SharedTempDir("reshard");
+/// Saves on every dp×tp that fits, loads each onto every dp×tp that fits, and checks every tensor bitwise.
+void ReshardEverySaveOntoEveryLoad(const std::string &dir, const ckpt::SaveOptions &save,
+                                   const ckpt::LoadOptions &load) {
     const std::vector<MeshShape> saves = {{1, 1}, {1, 2}, {2, 2}};
     const std::vector<MeshShape> loads = {{1, 1}, {1, 4}, {2, 1}, {1, 2}, {2, 2}};
     for (MeshShape s : saves) {
@@ -49,8 +49,8 @@ TEST(CheckpointTest, ReshardsEverySaveMeshOntoEveryLoadMesh) {
         {
             SubMesh m = MakeDpTp(s.dp, s.tp);
             if (m.mesh) {
-                const ckpt::CheckpointInfo info =
-                    ckpt::Save(root, 20, MakeTensors(*m.mesh, kSaved), {{"step", 20}, {"note", Name(s)}}, m.comm.get());
+                const ckpt::CheckpointInfo info = ckpt::Save(root, 20, MakeTensors(*m.mesh, kSaved),
+                                                             {{"step", 20}, {"note", Name(s)}}, m.comm.get(), save);
                 EXPECT_EQ(info.step, 20);
                 EXPECT_EQ(fs::path(info.path).filename().string(), "step_00000020");
             }
@@ -65,12 +65,41 @@ TEST(CheckpointTest, ReshardsEverySaveMeshOntoEveryLoadMesh) {
                 continue;
             }
             const ckpt::TensorList tensors = MakeTensors(*m.mesh, kOther); // other values: all must come from the file
-            const ckpt::CheckpointInfo info = ckpt::Load(root, tensors, m.comm.get());
+            const ckpt::CheckpointInfo info = ckpt::Load(root, tensors, m.comm.get(), load);
             EXPECT_EQ(info.step, 20);
             EXPECT_EQ(info.extra.at("note"), Name(s));
+            EXPECT_TRUE(info.timings.contains("read_s") && info.timings.contains("wall_s")) << info.timings.dump();
             ExpectHolds(tensors, kSaved, Name(s) + " -> " + Name(l));
         }
     }
+}
+
+TEST(CheckpointTest, ReshardsEverySaveMeshOntoEveryLoadMesh) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    ReshardEverySaveOntoEveryLoad(SharedTempDir("reshard"), {}, {});
+}
+
+// The streamed pipelines with chunks far smaller than the shards: 8-byte checksum blocks, 3-block save chunks and
+// 2-block read chunks cut rows in the middle, so a load places chunks read straight into the staging (a contiguous
+// overlap), chunks at an overlap's ends and chunks of boxes (row pieces clipped at both ends), every tensor bitwise.
+TEST(CheckpointTest, ChunksSmallerThanTheShardsReshardBitwise) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    ckpt::SaveOptions save;
+    save.block_bytes = 8;
+    save.chunk_bytes = 24;
+    ckpt::LoadOptions load;
+    load.chunk_bytes = 16;
+    ReshardEverySaveOntoEveryLoad(SharedTempDir("small_chunks"), save, load);
+    // Chunks that are not a whole number of blocks round down to whole blocks (one at least).
+    load.chunk_bytes = 5;
+    SubMesh m = MakeDpTp(1, World().size());
+    const std::string root = SharedTempDir("odd_chunks");
+    save.chunk_bytes = 13;
+    const ckpt::CheckpointInfo saved = ckpt::Save(root, 3, MakeTensors(*m.mesh, kSaved), {}, m.comm.get(), save);
+    EXPECT_TRUE(saved.timings.contains("crc32_s") && saved.timings.contains("fsync_s")) << saved.timings.dump();
+    const ckpt::TensorList tensors = MakeTensors(*m.mesh, kOther);
+    ckpt::Load(root, tensors, m.comm.get(), load);
+    ExpectHolds(tensors, kSaved, "13-byte save chunks, 5-byte read chunks over 8-byte blocks");
 }
 
 // Each distinct shard once: the files hold exactly the model's bytes, and replicated tensors are spread over ranks.

@@ -88,6 +88,36 @@ TEST_F(CheckpointErrorTest, AFlippedByteIsAChecksumErrorOnEveryRank) {
     EXPECT_THAT(problems[0], HasSubstr("row.weight"));
 }
 
+// Streamed with chunks far smaller than the shards (8-byte blocks, 2-block read chunks): the flipped block is found
+// wherever its chunk lands among the workers, and the same error reaches every rank.
+TEST_F(CheckpointErrorTest, AFlippedByteAmongManySmallChunksIsAChecksumErrorOnEveryRank) {
+    ckpt::SaveOptions save;
+    save.block_bytes = 8;
+    save.chunk_bytes = 24;
+    const std::string root = SharedTempDir("small_chunks");
+    const std::string path = ckpt::Save(root, 5, MakeTensors(*mesh_.mesh, kSaved), {}, mesh_.comm.get(), save).path;
+    const ckpt::ShardRecord shard = ckpt::ReadMetadata(path).Find("row.weight")->shards.back();
+    if (World().rank() == 0) {
+        std::fstream f((fs::path(path) / shard.file).string(), std::ios::in | std::ios::out | std::ios::binary);
+        const std::int64_t at = shard.byte_offset + shard.length - 5; // inside the shard's last (short) block
+        f.seekg(at);
+        char c = 0;
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x40);
+        f.seekp(at);
+        f.write(&c, 1);
+    }
+    World().Barrier()->Wait(true);
+    ckpt::LoadOptions load;
+    load.chunk_bytes = 16;
+    const ckpt::TensorList tensors = MakeTensors(*mesh_.mesh, kOther);
+    const std::string error = ErrorOf([&] { ckpt::Load(root, tensors, mesh_.comm.get(), load); });
+    ExpectHolds(tensors, kOther, "a failed load writes nothing");
+    EXPECT_THAT(error, HasSubstr("checksum mismatch"));
+    EXPECT_THAT(error, HasSubstr("tensor 'row.weight'"));
+    EXPECT_THAT(error, HasSubstr(shard.file));
+}
+
 TEST_F(CheckpointErrorTest, ATruncatedFileIsNamedOnEveryRank) {
     const ckpt::ShardRecord shard = LastShard("col.weight");
     const std::string file = (fs::path(path_) / shard.file).string();

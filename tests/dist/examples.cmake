@@ -66,10 +66,11 @@ endforeach()
 # final weights bitwise; reshard: saves on dp×tp 1×2 and 2×2 loaded on 1×1, 1×4, 2×1, losses within rtol 1e-5, and the
 # safetensors export read back by a json + struct reader; crash: a job killed between its writes and the commit leaves the
 # previous checkpoint, which a resume loads; moe: MoE blocks saved on ep 2 × tp 2, resumed on ep 2 × tp 2 (bitwise), ep 2,
-# ep 4 and one rank (rtol 1e-5). Needs python3 (CI installs it).
+# ep 4 and one rank (rtol 1e-5); keep: --save-keep-last 2 (sync and async) leaves exactly the last two step directories
+# and `latest` names the newest. Needs python3 (CI installs it).
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND AND SHARDLINE_BUILD_TOOLS)
-  foreach(_case IN ITEMS exact reshard crash moe)
+  foreach(_case IN ITEMS exact reshard crash moe keep)
     add_test(NAME dist.example.train_char_lm.checkpoint_${_case}
              COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/scripts/char_lm_checkpoint_test.py ${_case}
                      --work ${CMAKE_CURRENT_BINARY_DIR}/char_lm_checkpoint_${_case}

@@ -12,9 +12,11 @@
 // Save is collective over the world. Each distinct shard (replicas hold the same one) is written once, by the least
 // loaded of its replicas, so the bytes spread over the ranks. Files are written into ROOT/.tmp_step_..., fsynced,
 // then rank 0 writes metadata.json, fsyncs, renames the directory and then `latest` (each rename fsynced): a crash at
-// any point leaves the previous checkpoint loadable. Load is collective too: each rank computes its shard's global box
-// from the spmd layout math (torch.chunk shards) and reads only the blocks of saved shards that overlap it, verifying
-// their crc32 (zlib), then writes the values into the given tensors in place. Every failure (missing or truncated
+// any point leaves the previous checkpoint loadable. Both directions stream: chunks of whole blocks go through the
+// device<->host copy, crc32 and pread/pwrite on several threads at once, with one fsync per file. Load is collective
+// too: each rank computes its shard's global box from the spmd layout math (torch.chunk shards) and reads only the
+// blocks of saved shards that overlap it, verifying their crc32 (zlib), into host staging; once every rank succeeded
+// it writes the values into the given tensors in place. Every failure (missing or truncated
 // file, checksum, missing tensor, other shape or dtype) is agreed over the world first, so every rank raises the same
 // Error naming the file, the tensor and what differs, and nothing hangs.
 
@@ -42,6 +44,9 @@ struct SaveOptions {
     int keep_last = 0;
     /// Bytes per checksummed block: a load verifies and reads whole blocks.
     std::int64_t block_bytes = 4 << 20;
+    /// Bytes per write request (rounded down to whole blocks, at least one): the save streams chunks of this size
+    /// through device-to-host copy, crc32 and pwrite on several threads at once (dd's 16 MiB blocks).
+    std::int64_t chunk_bytes = 16 << 20;
     /// Test hook: called on rank 0 after every file and metadata.json are written and synced, before the rename that
     /// commits. A throw here is a crash before commit: the save fails on every rank and `latest` is unchanged.
     std::function<void()> before_commit;
@@ -52,6 +57,9 @@ struct CheckpointInfo {
     std::string path; ///< the checkpoint directory
     std::int64_t step = 0;
     nlohmann::json extra; ///< the caller's JSON (step, RNG, data position, config ...)
+    /// This rank's seconds per phase ("<phase>_s"; summed over the worker threads for the streamed phases, so they
+    /// may exceed "wall_s"): save d2h, crc32, write, fsync, commit; load read, crc32, scatter, copy_out, h2d, agree.
+    nlohmann::json timings;
 };
 
 /// Writes `tensors` and `extra` as ROOT/step_<step> and points ROOT/latest at it. Collective over `world` (nullptr:
@@ -62,6 +70,9 @@ CheckpointInfo Save(const std::string& root, std::int64_t step, const TensorList
 struct LoadOptions {
     /// Also an error: a tensor of the checkpoint that `tensors` does not ask for.
     bool strict = false;
+    /// Bytes per read request (rounded down to whole blocks of the checkpoint, at least one), read and verified on
+    /// several threads at once.
+    std::int64_t chunk_bytes = 16 << 20;
 };
 
 /// Reads the checkpoint at `path` (a checkpoint directory, or a ROOT whose `latest` names one) into `tensors` in

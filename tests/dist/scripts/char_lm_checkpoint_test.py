@@ -17,6 +17,8 @@ crash:   a job killed (SHARDLINE_TEST_CRASH_BEFORE_COMMIT_STEP) between the writ
 moe:     MoE blocks (4 experts, top-2, no aux loss: it is per rank, so it changes with the data-parallel split) saved
          after step 4 of 8 on dp x ep x tp = 1x2x2 (4 ranks), loaded on 1x2x1 (2 ranks), 1x4x1 and 1x1x1: the losses
          of steps 5..8 within rtol 1e-5 of the uninterrupted run; the same mesh resumes bitwise.
+keep:    --save-keep-last 2 with saves every 2 steps of 9 (steps 2, 4, 6, 8, 9), synchronous and --async-save: exactly
+         the last two step directories remain, `latest` names the newest, no temporary is left, and it loads.
 MPIEXEC ARGS is the launcher without -n (e.g. mpiexec --oversubscribe --bind-to none --timeout 120).
 """
 import json
@@ -216,6 +218,30 @@ def moe(work, exe, tool, launcher):
         print(f"ep2_tp2 -> {lname}: steps 5..8 within 1e-5 of the uninterrupted run")
 
 
+def keep(work, exe, tool, launcher):
+    """--save-keep-last 2: after saves at steps 2, 4, 6, 8 and 9 only step_8 and step_9 remain."""
+    for mode, flags in (("sync", []), ("async", ["--async-save"])):
+        root = os.path.join(work, mode)
+        out = run(launcher, exe, 2, ["--tp", "2", "--steps", "9", "--metrics", os.path.join(work, mode + ".jsonl"),
+                                     "--save", root, "--save-interval", "2", "--save-keep-last", "2"] + flags)
+        saved = sorted(n for n in os.listdir(root) if n.startswith("step_"))
+        check(saved == ["step_00000008", "step_00000009"], f"{mode}: kept {saved}, not the last two saves")
+        others = sorted(n for n in os.listdir(root) if not n.startswith("step_") and n != "latest")
+        check(others == [], f"{mode}: left {others} beside the checkpoints")
+        with open(os.path.join(root, "latest")) as f:
+            check(f.read().strip() == "step_00000009", f"{mode}: latest does not name step_00000009")
+        for name in saved:
+            check(os.path.isfile(os.path.join(root, name, "metadata.json")), f"{mode}: {name} has no metadata.json")
+        starts = out.count("saved the checkpoint of step") + out.count("started the checkpoint of step")
+        check(starts == 5, f"{mode}: expected 5 saves in the output, got {starts}:\n{out}")
+        inspect = subprocess.run([tool, "inspect", root], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        check(inspect.returncode == 0 and "step 9" in inspect.stdout, f"{mode}: inspect failed:\n{inspect.stdout}")
+        resumed = run(launcher, exe, 1, ["--steps", "10", "--metrics", os.path.join(work, mode + "_resumed.jsonl"),
+                                         "--load", root])
+        check(progress_steps(resumed) == [10], f"{mode}: the resume logged {progress_steps(resumed)}, not step 10")
+        print(f"{mode}: --save-keep-last 2 kept {saved}, latest -> step_00000009, resumed at step 10")
+
+
 def main():
     argv = sys.argv[1:]
     sep = argv.index("--")
@@ -224,7 +250,7 @@ def main():
     work = opts["--work"]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    {"exact": exact, "reshard": reshard, "crash": crash, "moe": moe}[mode](work, opts["--exe"], opts["--tool"], launcher)
+    {"exact": exact, "reshard": reshard, "crash": crash, "moe": moe, "keep": keep}[mode](work, opts["--exe"], opts["--tool"], launcher)
 
 
 if __name__ == "__main__":

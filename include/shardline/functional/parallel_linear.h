@@ -23,6 +23,10 @@
 //   row, input not parallel                 local slice of x, all-reduce y   all-gather dx (none without dx)
 //   row, sequence_parallel                  reduce-scatter y, then + bias    all-gather dy
 //
+// With comm_chunks = C > 1 (the options below) the row forward's all-reduce / reduce-scatter, the column backward's dx
+// all-reduce / reduce-scatter and the sequence-parallel all-gathers of the column forward's x and the row backward's dy
+// run as C collectives over chunks of rows, each beside another chunk's GEMM (the same bytes; docs/functional.md).
+//
 // The rule and its plans are inferred once per configuration (mesh shape, tp dim, shapes, flags, dtype) and cached;
 // a steady-state call looks them up and infers nothing (GetPlanCacheStats).
 //

@@ -1,8 +1,8 @@
 #pragma once
 
 // Private to src/functional: one parallel-Linear call's execution context (device, stream override, the collectives it
-// issued) and the moves of its tensors by the rule's plans (DistTensor::Redistribute), shared by the sequence
-// (parallel_linear.cc) and the chunked pipelines' callers.
+// issued, the chunked pipelines' included) and the moves of its tensors by the rule's plans (DistTensor::Redistribute),
+// for the sequence in parallel_linear.cc.
 
 #include <optional>
 

@@ -74,12 +74,18 @@ void ExpectSameResults(const Outcome &chunked, const Outcome &plain) {
 }
 
 /// Integer problems whose rows give C = 2, 3, 4 dividing and not dividing them at tp 1, 2 and 4 (sequence parallel:
-/// 16·2/tp and 12/tp rows per rank), and a random one.
+/// 16·2/tp and 12/tp rows per rank), a random one, and one of another element size (random: the views of chunk rows
+/// are byte offsets) — bf16 on CUDA, float64 on the CPU, whose MPI meshes take no half types.
 const std::vector<Problem> &PipelineProblems() {
     static const std::vector<Problem> problems = {
         {.lead = {16, 2}, .data = Data::kInteger, .seed = 31},
         {.lead = {12}, .data = Data::kInteger, .seed = 32},
         {.lead = {8, 2}, .data = Data::kRandom, .seed = 33},
+#if SHARDLINE_FUNCTIONAL_TEST_CUDA
+        {.lead = {16, 2}, .data = Data::kRandom, .dtype = DType::kBFloat16, .seed = 34},
+#else
+        {.lead = {16, 2}, .data = Data::kRandom, .dtype = DType::kFloat64, .seed = 34},
+#endif
     };
     return problems;
 }
@@ -243,6 +249,7 @@ TEST(FunctionalPipelineTest, ColumnSequenceParallelGeluEpilogueRunsPerChunkBitwi
     SHARDLINE_FUNCTIONAL_TEST_BACKEND();
     RunColumnPipeline({.problem = PipelineProblems()[0], .sequence_parallel = true, .activation = true});
     RunColumnPipeline({.problem = PipelineProblems()[1], .sequence_parallel = true, .activation = true});
+    RunColumnPipeline({.problem = PipelineProblems()[3], .sequence_parallel = true, .activation = true});
 }
 
 // ---- row parallel
@@ -390,6 +397,7 @@ TEST(FunctionalPipelineTest, RowSequenceParallelGeluGradAndItsBiasGradRunPerChun
     RunRowPipeline({.problem = PipelineProblems()[0], .sequence_parallel = true, .input_activation = true});
     RunRowPipeline({.problem = PipelineProblems()[1], .sequence_parallel = true, .input_activation = true});
     RunRowPipeline({.problem = PipelineProblems()[0], .input_activation = true});
+    RunRowPipeline({.problem = PipelineProblems()[3], .sequence_parallel = true, .input_activation = true});
 }
 
 // ---- the order: each chunk's collective issued as soon as its GEMM is queued

@@ -4,7 +4,9 @@
 #           fault jobs) at every rank count they declare that fits the GPUs (np 1..4);
 #   train   the README's GPU job (examples/configs/char_lm_gpu.json) at tp 2 and tp 4 (dense, and MoE when the build
 #           has --num-experts), plus a checkpoint saved on 4 GPUs (tp 4) and resumed on 2 (tp 2);
-#   tp_mlp  bench/tp_mlp against torch DTensor (QUICK=1 by default here: the 8b shape at 128 and 8192 tokens);
+#   tp_mlp  bench/tp_mlp against torch DTensor (QUICK=1 by default here: the 8b shape at 128 and 8192 tokens), once per
+#           comm_chunks C in TP_MLP_CHUNKS (the chunked collective-GEMM pipelines; torch runs beside the first C only),
+#           then a table of T / LB_overlap per case and C;
 #   comm    bench/comm against torch.distributed at 2 and 4 ranks (one round);
 #   moe     bench/moe/run_moe_ep_bench.sh: the MoE MLP at ep 2 and 4 against a torch all-to-all reference.
 # Logs and JSON go to OUT_DIR; a table of every part is printed last (and written to OUT_DIR/summary.md).
@@ -13,7 +15,7 @@
 #
 # Environment: BUILD (build), PARTS ("tests train tp_mlp comm moe"), TESTS_REGEX (only the NCCL dist tests whose name
 # matches, e.g. "moe|overlap"; the fault jobs always run), TRAIN (the train runs: "dense moe ckpt"), TRAIN_STEPS (60),
-# QUICK (1, for tp_mlp),
+# QUICK (1, for tp_mlp), TP_MLP_CHUNKS ("1 2 4": the bench's --chunks settings, each into OUT_DIR/tp_mlp_c<C>),
 # SHARDLINE_COMMIT (default git rev-parse --short HEAD). NVLink multicast stays off in every process. Exits non-zero
 # when any part failed; a part that cannot run (too few GPUs, not built) is listed as skipped with the reason.
 set -uo pipefail
@@ -121,10 +123,45 @@ fi
 # --- tp_mlp, comm, moe benchmarks ------------------------------------------------------------------------------------
 if has tp_mlp; then
   if (( GPUS >= 2 )); then
-    say "tp_mlp (QUICK=$QUICK)"
-    NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD bash "$REPO/bench/tp_mlp/run_tp_mlp_bench.sh" \
-      "$OUT/tp_mlp" > "$OUT/tp_mlp.log" 2>&1
-    if (( $? == 0 )); then row tp_mlp PASS "summary in tp_mlp/summary.md"; else row tp_mlp FAIL "see tp_mlp.log"; fi
+    peer=1
+    for chunks in ${TP_MLP_CHUNKS:-1 2 4}; do
+      say "tp_mlp --chunks $chunks (QUICK=$QUICK)"
+      NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD PEER=$peer BENCH_ARGS="--chunks $chunks" \
+        bash "$REPO/bench/tp_mlp/run_tp_mlp_bench.sh" "$OUT/tp_mlp_c$chunks" > "$OUT/tp_mlp_c$chunks.log" 2>&1
+      if (( $? == 0 )); then
+        row "tp_mlp C=$chunks" PASS "summary in tp_mlp_c$chunks/summary.md"
+      else
+        row "tp_mlp C=$chunks" FAIL "see tp_mlp_c$chunks.log"
+      fi
+      peer=0
+    done
+    # T / LB_overlap per case and comm_chunks (the issue 20 target: <= 1.1 at 8192 tokens), medians over rounds.
+    python3 - "$OUT" ${TP_MLP_CHUNKS:-1 2 4} > "$OUT/tp_mlp_chunks.md" <<'PY' || row "tp_mlp chunks table" FAIL "see tp_mlp_chunks.md"
+import json, statistics, sys
+from collections import defaultdict
+out, chunks = sys.argv[1], sys.argv[2:]
+vals = defaultdict(list)
+for c in chunks:
+    try:
+        lines = open(f"{out}/tp_mlp_c{c}/tp_mlp_shardline.jsonl").read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        r = json.loads(line)
+        if r.get("kind") == "case" and r.get("variant") in ("tp", "sp") and "t_over_lb_overlap" in r:
+            vals[(r["tp"], r["shape"], r["tokens"], r["variant"], c)].append((r["median_us"], r["t_over_lb_overlap"]))
+cases = sorted({k[:4] for k in vals})
+print("| tp | shape | tokens | variant | " + " | ".join(f"C={c}: T µs, T/LB_overlap" for c in chunks) + " |")
+print("|---|---|---|---|" + "---|" * len(chunks))
+for case in cases:
+    cells = []
+    for c in chunks:
+        v = vals.get(case + (c,))
+        cells.append(f"{statistics.median(t for t, _ in v):.1f}, {statistics.median(x for _, x in v):.3f}" if v else "-")
+    print("| " + " | ".join(str(x) for x in case) + " | " + " | ".join(cells) + " |")
+PY
+    [[ -s $OUT/tp_mlp_chunks.md ]] && row "tp_mlp chunks" PASS "T / LB_overlap per C in tp_mlp_chunks.md" \
+      && cat "$OUT/tp_mlp_chunks.md" >&2
   else
     row tp_mlp skipped "needs 2 GPUs"
   fi

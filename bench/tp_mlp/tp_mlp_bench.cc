@@ -34,6 +34,10 @@
 // distributed tests' bf16 rtol 1.6e-2 × (tp + 3) (tests/dist/nn_parallel_mlp_test.cc), relative to
 // max(|expected|, rms(expected)); fp32 (--cpu) 1e-4. A failed gate skips that variant's timing and fails the exit code.
 //
+// --chunks C runs the tp and sp steps with the chunked collective-GEMM pipelines (ParallelMLPOptions::comm_chunks;
+// docs/functional.md "Chunked pipelines"): every collective of the step in C chunks, each beside another chunk's GEMM.
+// T_compute and T_comm stay the unchunked kernels and collectives, so T / LB_overlap shows what the pipelines hide.
+//
 // Options: `shardline-tp-mlp-bench --help` lists them with their defaults (ParseCommandLine below).
 
 #include <algorithm>
@@ -113,6 +117,7 @@ struct Options {
     bool cpu = false;
     bool list_cases = false;
     bool no_overlap = false; ///< overlap_grad_comm off
+    int chunks = 0;          ///< comm_chunks of fc1 and fc2 (the chunked collective-GEMM pipelines)
     std::string json;
 };
 
@@ -185,6 +190,11 @@ int ParseCommandLine(int argc, char** argv, Options& o) {
     app.add_flag(
         "--no-overlap", o.no_overlap,
         "the backward's dx collective after the parameter grads (overlap_grad_comm off), to measure the overlap");
+    app.add_option("--chunks", o.chunks,
+                   "comm_chunks of fc1 and fc2: every collective of the step in C chunks of rows, each beside another "
+                   "chunk's GEMM (the chunked collective-GEMM pipelines; 0 or 1: off). C must not exceed the rows a "
+                   "rank's block has (tokens / tp under sp)")
+        ->check(CLI::Range(0, kIntMax));
     app.add_flag("--cpu", o.cpu, "MPI on CPU tensors, fp32, shape cpu-tiny (h 64, ff 256): a smoke test of the logic");
     app.add_option("--json", o.json, "append one JSON line per measurement to PATH")->type_name("PATH");
     app.add_flag("--list-cases", o.list_cases, "print the cases as JSON (for the torch peer) and exit");
@@ -419,6 +429,7 @@ struct Run {
         rec["tp"] = env->world_size();
         rec["dtype"] = options.cpu ? "fp32" : "bf16";
         rec["overlap_grad_comm"] = !options.no_overlap;
+        rec["comm_chunks"] = options.chunks;
         if (out.is_open()) {
             out << rec.dump() << '\n';
             out.flush();
@@ -961,9 +972,9 @@ int RunBench(launch::Environment& env, const Options& o) {
     if (env.rank() == 0) {
         const std::string nvls = env::Get("NCCL_NVLS_ENABLE").value_or("(unset)");
         std::printf("# shardline ParallelMLP fwd+bwd, tp %d (%s), %s, %s, commit %s, %s, NCCL_NVLS_ENABLE=%s, "
-                    "backward overlap %s\n",
+                    "backward overlap %s, comm_chunks %d\n",
                     tp, std::string(env.world().backend()).c_str(), run.device.c_str(), o.cpu ? "fp32" : "bf16",
-                    run.commit.c_str(), run.date.c_str(), nvls.c_str(), o.no_overlap ? "off" : "on");
+                    run.commit.c_str(), run.date.c_str(), nvls.c_str(), o.no_overlap ? "off" : "on", o.chunks);
         std::printf("# ceiling (8192^3 bf16 cuBLASLt GEMM, slowest rank): %.1f TF/s; warmup %d, %d rounds x %d iters; "
                     "TF/GPU = 12*T*h*ff/tp / t\n",
                     run.ceiling_tflops, o.warmup, o.rounds, o.iters);
@@ -983,7 +994,8 @@ int RunBench(launch::Environment& env, const Options& o) {
                                        .bias = true,
                                        .sequence_parallel = v == "sp",
                                        .approximation = kernels::GeluApproximation::kTanh,
-                                       .overlap_grad_comm = !o.no_overlap},
+                                       .overlap_grad_comm = !o.no_overlap,
+                                       .comm_chunks = o.chunks},
                 nn::TensorParallelGroup::Named(mesh, "tp"),
                 nn::ParameterOptions{.dtype = run.dtype, .device = env.device(), .seed = 5, .name = "mlp"});
         }

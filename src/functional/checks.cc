@@ -10,6 +10,7 @@
 #include <shardline/core/error.h>
 
 #include "linear_plan.h"
+#include "pipeline.h"
 
 namespace shardline::functional::detail {
 namespace {
@@ -313,6 +314,14 @@ void CheckBackwardOperands(const Checker &check, const Options &o, std::int64_t 
     }
 }
 
+/// What the call runs on, once the options' comm_chunks passed against its rows (`global`: x's leading dims).
+template <class Options>
+CheckedCall Checked(const Checker &check, const Options &o, const Shape &global, DType dtype, std::int64_t tp) {
+    CheckCommChunks(check.op(), o.comm_chunks, o.num_experts, Numel(global) / (o.sequence_parallel ? tp : 1),
+                    o.sequence_parallel);
+    return {.x_global = WithLast(global, o.in_features), .dtype = dtype};
+}
+
 } // namespace
 
 CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const ColumnParallelLinearForwardArgs &args,
@@ -359,7 +368,7 @@ CheckedCall CheckColumnForward(const ColumnParallelLinearOptions &options, const
         SHARDLINE_CHECK(!args.pre_activation.present(), check.op(),
                         "pre_activation is given but activation is none (set activation = gelu_tanh)");
     }
-    return {.x_global = WithLast(global, k), .dtype = dtype};
+    return Checked(check, options, global, dtype, tp);
 }
 
 CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
@@ -400,7 +409,7 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     }
     CheckBackwardOperands(check, options, n_part, args, dtype, WithLast(lead, k), x_formula);
     CheckGroupSizes(check, options.num_experts, args, args.dy);
-    return {.x_global = WithLast(global, k), .dtype = dtype};
+    return Checked(check, options, global, dtype, tp);
 }
 
 CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
@@ -431,7 +440,7 @@ CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowPa
                  options.sequence_parallel ? "[s/tp, ..., out_features]" : "[s, ..., out_features]");
     check.SameDType(args.y, "y", dtype, "x");
     CheckGroupSizes(check, options.num_experts, args, args.x);
-    return {.x_global = WithLast(global, k), .dtype = dtype};
+    return Checked(check, options, global, dtype, tp);
 }
 
 CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowParallelLinearBackwardArgs &args,
@@ -484,7 +493,7 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
         check.Shaped(args.pre_activation_dbias, "pre_activation_dbias", {k_local}, "[in_features/tp]");
         check.GradDType(args.pre_activation_dbias, "pre_activation_dbias", dtype, args.param_grads);
     }
-    return {.x_global = WithLast(global, k), .dtype = dtype};
+    return Checked(check, options, global, dtype, tp);
 }
 
 } // namespace shardline::functional::detail

@@ -5,6 +5,7 @@ shardline_add_library(functional
   ${CMAKE_CURRENT_LIST_DIR}/checks.cc
   ${CMAKE_CURRENT_LIST_DIR}/linear_plan.cc
   ${CMAKE_CURRENT_LIST_DIR}/parallel_linear.cc
+  ${CMAKE_CURRENT_LIST_DIR}/pipeline.cc
   ${CMAKE_CURRENT_LIST_DIR}/views.cc)
 target_link_libraries(shardline_functional PUBLIC shardline_dist shardline_kernels shardline_comm shardline_spmd)
 install(TARGETS shardline_functional EXPORT shardlineTargets

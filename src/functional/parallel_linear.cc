@@ -26,16 +26,23 @@
 #include <shardline/spmd/layout.h>
 #include <shardline/spmd/mesh.h>
 
+#include "call.h"
 #include "checks.h"
 #include "linear_plan.h"
+#include "pipeline.h"
 
 namespace shardline::functional {
 
 namespace {
 
+using detail::Call;
+using detail::ChunkedStep;
+using detail::Deliver;
 using detail::LinearConfig;
 using detail::LinearKind;
 using detail::LinearPlan;
+using detail::OutputBuffer;
+using detail::RowsOf;
 
 using detail::ShapeOf;
 
@@ -70,93 +77,6 @@ LinearConfig MakeConfig(const TensorParallelGroup &group, const detail::CheckedC
 // ---------------------------------------------------------------------------------------------------------------------
 // Execution.
 
-/// One call's device, mesh and the collectives it issued; on CUDA it also holds the stream/workspace override.
-class Call {
-public:
-    Call(comm::DeviceMesh &mesh, const CudaExecution &cuda) : mesh_(mesh) {
-        if (mesh.world().device_type() == DeviceType::kCUDA) {
-#if SHARDLINE_HAVE_CUDA
-            CudaContext &ctx = CudaContext::Current();
-            device_ = Device::CUDA(ctx.device());
-            scope_.emplace(ctx, cuda.stream, cuda.workspace, cuda.workspace_bytes);
-#endif
-        }
-    }
-
-    Device device() const { return device_; }
-    int collectives() const { return collectives_; }
-
-    Tensor Wrap(const TensorView &v) const {
-        return v.present() ? Tensor::FromBlob(v.data, ShapeOf(v), v.dtype, device_) : Tensor();
-    }
-    /// A grouped layer's group sizes: host memory, or the call's device.
-    Tensor WrapSizes(const TensorView &v, bool on_device) const {
-        return v.present() ? Tensor::FromBlob(v.data, ShapeOf(v), v.dtype, on_device ? device_ : Device::CPU())
-                           : Tensor();
-    }
-
-    /// This rank's shard shape of a global tensor in `layout`.
-    Shape LocalShape(const Shape &global, const spmd::Layout &layout) const {
-        return spmd::ComputeLocalShard(spmd::ProcessMesh(mesh_.shape()), global, layout, mesh_.coordinate()).shape;
-    }
-
-    /// `local` (this rank's shard of a global tensor in `layout`) moved by `plan`, a cached plan of the rule: nothing
-    /// to do for an empty plan, else DistTensor::Redistribute runs exactly the plan's steps (no planning) on the mesh
-    /// dims' groups and returns a tensor of its own. `output`: local is an output of this call's kernels (a temporary,
-    /// or the caller's output buffer it is delivered to), which the plan may overwrite: an all-reduce then runs in
-    /// place on it instead of on a copy, and Deliver has nothing left to copy.
-    Tensor Move(const Tensor &local, const Shape &global, const spmd::Layout &layout,
-                const spmd::RedistributePlan &plan, bool output = false) {
-        if (plan.steps.empty()) {
-            return local;
-        }
-        if (output) {
-            dist::PendingRedistribute pending = Start(local, global, layout, plan, true);
-            return Finish(pending);
-        }
-        collectives_ += plan.NumCollectives();
-        const dist::DistTensor t(local, global, layout, mesh_);
-        return t.Redistribute(plan.steps.back().after, plan).local();
-    }
-
-    /// Move with the plan's last collective left in flight (DistTensor::RedistributeAsync): the same collectives, in
-    /// the same order; Finish gives the moved tensor.
-    dist::PendingRedistribute Start(const Tensor &local, const Shape &global, const spmd::Layout &layout,
-                                    const spmd::RedistributePlan &plan, bool output = false) {
-        collectives_ += plan.NumCollectives();
-        const dist::DistTensor t(local, global, layout, mesh_);
-        return t.RedistributeAsync(plan.steps.empty() ? layout : plan.steps.back().after, plan, output);
-    }
-    static Tensor Finish(dist::PendingRedistribute &pending) { return pending.Wait().local(); }
-
-private:
-    comm::DeviceMesh &mesh_;
-    Device device_ = Device::CPU();
-    int collectives_ = 0;
-#if SHARDLINE_HAVE_CUDA
-    // A Call outlives every tensor of its call (they live in the Run* functions and their arguments), so temporaries
-    // are released stream-ordered on the caller's stream before the previous stream is restored.
-    std::optional<ScopedCudaOverride> scope_;
-#endif
-};
-
-/// The tensor a kernel writes an output into: the caller's buffer when the rule's local shard is exactly it and no
-/// plan moves it, else a temporary that the plan then moves (Redistribute returns a tensor of its own, which is then
-/// copied into the caller's buffer).
-Tensor OutputBuffer(const Tensor &caller, const Shape &local_shape) {
-    if (caller.shape() == local_shape) {
-        return caller;
-    }
-    return Tensor::Empty(local_shape, caller.dtype(), caller.device());
-}
-
-void Deliver(const Tensor &result, const Tensor &caller) {
-    if (result.data() != caller.data()) {
-        Tensor dst = caller;
-        dst.CopyFrom(result);
-    }
-}
-
 /// y[r, :] += bias for every row r: the bias the rule adds once, after the reduction of a Partial output.
 void AddBiasRows(const Tensor &y, const Tensor &bias) {
     Tensor out = y;
@@ -172,20 +92,15 @@ struct ForwardTensors {
     kernels::LinearActivation activation = kernels::LinearActivation::kNone; ///< column, without gather_output
     Tensor pre_activation{};                                                 ///< with an activation
     Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
+    int chunks = 0;       ///< the options' comm_chunks
 };
 
 ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors &t) {
     const spmd::CachedRule &rule = *plan.forward;
     ForwardInfo info;
-
     // x into the layout of the local GEMM: all-gathered (column, sequence parallel), sliced locally (row, input not
     // parallel), or as given.
-    Tensor x_used =
-        call.Move(t.x, plan.x_shape, plan.x_layout, rule.input_plans[static_cast<std::size_t>(plan.forward_x)]);
-    if (t.x_total.defined()) {
-        Deliver(x_used, t.x_total);
-        info.saved_input = SavedInput::kGatheredInput;
-    }
+    const spmd::RedistributePlan &x_plan = rule.input_plans[static_cast<std::size_t>(plan.forward_x)];
 
     // The local GEMM gives y in the rule's layout (row parallel: Partial); the bias rides in its epilogue unless the
     // rule adds it after the reduction.
@@ -198,22 +113,61 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
     SHARDLINE_CHECK(!activation || (!bias_after && y_plan.steps.empty()), "ColumnParallelLinearForward",
                     "an activation needs the local output with its bias (internal: the rule moves y or adds the bias "
                     "after a reduction)");
-    Tensor y_local = y_plan.steps.empty() ? t.y : OutputBuffer(t.y, call.LocalShape(plan.y_shape, y_rule.layout));
-    Tensor pre_activation = t.pre_activation;
     const Tensor *local_bias = t.bias.defined() && !bias_after ? &t.bias : nullptr;
-    if (t.group_sizes.defined()) {
-        kernels::GroupedLinearForward(kernels::GroupedLinearForwardArgs{
-            .x = x_used, .weight = t.weight, .bias = local_bias, .group_sizes = t.group_sizes, .y = y_local});
+    // The local GEMM on rows of x into the same rows of y: all of them, or one chunk's of a pipeline.
+    auto gemm = [&](const Tensor &x_rows, Tensor y_rows, Tensor pre_activation) {
+        if (t.group_sizes.defined()) {
+            kernels::GroupedLinearForward(kernels::GroupedLinearForwardArgs{
+                .x = x_rows, .weight = t.weight, .bias = local_bias, .group_sizes = t.group_sizes, .y = y_rows});
+        } else {
+            kernels::LinearForward(
+                kernels::LinearForwardArgs{.x = x_rows,
+                                           .weight = t.weight,
+                                           .bias = local_bias,
+                                           .y = y_rows,
+                                           .activation = t.activation,
+                                           .pre_activation = activation ? &pre_activation : nullptr});
+        }
+    };
+
+    // The chunked pipelines (options.comm_chunks, pipeline.h): x gathered in chunks, each chunk's GEMMs run as it
+    // arrives (column, sequence parallel: nothing moves y); or y computed in chunks, each chunk's all-reduce or
+    // reduce-scatter issued as soon as its GEMM is queued (row). Else the plain order.
+    const auto gather = ChunkedStep(x_plan, call.mesh(), t.chunks);
+    const auto reduce = ChunkedStep(y_plan, call.mesh(), t.chunks);
+    if (gather && y_plan.steps.empty()) {
+        call.Count(detail::GatherThenGemm(
+            *gather, t.x, t.x_total, [&](std::int64_t begin, std::int64_t count, const Tensor &x_rows) {
+                gemm(x_rows, RowsOf(t.y, begin, count), activation ? RowsOf(t.pre_activation, begin, count) : Tensor());
+            }));
     } else {
-        kernels::LinearForward(kernels::LinearForwardArgs{.x = x_used,
-                                                          .weight = t.weight,
-                                                          .bias = local_bias,
-                                                          .y = y_local,
-                                                          .activation = t.activation,
-                                                          .pre_activation = activation ? &pre_activation : nullptr});
+        const Tensor x_used = call.Move(t.x, plan.x_shape, plan.x_layout, x_plan);
+        if (t.x_total.defined()) {
+            Deliver(x_used, t.x_total);
+        }
+        if (reduce && !activation) {
+            // An all-reduce runs in place on the (caller's) output; a reduce-scatter writes into the caller's y.
+            const Tensor y_local = reduce->kind == spmd::Collective::kAllReduce
+                                       ? OutputBuffer(t.y, call.LocalShape(plan.y_shape, y_rule.layout))
+                                       : t.y;
+            detail::PendingChunks pending = detail::GemmThenReduce(
+                *reduce, y_local, [&](std::int64_t begin, std::int64_t count, const Tensor &y_rows) {
+                    gemm(RowsOf(x_used, begin, count), y_rows, Tensor());
+                });
+            call.Count(pending.collectives());
+            pending.Wait();
+            Deliver(y_local, t.y);
+        } else {
+            const Tensor y_local =
+                y_plan.steps.empty() ? t.y : OutputBuffer(t.y, call.LocalShape(plan.y_shape, y_rule.layout));
+            gemm(x_used, y_local, t.pre_activation);
+            // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
+            Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan, /*output=*/true), t.y);
+        }
     }
-    // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
-    Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan, /*output=*/true), t.y);
+    if (t.x_total.defined()) {
+        info.saved_input = SavedInput::kGatheredInput;
+    }
     if (bias_after) {
         if (t.group_sizes.defined()) {
             kernels::GroupedBiasAdd(t.y, t.bias, t.group_sizes); // each expert's bias on its rows
@@ -239,6 +193,7 @@ struct BackwardTensors {
     Tensor pre_activation_dbias{};                                                 ///< undefined: not wanted
     Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
     bool overlap = true;  ///< the options' overlap_grad_comm
+    int chunks = 0;       ///< the options' comm_chunks
 };
 
 /// A grouped layer's dgrad (when dx is wanted).
@@ -296,6 +251,41 @@ void RunLinearKernels(const BackwardTensors &t, const Tensor &dy, const Tensor *
     }
 }
 
+/// Row parallel under sequence parallelism with dx wanted and comm_chunks > 1 (pipeline.h): dy is all-gathered in
+/// chunks and each chunk's dgrad GEMMs run as it arrives. The parameter grads then run once on the whole gathered dy
+/// (assembled as the chunks arrive), as the plain order runs them; the column layer's bias grad of an input activation
+/// (Σ_rows dx) is one column sum of the finished dx, as the dgrad kernel computes it where it does not fuse it.
+BackwardInfo RunGatheredBackward(Call &call, const LinearPlan &plan, const BackwardTensors &t,
+                                 const detail::ChunkedCollective &gather) {
+    const spmd::CachedRule &rule = *plan.grad;
+    const bool params = t.dweight.defined() || t.dbias.defined();
+    const Tensor dy_total = params ? Tensor::Empty(plan.y_shape, t.dy.dtype(), call.device()) : Tensor();
+    BackwardTensors rows = t; // the pre-activation's rows of each block
+    call.Count(detail::GatherThenGemm(gather, t.dy, dy_total,
+                                      [&](std::int64_t begin, std::int64_t count, const Tensor &dy_rows) {
+                                          Tensor dx_rows = RowsOf(t.dx, begin, count);
+                                          if (t.input_activation != kernels::LinearActivation::kNone) {
+                                              rows.pre_activation = RowsOf(t.pre_activation, begin, count);
+                                          }
+                                          RunLinearKernels(rows, dy_rows, nullptr, &dx_rows, nullptr, nullptr, nullptr);
+                                      }));
+    if (t.pre_activation_dbias.defined()) {
+        Tensor pre_dbias = t.pre_activation_dbias;
+        kernels::LinearBackwardBias(kernels::LinearBackwardBiasArgs{
+            .dy = t.dx, .dbias = pre_dbias, .accumulate = t.mode == GradMode::kAccumulate});
+    }
+    if (params) {
+        const Tensor x_used = t.dweight.defined() ? call.Move(t.x, plan.x_shape, plan.x_layout,
+                                                              rule.input_plans[static_cast<std::size_t>(plan.grad_x)])
+                                                  : Tensor();
+        Tensor dweight = t.dweight;
+        Tensor dbias = t.dbias;
+        RunLinearKernels(t, dy_total, &x_used, nullptr, t.dweight.defined() ? &dweight : nullptr,
+                         t.dbias.defined() ? &dbias : nullptr, nullptr);
+    }
+    return BackwardInfo{.collectives = call.collectives()};
+}
+
 BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTensors &t) {
     const spmd::CachedRule &rule = *plan.grad;
     const bool want_dx = t.dx.defined();
@@ -308,9 +298,12 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     const bool grouped = t.group_sizes.defined();
     const bool accumulate = t.mode == GradMode::kAccumulate;
     // dy into the layout the rule wants: a local slice (column, gather_output), all-gathered (row, sequence
-    // parallel), or as given.
-    const Tensor dy_used =
-        call.Move(t.dy, plan.y_shape, plan.y_layout, rule.input_plans[static_cast<std::size_t>(plan.grad_out_grad)]);
+    // parallel; in chunks, each feeding its dgrad GEMMs, with comm_chunks), or as given.
+    const spmd::RedistributePlan &dy_plan = rule.input_plans[static_cast<std::size_t>(plan.grad_out_grad)];
+    if (const auto gather = want_dx ? ChunkedStep(dy_plan, call.mesh(), t.chunks) : std::nullopt) {
+        return RunGatheredBackward(call, plan, t, *gather);
+    }
+    const Tensor dy_used = call.Move(t.dy, plan.y_shape, plan.y_layout, dy_plan);
 
     // dx = dy·W comes out in the grad rule's layout (column: Partial over tp) and goes back to x's layout after the
     // kernels: an all-reduce, a reduce-scatter (sequence parallel) or an all-gather (row, input not parallel).
@@ -329,6 +322,9 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     // before the wgrad GEMM, so it overlaps the dgrad GEMM. The same kernels on the same operands, and the same
     // collectives in the same order (x's before dx's): bitwise the results and counts of the plain order.
     const bool overlap = t.overlap && want_dx && (want_dw || want_db) && dx_plan.NumCollectives() > 0;
+    // With comm_chunks (pipeline.h) the dgrad runs in chunks of rows, each chunk's all-reduce (reduce-scatter) issued
+    // as soon as its GEMM is queued; with the overlap the parameter grads run while the last chunks are in flight.
+    const auto dx_chunks = want_dx ? ChunkedStep(dx_plan, call.mesh(), t.chunks) : std::nullopt;
 
     dist::PendingRedistribute x_pending;
     Tensor x_used;
@@ -341,8 +337,8 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
             x_used = call.Move(t.x, plan.x_shape, plan.x_layout, x_plan);
         }
     }
-    Tensor dx_local;
-    if (want_dx) {
+    Tensor dx_local; // a chunked reduce-scatter writes into the caller's dx
+    if (want_dx && !(dx_chunks && dx_chunks->kind == spmd::Collective::kReduceScatter)) {
         dx_local = dx_plan.steps.empty() ? t.dx : OutputBuffer(t.dx, call.LocalShape(plan.x_shape, dx_rule.layout));
     }
     // The activation's gradient applies to the finished local dx (input_is_parallel: nothing moves it).
@@ -355,27 +351,47 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
     Tensor pre_dbias = t.pre_activation_dbias;
-    if (overlap) {
-        if (grouped) {
-            RunGroupedInputKernel(t, dy_used, dx_local);
+    if (overlap || dx_chunks) {
+        dist::PendingRedistribute dx_pending;
+        detail::PendingChunks dx_chunked;
+        if (dx_chunks) {
+            dx_chunked = detail::GemmThenReduce(*dx_chunks, dx_local.defined() ? dx_local : t.dx,
+                                                [&](std::int64_t begin, std::int64_t count, Tensor &dx_rows) {
+                                                    RunLinearKernels(t, RowsOf(dy_used, begin, count), nullptr,
+                                                                     &dx_rows, nullptr, nullptr, nullptr);
+                                                });
+            call.Count(dx_chunked.collectives());
+            if (!overlap) {
+                dx_chunked.Wait(); // the plain order: dx's collectives finished before the parameter grads
+            }
         } else {
-            RunLinearKernels(t, dy_used, nullptr, &dx_local, nullptr, nullptr, want_pre_db ? &pre_dbias : nullptr);
+            if (grouped) {
+                RunGroupedInputKernel(t, dy_used, dx_local);
+            } else {
+                RunLinearKernels(t, dy_used, nullptr, &dx_local, nullptr, nullptr, want_pre_db ? &pre_dbias : nullptr);
+            }
+            dx_pending = call.Start(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true);
         }
-        dist::PendingRedistribute dx_pending =
-            call.Start(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true);
         if (x_pending.valid()) {
             x_used = Call::Finish(x_pending);
         }
         if (grouped) {
             RunGroupedParamKernels(t, dy_used, x_used, accumulate);
-        } else {
+        } else if (want_dw || want_db) {
             RunLinearKernels(t, dy_used, &x_used, nullptr, want_dw ? &dweight : nullptr, want_db ? &dbias : nullptr,
                              nullptr);
         }
         // Waited here, at the end of the layer's backward, rather than left to dx's consumer: the call's contract is
         // that dx is in the caller's buffer (stream-ordered) when it returns, and the op before this layer consumes
         // dx at once; on NCCL the wait is an event on the caller's stream, so the host does not block.
-        Deliver(Call::Finish(dx_pending), t.dx);
+        if (dx_chunks) {
+            dx_chunked.Wait();
+            if (dx_local.defined()) {
+                Deliver(dx_local, t.dx);
+            }
+        } else {
+            Deliver(Call::Finish(dx_pending), t.dx);
+        }
         return BackwardInfo{.collectives = call.collectives()};
     }
 
@@ -411,7 +427,8 @@ ForwardInfo ColumnParallelLinearForward(const ColumnParallelLinearOptions &optio
                                      .x_total = call.Wrap(args.x_total),
                                      .activation = args.activation,
                                      .pre_activation = call.Wrap(args.pre_activation),
-                                     .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
+                                     .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                     .chunks = options.comm_chunks});
 }
 
 BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &options,
@@ -433,7 +450,8 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
                                        .dbias = call.Wrap(args.dbias),
                                        .mode = args.param_grads,
                                        .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
-                                       .overlap = options.overlap_grad_comm});
+                                       .overlap = options.overlap_grad_comm,
+                                       .chunks = options.comm_chunks});
 }
 
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
@@ -446,7 +464,8 @@ ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, co
                                      .weight = call.Wrap(args.weight),
                                      .bias = call.Wrap(args.bias),
                                      .y = call.Wrap(args.y),
-                                     .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device)});
+                                     .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                     .chunks = options.comm_chunks});
 }
 
 BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
@@ -467,7 +486,8 @@ BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,
                                        .pre_activation = args.dx.present() ? call.Wrap(args.pre_activation) : Tensor(),
                                        .pre_activation_dbias = call.Wrap(args.pre_activation_dbias),
                                        .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
-                                       .overlap = options.overlap_grad_comm});
+                                       .overlap = options.overlap_grad_comm,
+                                       .chunks = options.comm_chunks});
 }
 
 } // namespace shardline::functional

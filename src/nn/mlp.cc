@@ -18,7 +18,8 @@ ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallel
                                                                 .bias = options.bias,
                                                                 .gather_output = false,
                                                                 .sequence_parallel = options.sequence_parallel,
-                                                                .overlap_grad_comm = options.overlap_grad_comm},
+                                                                .overlap_grad_comm = options.overlap_grad_comm,
+                                                                .comm_chunks = options.comm_chunks},
                                     tp, p));
     p.name = name + ".fc2";
     fc2 = RegisterModule("fc2", std::make_shared<RowParallelLinear>(
@@ -27,7 +28,8 @@ ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallel
                                                              .bias = options.bias,
                                                              .input_is_parallel = true,
                                                              .sequence_parallel = options.sequence_parallel,
-                                                             .overlap_grad_comm = options.overlap_grad_comm},
+                                                             .overlap_grad_comm = options.overlap_grad_comm,
+                                                             .comm_chunks = options.comm_chunks},
                                     tp, p));
 }
 

@@ -8,7 +8,8 @@ set(_shardline_functional_sources
     ${CMAKE_CURRENT_LIST_DIR}/functional_row_parallel_linear_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/functional_linear_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/functional_linear_error_test.cc
-    ${CMAKE_CURRENT_LIST_DIR}/functional_overlap_test.cc)
+    ${CMAKE_CURRENT_LIST_DIR}/functional_overlap_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/functional_pipeline_test.cc)
 shardline_add_dist_test(NAME shardline_dist_functional_tests_cpu SOURCES ${_shardline_functional_sources}
                         NP 1 2 4 BACKEND cpu TIMEOUT 90 LIBS shardline::functional)
 if(SHARDLINE_WITH_NCCL)

@@ -290,5 +290,66 @@ TEST(FunctionalLinearErrorTest, GeluActivationArgumentsAreChecked) {
                  {"input_activation needs input_is_parallel"});
 }
 
+// ---- comm_chunks
+// ------------------------------------------------------------------------------------------------------
+
+// options.comm_chunks (the chunked pipelines): C < 0, C > the rows the pipelines split (x's leading dims, over tp under
+// sequence parallelism), and C > 1 on a grouped layer raise on every rank before any collective.
+TEST(FunctionalLinearErrorTest, BadCommChunksRaiseNamingTheCountAndTheRows) {
+    SHARDLINE_FUNCTIONAL_TEST_BACKEND();
+    const MeshAndDim m = GetMesh(MeshKind::kTp);
+    const std::int64_t tp = m.tp();
+    const Problem p{.lead = {12}, .data = Data::kInteger, .seed = 32};
+    const Dense d = MakeDense(p, m);
+    const Tensor x = Shard(d.x, 0, m); // sequence parallel: 12 / tp rows per rank
+    const Tensor w = Shard(d.w, 0, m);
+    const Tensor b = Shard(d.b, 0, m);
+    const Tensor y = Poisoned({12, kOut / tp}, p.dtype);
+    const auto column_forward = [&](int chunks, bool sp) {
+        ColumnParallelLinearForward(
+            {.in_features = kIn, .out_features = kOut, .sequence_parallel = sp, .comm_chunks = chunks},
+            {.x = ViewOf(sp ? x : d.x), .weight = ViewOf(w), .bias = ViewOf(b), .y = ViewOf(y)}, m.group());
+    };
+    ExpectErrorBeforeAnyCollective(m, [&] { column_forward(-1, true); },
+                                   {"ColumnParallelLinearForward", "comm_chunks must be >= 0", "-1"});
+    const std::int64_t rows = 12 / tp;
+    ExpectErrorBeforeAnyCollective(m, [&] { column_forward(static_cast<int>(rows) + 1, true); },
+                                   {"ColumnParallelLinearForward", fmt::format("comm_chunks ({}) must be <=", rows + 1),
+                                    fmt::format("{} (x's leading dims flattened, over tp", rows)});
+    ExpectErrorBeforeAnyCollective(m, [&] { column_forward(13, false); },
+                                   {"comm_chunks (13) must be <=", "12 (x's leading dims flattened)"});
+
+    // The row backward checks its own rows (dy's whole sequence over tp).
+    const Tensor dy = Shard(d.dy, 0, m);
+    const Tensor xr = Shard(d.x, 1, m);
+    const Tensor wr = Shard(d.w, 1, m);
+    Tensor dx = Poisoned(xr.shape(), p.dtype);
+    ExpectErrorBeforeAnyCollective(m,
+                                   [&] {
+                                       RowParallelLinearBackward(
+                                           {.in_features = kIn,
+                                            .out_features = kOut,
+                                            .input_is_parallel = true,
+                                            .sequence_parallel = true,
+                                            .comm_chunks = static_cast<int>(rows) + 1},
+                                           {.dy = ViewOf(dy), .weight = ViewOf(wr), .dx = ViewOf(dx)}, m.group());
+                                   },
+                                   {"RowParallelLinearBackward", fmt::format("comm_chunks ({}) must be <=", rows + 1)});
+
+    // A grouped layer's rows are grouped by expert: no pipeline.
+    const Tensor xg = Tensor::Zeros({4, kIn}, p.dtype, TestDevice());
+    const Tensor wg = Tensor::Zeros({2, kOut / tp, kIn}, p.dtype, TestDevice());
+    const Tensor yg = Tensor::Zeros({4, kOut / tp}, p.dtype, TestDevice());
+    const Tensor sizes = Tensor::FromVector({2, 2}, {2}, DType::kInt64);
+    ExpectErrorBeforeAnyCollective(
+        m,
+        [&] {
+            ColumnParallelLinearForward(
+                {.in_features = kIn, .out_features = kOut, .bias = false, .num_experts = 2, .comm_chunks = 2},
+                {.x = ViewOf(xg), .weight = ViewOf(wg), .y = ViewOf(yg), .group_sizes = ViewOf(sizes)}, m.group());
+        },
+        {"ColumnParallelLinearForward", "comm_chunks (2) pipelines a Linear's rows", "num_experts 2"});
+}
+
 } // namespace
 } // namespace shardline

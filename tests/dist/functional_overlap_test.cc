@@ -7,7 +7,6 @@
 //     against the absolute counts and bytes of DESIGN.md §6.
 // BACKEND cpu (MPI, np 1/2/4) and BACKEND cuda (NCCL, np 2/4, skipped without one GPU per rank) build this file.
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -33,26 +32,6 @@ struct Grads {
     CollectiveCounts counts; ///< the tp group's
     int collectives = 0;     ///< BackwardInfo::collectives
 };
-
-/// Byte-for-byte equality of two tensors (host copies), so NaN poison or a -0/+0 difference fails.
-::testing::AssertionResult Bitwise(const Tensor &a, const Tensor &b) {
-    if (a.defined() != b.defined()) {
-        return ::testing::AssertionFailure() << "one of the two is undefined";
-    }
-    if (!a.defined()) {
-        return ::testing::AssertionSuccess();
-    }
-    const Tensor ha = a.To(Device::CPU());
-    const Tensor hb = b.To(Device::CPU());
-    if (ha.shape() != hb.shape() || ha.dtype() != hb.dtype()) {
-        return ::testing::AssertionFailure() << ha.ToString() << " vs " << hb.ToString();
-    }
-    const std::size_t bytes = static_cast<std::size_t>(ha.numel()) * ElementSize(ha.dtype());
-    if (std::memcmp(ha.data(), hb.data(), bytes) != 0) {
-        return ::testing::AssertionFailure() << "the bytes of " << ha.ToString() << " differ";
-    }
-    return ::testing::AssertionSuccess();
-}
 
 void ExpectSameCollectives(const Grads &on, const Grads &off) {
     for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {

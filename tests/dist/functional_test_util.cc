@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -145,6 +146,24 @@ Values Plus(Values a, const Values &b) {
 /// the reduction rounds each of its additions (NCCL reduces in the dtype), about 2·tp roundings instead of the one of a
 /// local GEMM, so a half type's rtol is multiplied by tp there (simulated on these shapes: fp16 at tp 4 reaches 2.5x
 /// its rtol, bf16 1.1x). float32's rtol (1e-5, some 170 roundings) needs no scaling.
+::testing::AssertionResult Bitwise(const Tensor &a, const Tensor &b) {
+    if (a.defined() != b.defined()) {
+        return ::testing::AssertionFailure() << "one of the two is undefined";
+    }
+    if (!a.defined()) {
+        return ::testing::AssertionSuccess();
+    }
+    const Tensor ha = a.To(Device::CPU());
+    const Tensor hb = b.To(Device::CPU());
+    if (ha.shape() != hb.shape() || ha.dtype() != hb.dtype()) {
+        return ::testing::AssertionFailure() << ha.ToString() << " vs " << hb.ToString();
+    }
+    if (std::memcmp(ha.data(), hb.data(), ha.nbytes()) != 0) {
+        return ::testing::AssertionFailure() << "the bytes of " << ha.ToString() << " differ";
+    }
+    return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult Matches(const Tensor &got, const Values &want, Data data, DType dtype,
                                    std::int64_t reduced_over) {
     const Values g = got.ToDoubleVector();

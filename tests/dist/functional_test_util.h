@@ -100,6 +100,10 @@ Values Plus(Values a, const Values &b);
 ::testing::AssertionResult Matches(const Tensor &got, const Values &want, Data data, DType dtype,
                                    std::int64_t reduced_over = 1);
 
+/// Byte-for-byte equality of two tensors (host copies; both undefined is equal), so NaN poison or a -0/+0 difference
+/// fails: what the overlapped and pipelined paths promise against the plain one.
+::testing::AssertionResult Bitwise(const Tensor &a, const Tensor &b);
+
 // ---- collective counts
 // -----------------------------------------------------------------------------------------------
 

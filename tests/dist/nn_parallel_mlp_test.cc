@@ -20,6 +20,7 @@
 #include <shardline/autograd/engine.h>
 #include <shardline/autograd/functions.h>
 #include <shardline/autograd/variable.h>
+#include <shardline/comm/communicator.h>
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/error.h>
 #include <shardline/dist/dist_tensor.h>
@@ -225,11 +226,17 @@ struct FusionFull {
 };
 
 /// One step of a ParallelMLP (hidden kHidden, ffn kFusionFfn) on the given full tensors: y and every gradient.
-PairGot MlpStep(const MlpCase &c, bool fused, DeviceMesh &mesh, const FusionFull &full, bool main_grads) {
+/// `chunks`: the block's comm_chunks; `counts`, when given, receives the tp group's collectives of the step.
+PairGot MlpStep(const MlpCase &c, bool fused, DeviceMesh &mesh, const FusionFull &full, bool main_grads, int chunks = 0,
+                comm::CollectiveCounts *counts = nullptr) {
     const bool sp = c.sequence_parallel;
-    nn::ParallelMLP mlp(
-        {.hidden = kHidden, .ffn_hidden = kFusionFfn, .bias = c.bias, .sequence_parallel = sp, .gelu_fusion = fused},
-        Tp(mesh), WithName(Param(c.dtype), fused ? "fused" : "unfused"));
+    nn::ParallelMLP mlp({.hidden = kHidden,
+                         .ffn_hidden = kFusionFfn,
+                         .bias = c.bias,
+                         .sequence_parallel = sp,
+                         .gelu_fusion = fused,
+                         .comm_chunks = chunks},
+                        Tp(mesh), WithName(Param(c.dtype), fused ? "fused" : "unfused"));
     SetFull(mlp.fc1->weight, full.w1);
     SetFull(mlp.fc2->weight, full.w2);
     if (c.bias) {
@@ -245,9 +252,13 @@ PairGot MlpStep(const MlpCase &c, bool fused, DeviceMesh &mesh, const FusionFull
     }
     Variable x(DistTensor::FromFull(full.x, sp ? LayoutOf(3, {{0, {0}}}) : spmd::Layout::Replicated(3), mesh),
                c.input_grad);
+    ResetCounts(mesh);
     Variable y = mlp.Forward(x);
-    const DistTensor dy = DistTensor::FromFull(full.dy, y.value().layout(), mesh);
+    const DistTensor dy = DistTensor::FromFull(full.dy, y.value().layout(), mesh); // a local slice: no collective
     y.Backward(&dy);
+    if (counts != nullptr) {
+        *counts = mesh.group(mesh.dim_index("tp")).Counts();
+    }
     return GatherPair(x, y, *mlp.fc1, *mlp.fc2, c.bias);
 }
 
@@ -318,6 +329,74 @@ std::vector<MlpCase> FusionCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ParallelMLPFusionTest, ::testing::ValuesIn(FusionCases()), MlpCaseName);
+
+// ---- the block with chunked collective-GEMM pipelines (comm_chunks)
+// --------------------------------------------------
+
+class ParallelMLPPipelineTest : public ::testing::TestWithParam<MlpCase> {};
+
+// comm_chunks = C on the block (fc1 and fc2): every collective of the step runs as C, with the same bytes, and the
+// values are those of C = 0: bit for bit on the CPU; on CUDA within the fusion test's budget (a GEMM on fewer rows may
+// take another algorithm, and the GELU leaves the integers). C = 3 does not divide the rows at tp 2 and 4.
+TEST_P(ParallelMLPPipelineTest, ChunkedStepMatchesTheUnchunkedWithEveryCollectiveSplitInC) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const MlpCase &c = GetParam();
+    DeviceMesh &mesh = TpMesh();
+    const Data data = Data::kRandom;
+    const FusionFull full{.x = MakeFull({kSeq, kBatch, kHidden}, "x", data, c.dtype, 16),
+                          .w1 = MakeFull({kFusionFfn, kHidden}, "w1", data, c.dtype, 16),
+                          .b1 = MakeFull({kFusionFfn}, "b1", data, c.dtype, 16),
+                          .w2 = MakeFull({kHidden, kFusionFfn}, "w2", data, c.dtype, 16),
+                          .b2 = MakeFull({kHidden}, "b2", data, c.dtype, 16),
+                          .dy = MakeFull({kSeq, kBatch, kHidden}, "dy", data, c.dtype, 16)};
+    comm::CollectiveCounts plain_counts;
+    const PairGot plain = MlpStep(c, c.gelu_fusion, mesh, full, false, 0, &plain_counts);
+    for (int chunks : {2, 3}) {
+        SCOPED_TRACE(fmt::format("comm_chunks {}", chunks));
+        comm::CollectiveCounts counts;
+        const PairGot got = MlpStep(c, c.gelu_fusion, mesh, full, false, chunks, &counts);
+        for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {
+            const auto kind = static_cast<comm::CollectiveKind>(k);
+            EXPECT_EQ(counts.Calls(kind), chunks * plain_counts.Calls(kind)) << comm::CollectiveName(kind);
+            EXPECT_EQ(counts.Bytes(kind), plain_counts.Bytes(kind)) << comm::CollectiveName(kind);
+        }
+        const std::vector<std::pair<const char *, std::pair<const Tensor *, const Tensor *>>> outputs = {
+            {"y", {&got.y, &plain.y}},          {"dX", {&got.dx, &plain.dx}},       {"fc1 dW", {&got.dw1, &plain.dw1}},
+            {"fc1 db", {&got.db1, &plain.db1}}, {"fc2 dW", {&got.dw2, &plain.dw2}}, {"fc2 db", {&got.db2, &plain.db2}}};
+        for (const auto &[name, pair] : outputs) {
+            ASSERT_EQ(pair.first->defined(), pair.second->defined()) << name;
+            if (!pair.first->defined()) {
+                continue;
+            }
+            if (TestDevice().is_cpu()) {
+                EXPECT_EQ(pair.first->ToDoubleVector(), pair.second->ToDoubleVector()) << name << ": bit for bit";
+                continue;
+            }
+            const double rtol =
+                testing::RelativeTolerance(c.dtype) * 2.0 * (IsHalf(c.dtype) ? HalfFactor(SizeOf(mesh, "tp"), 3) : 4.0);
+            const std::string diff =
+                testing::CompareValues(pair.first->ToDoubleVector(), pair.second->ToDoubleVector(), rtol);
+            EXPECT_TRUE(diff.empty()) << name << ": " << diff;
+        }
+    }
+}
+
+std::vector<MlpCase> PipelineCases() {
+    std::vector<MlpCase> cases;
+    for (bool sp : {false, true}) {
+        for (bool fused : {true, false}) {
+            for (bool input_grad : {true, false}) {
+                cases.push_back({.sequence_parallel = sp, .input_grad = input_grad, .gelu_fusion = fused});
+            }
+        }
+    }
+#if SHARDLINE_DIST_TENSOR_TEST_CUDA
+    cases.push_back({.sequence_parallel = true, .dtype = DType::kBFloat16});
+#endif
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, ParallelMLPPipelineTest, ::testing::ValuesIn(PipelineCases()), MlpCaseName);
 
 } // namespace
 } // namespace shardline

@@ -23,6 +23,10 @@
 //   row, input not parallel                 local slice of x, all-reduce y   all-gather dx (none without dx)
 //   row, sequence_parallel                  reduce-scatter y, then + bias    all-gather dy
 //
+// With comm_chunks = C > 1 (the options below) the row forward's all-reduce / reduce-scatter, the column backward's dx
+// all-reduce / reduce-scatter and the sequence-parallel all-gathers of the column forward's x and the row backward's dy
+// run as C collectives over chunks of rows, each beside another chunk's GEMM (the same bytes; docs/functional.md).
+//
 // The rule and its plans are inferred once per configuration (mesh shape, tp dim, shapes, flags, dtype) and cached;
 // a steady-state call looks them up and infers nothing (GetPlanCacheStats).
 //
@@ -172,6 +176,17 @@ struct ColumnParallelLinearOptions {
     /// is issued before the dgrad GEMM and awaited before the wgrad GEMM. The same kernels, collectives, order and
     /// bytes as the plain order, so bitwise the same results. Off: every collective waited for where it is issued.
     bool overlap_grad_comm = true;
+    /// The chunked collective-GEMM pipelines (DESIGN.md §10, docs/functional.md "Chunked pipelines"), C = comm_chunks:
+    /// C > 1 splits the rows (x's leading dims flattened) into C chunks, R / C rows each (the first R % C one more).
+    /// Forward under sequence_parallel: x is all-gathered in C chunks (rows [c0, c1) of every rank's block each), all
+    /// issued at once, and each chunk's GEMMs run as soon as it arrives (one per rank block of output rows). Backward:
+    /// the dgrad GEMM runs in C chunks and each chunk's all-reduce of dx (reduce-scatter under sequence_parallel, then
+    /// of rows [c0, c1) of every rank's block) is issued as soon as its GEMM is queued. C collectives instead of one
+    /// with the same bytes in all (x's extra all-gather for dweight stays one). Bitwise the same results as C <= 1 for
+    /// integer-valued operands; otherwise the same up to the GEMMs' rounding (a GEMM of fewer rows may take another
+    /// algorithm). 0 or 1: off, the default until measured faster. C < 0, C > the rows it splits (R = the rows, over
+    /// tp under sequence_parallel), or C > 1 with num_experts: Error before any collective.
+    int comm_chunks = 0;
 
     /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
     bool adds_bias() const { return bias && !skip_bias_add; }
@@ -245,6 +260,13 @@ struct RowParallelLinearOptions {
     /// The backward overlaps dx's collective (the all-gather of a non-parallel input's dx) with the parameter grads,
     /// as ColumnParallelLinearOptions::overlap_grad_comm does: bitwise the same results, collectives and bytes.
     bool overlap_grad_comm = true;
+    /// The chunked pipelines, as ColumnParallelLinearOptions::comm_chunks: C > 1 computes the forward's y in C chunks
+    /// of rows and issues each chunk's all-reduce (reduce-scatter under sequence_parallel, of rows [c0, c1) of every
+    /// rank's block) as soon as its GEMM is queued, the bias added once after the last; the backward under
+    /// sequence_parallel (with dx wanted) all-gathers dy in C chunks and runs each chunk's dgrad as it arrives, then
+    /// the parameter grads on the whole gathered dy (and input_activation's pre_activation_dbias as a column sum of
+    /// dx). C collectives instead of one, the same bytes; bitwise the same results for integer-valued operands.
+    int comm_chunks = 0;
 
     /// Whether a call adds the bias (and computes its gradient): bias && !skip_bias_add.
     bool adds_bias() const { return bias && !skip_bias_add; }

@@ -25,6 +25,9 @@ struct LinearOutput {
 
 /// The options and the tensor-parallel group are the functional layer's types (one per layer kind, Megatron's
 /// defaults), so a module and a functional call of the same layer are configured alike.
+/// They carry the communication options too: overlap_grad_comm (dx's collective beside the parameter grads) and
+/// comm_chunks (the chunked collective-GEMM pipelines: each collective in C chunks of rows beside the GEMMs of the
+/// others; off by default), which the modules pass to the core unchanged.
 using functional::ColumnParallelLinearOptions;
 using functional::RowParallelLinearOptions;
 using functional::TensorParallelGroup;

@@ -21,6 +21,11 @@ struct ParallelMLPOptions {
     /// fc1's and fc2's overlap_grad_comm (functional/parallel_linear.h): the backward's dx collective beside the
     /// parameter grads. Bitwise the same results and collectives either way; off only to measure the difference.
     bool overlap_grad_comm = true;
+    /// fc1's and fc2's comm_chunks (functional/parallel_linear.h): C > 1 runs every collective of the block in C chunks
+    /// of rows, each overlapping the GEMM of another chunk (forward: fc1's x all-gather under sequence parallelism,
+    /// fc2's all-reduce / reduce-scatter; backward: fc2's dy all-gather, fc1's dx all-reduce / reduce-scatter). The
+    /// same results (bitwise for integer-valued operands), C times the collectives with the same bytes. 0 or 1: off.
+    int comm_chunks = 0;
 };
 
 /// Megatron's ParallelMLP: ColumnParallelLinear(hidden → ffn) → GELU → RowParallelLinear(ffn → hidden). Without

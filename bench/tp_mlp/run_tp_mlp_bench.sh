@@ -22,10 +22,10 @@ NPS=${NPS:-2 4}
 QUICK=${QUICK:-0}
 ROUNDS=${ROUNDS:-1}
 BENCH_ARGS=${BENCH_ARGS:-}
-PEER=${PEER:-1}
+RUN_PEER=${PEER:-1}
 MPIRUN_TIMEOUT=${MPIRUN_TIMEOUT:-600}
 EXE=$BUILD/bench/tp_mlp/shardline-tp-mlp-bench
-PEER=$REPO/bench/peers/tp_mlp_peer.py
+PEER_PY=$REPO/bench/peers/tp_mlp_peer.py
 
 export NCCL_NVLS_ENABLE=0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -68,10 +68,10 @@ for NP in $NPS; do
     # shellcheck disable=SC2086
     "${MPIRUN[@]}" "$EXE" "${SEL[@]}" --json "$OUT/tp_mlp_shardline.jsonl" $BENCH_ARGS 2>&1 \
       | tee -a "$OUT/tp_mlp_shardline_np$NP.log" || status=1
-    [[ $PEER == 1 ]] || continue
+    [[ $RUN_PEER == 1 ]] || continue
     echo "== np $NP round $round/$ROUNDS: torch DTensor ($((SECONDS - start)) s)" >&2
     "${MPIRUN[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29500 + RANDOM % 1000)) \
-      python3 "$PEER" --cases "$OUT/cases.json" --json "$OUT/tp_mlp_torch.jsonl" 2>&1 \
+      python3 "$PEER_PY" --cases "$OUT/cases.json" --json "$OUT/tp_mlp_torch.jsonl" 2>&1 \
       | tee -a "$OUT/tp_mlp_torch_np$NP.log" || status=1
   done
 done

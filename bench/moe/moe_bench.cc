@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 #include <nlohmann/json.hpp>
 
@@ -38,6 +37,7 @@
 #include "common/bench_util.h"
 #include "common/cli.h"
 #include "common/event_timer.h"
+#include "moe_cli.h"
 
 namespace {
 
@@ -60,35 +60,11 @@ const std::vector<Case> kCases = {
 
 constexpr double kAuxLossCoeff = 0.01;
 
-struct Options {
-    std::set<std::string> cases;
-    int warmup = 5;
-    int iters = 10;
-    int rounds = 3;
-    std::string json_path;
-    bool list_cases = false;
-};
+using Options = bench::MoeBenchOptions;
 
 Options Parse(int argc, char **argv) {
-    Options o;
-    CLI::App app{"shardline-moe-bench: MoE MLP fwd+bwd at ep = 1 vs a torch reference (bench/peers/moe_peer.py)"};
-    bench::UseBenchDefaults(app);
-    std::string cases;
-    app.add_option("--cases", cases, "comma list of case names (default: all)");
-    app.add_option("--warmup", o.warmup, "warm-up iterations")->check(CLI::PositiveNumber);
-    app.add_option("--iters", o.iters, "timed iterations per measurement per round")->check(CLI::PositiveNumber);
-    app.add_option("--rounds", o.rounds, "interleaved rounds")->check(CLI::PositiveNumber);
-    app.add_option("--json", o.json_path, "append one JSON record per case to this file");
-    app.add_flag("--list-cases", o.list_cases, "print the cases as JSON and exit");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError &e) {
-        std::exit(app.exit(e));
-    }
-    for (const std::string &c : bench::SplitList(cases)) {
-        o.cases.insert(c);
-    }
-    return o;
+    return bench::ParseMoeBench(
+        argc, argv, "shardline-moe-bench: MoE MLP fwd+bwd at ep = 1 vs a torch reference (bench/peers/moe_peer.py)", 5);
 }
 
 /// Zipf routing bias log w_e (the last `zero` experts: -30, never chosen).

@@ -23,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
 #include <nlohmann/json.hpp>
 
@@ -40,6 +39,7 @@
 #include "common/bench_util.h"
 #include "common/cli.h"
 #include "common/event_timer.h"
+#include "moe_cli.h"
 
 namespace {
 
@@ -64,14 +64,7 @@ const std::vector<Case> kCases = {
     {"qwen3-128e", 8192, 128, 8, 2048, 768, 0.5},
 };
 
-struct Options {
-    std::set<std::string> cases;
-    int warmup = 3;
-    int iters = 10;
-    int rounds = 3;
-    std::string json_path;
-    bool list_cases = false;
-};
+using Options = bench::MoeBenchOptions;
 
 /// This rank's routing: indices and weights [T, topk], row-major.
 void Routing(const Case &c, std::int64_t rank, std::vector<double> &indices, std::vector<double> &weights) {
@@ -100,26 +93,9 @@ void MaxOverRanks(launch::Environment &env, std::vector<double> &v) {
 }
 
 Options Parse(int argc, char **argv) {
-    Options o;
-    CLI::App app{
-        "shardline-moe-ep-bench: MoE MLP fwd+bwd with ep = the world over NCCL, vs bench/peers/moe_ep_peer.py"};
-    bench::UseBenchDefaults(app);
-    std::string cases;
-    app.add_option("--cases", cases, "comma list of case names (default: all)");
-    app.add_option("--warmup", o.warmup, "warm-up iterations")->check(CLI::PositiveNumber);
-    app.add_option("--iters", o.iters, "timed iterations per measurement per round")->check(CLI::PositiveNumber);
-    app.add_option("--rounds", o.rounds, "interleaved rounds")->check(CLI::PositiveNumber);
-    app.add_option("--json", o.json_path, "append one JSON record per case to this file (rank 0)");
-    app.add_flag("--list-cases", o.list_cases, "print the cases as JSON and exit");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError &e) {
-        std::exit(app.exit(e));
-    }
-    for (const std::string &c : bench::SplitList(cases)) {
-        o.cases.insert(c);
-    }
-    return o;
+    return bench::ParseMoeBench(
+        argc, argv,
+        "shardline-moe-ep-bench: MoE MLP fwd+bwd with ep = the world over NCCL, vs bench/peers/moe_ep_peer.py", 3);
 }
 
 int Run(launch::Environment &env, const Options &opt) {

@@ -32,6 +32,7 @@
 
 #include "common/bench_util.h"
 #include "common/cli.h"
+#include "common/host_reduce.h"
 
 namespace {
 
@@ -155,8 +156,7 @@ Result Measure(launch::Environment& env, const Options& o, const std::string& op
         SHARDLINE_CHECK_CUDA(cudaEventDestroy(e));
     }
     // The slowest rank sets each iteration's time.
-    Tensor mine = Tensor::FromBlob(times.data(), {o.iters}, DType::kFloat64, Device::CPU());
-    env.host_world().AllReduce(mine, comm::ReduceOp::kMax)->Wait(true);
+    bench::AllReduceHost(env, times, comm::ReduceOp::kMax);
     return Result{Percentile(times, 0.5), Percentile(times, 0.9)};
 }
 

@@ -47,6 +47,7 @@
 
 #include "common/bench_util.h"
 #include "common/cli.h"
+#include "common/host_reduce.h"
 
 namespace {
 
@@ -171,8 +172,7 @@ Sample Measure(launch::Environment& env, const Options& o, cudaStream_t stream, 
     }
     const auto us = [&](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count() / o.iters; };
     std::vector<double> mine = {us(t1 - t0), us(t2 - t0), bench::Percentile(per_call, 0.5)};
-    Tensor t = Tensor::FromBlob(mine.data(), {3}, DType::kFloat64, Device::CPU());
-    env.host_world().AllReduce(t, comm::ReduceOp::kMax)->Wait(true);
+    bench::AllReduceHost(env, mine, comm::ReduceOp::kMax);
     return Sample{mine[0], mine[1], mine[2]};
 }
 

@@ -39,6 +39,7 @@
 #include "common/bench_util.h"
 #include "common/cli.h"
 #include "common/event_timer.h"
+#include "common/host_reduce.h"
 #include "moe_cli.h"
 
 namespace {
@@ -81,15 +82,6 @@ void Routing(const Case &c, std::int64_t rank, std::vector<double> &indices, std
             weights.push_back(static_cast<double>(c.topk - j) / norm);
         }
     }
-}
-
-/// Elementwise max of v over the ranks (float64 through the host communicator), in place.
-void MaxOverRanks(launch::Environment &env, std::vector<double> &v) {
-    if (env.world_size() == 1 || v.empty()) {
-        return;
-    }
-    Tensor t = Tensor::FromBlob(v.data(), {static_cast<std::int64_t>(v.size())}, DType::kFloat64, Device::CPU());
-    env.host_world().AllReduce(t, comm::ReduceOp::kMax)->Wait(true);
 }
 
 Options Parse(int argc, char **argv) {
@@ -185,7 +177,7 @@ int Run(launch::Environment &env, const Options &opt) {
             }
         }
         std::vector<double> gate{finite ? 0.0 : 1.0};
-        MaxOverRanks(env, gate);
+        bench::AllReduceHost(env, gate, comm::ReduceOp::kMax);
         if (gate[0] != 0.0) {
             if (rank == 0) {
                 std::fprintf(stderr, "GATE FAILED %s: a non-finite output or gradient on some rank\n", c.name.c_str());
@@ -200,10 +192,7 @@ int Run(launch::Environment &env, const Options &opt) {
             for (double e : idx) {
                 rows_in[static_cast<std::size_t>(static_cast<std::int64_t>(e) / per_rank)] += 1.0;
             }
-            Tensor t = Tensor::FromBlob(rows_in.data(), {ep}, DType::kFloat64, Device::CPU());
-            if (ep > 1) {
-                env.host_world().AllReduce(t, comm::ReduceOp::kSum)->Wait(true);
-            }
+            bench::AllReduceHost(env, rows_in, comm::ReduceOp::kSum);
         }
 
         for (int i = 0; i < opt.warmup; ++i) {
@@ -223,8 +212,8 @@ int Run(launch::Environment &env, const Options &opt) {
                 a2a_us.push_back(timer.Microseconds([&] { exchange_step(); }));
             }
         }
-        MaxOverRanks(env, layer_us); // the slowest rank sets each iteration's time
-        MaxOverRanks(env, a2a_us);
+        bench::AllReduceHost(env, layer_us, comm::ReduceOp::kMax); // the slowest rank sets each iteration's time
+        bench::AllReduceHost(env, a2a_us, comm::ReduceOp::kMax);
         const double layer_med = bench::Percentile(layer_us, 0.5);
         const double a2a_med = bench::Percentile(a2a_us, 0.5);
         const double tokens_per_s = static_cast<double>(c.tokens * ep) / (layer_med * 1e-6);

@@ -78,6 +78,7 @@
 
 #include "common/bench_util.h"
 #include "common/cli.h"
+#include "common/host_reduce.h"
 #if SHARDLINE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -314,14 +315,7 @@ private:
     std::vector<std::chrono::steady_clock::time_point> host_;
 };
 
-/// Elementwise op over the ranks of `v` (float64, through the MPI host communicator), in place.
-void AllReduceHost(launch::Environment& env, std::vector<double>& v, comm::ReduceOp op) {
-    if (env.world_size() == 1 || v.empty()) {
-        return;
-    }
-    Tensor t = Tensor::FromBlob(v.data(), {static_cast<std::int64_t>(v.size())}, DType::kFloat64, Device::CPU());
-    env.host_world().AllReduce(t, op)->Wait(true);
-}
+using bench::AllReduceHost;
 
 /// The device idle and every rank past this point.
 void Barrier(launch::Environment& env) {

@@ -33,6 +33,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/bench_util.h"
+
 namespace {
 
 using namespace shardline;
@@ -92,12 +94,15 @@ int main(int argc, char **argv) {
     std::string dtype_name = "bf16";
     std::string device_name = "auto";
     int repeats = 2;
+    int stall_repeats = 5;
     app.add_option("--dir", dir, "directory on the disk to measure (emptied)")->required();
     app.add_option("--gb", gb, "model size in GiB");
     app.add_option("--tensors", count, "number of tensors");
     app.add_option("--dtype", dtype_name, "bf16, fp16, fp32");
     app.add_option("--device", device_name, "auto, cpu, cuda");
-    app.add_option("--repeats", repeats, "timed repetitions (the best is reported)");
+    app.add_option("--repeats", repeats, "timed repetitions of save and load (the best is reported)");
+    app.add_option("--stall-repeats", stall_repeats, "async saves and plain copies timed (the medians are reported)")
+        ->check(CLI::PositiveNumber);
     CLI11_PARSE(app, argc, argv);
 
     const DType dtype = ParseDType(dtype_name);
@@ -146,35 +151,64 @@ int main(int argc, char **argv) {
         }
     }
 
-    // The async save's stall (Save() returning) against the plain device-to-host copy into pinned memory.
-    double copy_s = 0;
+    // The async save's stall (Save() returning) against the plain device-to-host copy of the same bytes into pinned
+    // memory: the median of `stall_repeats` of each, taken alternately after one warm-up of each (the saver's pinned
+    // buffer and the copy's buffer allocated and touched), so one slow sample (the page cache's writeback of the
+    // previous save, another process) neither hides nor fakes a miss. The samples are in the JSON.
+    std::vector<double> copy_samples;
+    std::vector<double> stall_samples;
+    std::vector<double> snapshot_samples;
+    std::filesystem::remove_all(dir);
+    ckpt::AsyncSaver saver(nullptr);
+    saver.Save(dir, 0, tensors, {}); // warm-up: allocates the pinned buffer
+    saver.Wait();
 #if SHARDLINE_HAVE_CUDA
-    if (cuda) {
-        void *pinned = nullptr;
-        if (cudaMallocHost(&pinned, static_cast<std::size_t>(bytes)) == cudaSuccess) {
-            const auto start = Clock::now();
-            char *p = static_cast<char *>(pinned);
-            for (const auto &entry : tensors) {
-                const Tensor &t = entry.second.local();
-                cudaMemcpyAsync(p, t.data(), t.nbytes(), cudaMemcpyDeviceToHost,
-                                static_cast<cudaStream_t>(CudaContext::Get(0).stream()));
-                p += t.nbytes();
-            }
-            cudaStreamSynchronize(static_cast<cudaStream_t>(CudaContext::Get(0).stream()));
-            copy_s = Seconds(start);
-            cudaFreeHost(pinned);
+    void *pinned = nullptr;
+    if (cuda && cudaMallocHost(&pinned, static_cast<std::size_t>(bytes)) != cudaSuccess) {
+        pinned = nullptr;
+    }
+    const auto plain_copy = [&] {
+        const auto start = Clock::now();
+        char *p = static_cast<char *>(pinned);
+        const auto stream = static_cast<cudaStream_t>(CudaContext::Get(0).stream());
+        for (const auto &entry : tensors) {
+            const Tensor &t = entry.second.local();
+            cudaMemcpyAsync(p, t.data(), t.nbytes(), cudaMemcpyDeviceToHost, stream);
+            p += t.nbytes();
         }
+        cudaStreamSynchronize(stream);
+        return Seconds(start);
+    };
+    if (pinned != nullptr) {
+        (void)plain_copy(); // warm-up
+    }
+#endif
+    for (int i = 1; i <= stall_repeats; ++i) {
+#if SHARDLINE_HAVE_CUDA
+        if (pinned != nullptr) {
+            copy_samples.push_back(plain_copy());
+        }
+#endif
+        const auto start = Clock::now();
+        saver.Save(dir, i, tensors, {});
+        stall_samples.push_back(Seconds(start));
+        snapshot_samples.push_back(saver.last_snapshot_seconds());
+        saver.Wait();
+    }
+#if SHARDLINE_HAVE_CUDA
+    if (pinned != nullptr) {
+        cudaFreeHost(pinned);
     }
 #endif
     std::filesystem::remove_all(dir);
-    ckpt::AsyncSaver saver(nullptr);
-    saver.Save(dir, 1, tensors, {}); // first save: allocates the pinned buffer
-    saver.Wait();
-    auto start = Clock::now();
-    saver.Save(dir, 2, tensors, {});
-    const double stall_s = Seconds(start);
-    saver.Wait();
-    std::filesystem::remove_all(dir);
+    const double stall_s = bench::Percentile(stall_samples, 0.5);
+    const double copy_s = bench::Percentile(copy_samples, 0.5);
+    const auto ms = [](std::vector<double> v) {
+        for (double &x : v) {
+            x *= 1e3;
+        }
+        return v;
+    };
 
     const nlohmann::json out = {{"bench", "ckpt"},
                                 {"device", cuda ? "cuda" : "cpu"},
@@ -192,6 +226,9 @@ int main(int argc, char **argv) {
                                 {"load_phases", load_phases},
                                 {"async_stall_ms", stall_s * 1e3},
                                 {"d2h_copy_ms", copy_s * 1e3},
+                                {"async_stall_samples_ms", ms(stall_samples)},
+                                {"async_snapshot_samples_ms", ms(snapshot_samples)},
+                                {"d2h_copy_samples_ms", ms(copy_samples)},
                                 {"stall_over_copy", copy_s > 0 ? stall_s / copy_s : 0.0}};
     std::printf("%s\n", out.dump().c_str());
     return 0;

@@ -117,10 +117,15 @@ Snapshot TakeSnapshot(const detail::SavePlan &plan, const TensorList &tensors, b
             s.keep_alive.push_back(local);
             continue;
         }
-        Tensor dst = Tensor::FromBlob(host, local.shape(), local.dtype(), Device::CPU());
-        dst.CopyFrom(local);
-        if (!local.device().is_cpu() && std::find(devices.begin(), devices.end(), local.device()) == devices.end()) {
-            devices.push_back(local.device());
+        // The planned shards are contiguous (PlanSave checks it), so the bytes go as they are. Device copies are only
+        // queued here and waited for once per device below.
+        if (local.device().is_cpu()) {
+            std::memcpy(host, local.data(), static_cast<std::size_t>(shard.length));
+        } else {
+            detail::QueueToHost(host, local.data(), static_cast<std::size_t>(shard.length), local.device().index);
+            if (std::find(devices.begin(), devices.end(), local.device()) == devices.end()) {
+                devices.push_back(local.device());
+            }
         }
         s.data.push_back(host);
         s.device.push_back(-1);

@@ -142,10 +142,14 @@ void *DeviceCopier::Event(int device) {
     return event_;
 }
 
+void QueueToHost(void *dst, const void *src, std::size_t bytes, int device) {
+    SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CudaContext::Get(device).stream()));
+}
+
 void DeviceCopier::ToHost(void *dst, const void *src, std::size_t bytes, int device) {
     auto *event = static_cast<cudaEvent_t>(Event(device));
+    QueueToHost(dst, src, bytes, device);
     cudaStream_t stream = CudaContext::Get(device).stream();
-    SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
     SHARDLINE_CHECK_CUDA(cudaEventRecord(event, stream));
     SHARDLINE_CHECK_CUDA(cudaEventSynchronize(event));
 }
@@ -163,6 +167,10 @@ void DeviceCopier::ToDevice(void *dst, const void *src, std::size_t bytes, int d
 DeviceCopier::~DeviceCopier() = default;
 
 void *DeviceCopier::Event(int device) {
+    SHARDLINE_THROW(DeviceError, "ckpt", "cuda:{} tensors need a build with CUDA", device);
+}
+
+void QueueToHost(void *, const void *, std::size_t, int device) {
     SHARDLINE_THROW(DeviceError, "ckpt", "cuda:{} tensors need a build with CUDA", device);
 }
 

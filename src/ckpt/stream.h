@@ -75,6 +75,12 @@ private:
     char* data_ = nullptr;
 };
 
+/// Queues a copy of device memory `src` on cuda:`device` into host `dst` on the device's compute stream (after the
+/// kernels that produced it) and returns at once: `dst` holds the bytes after the next Synchronize(device). The async
+/// save's snapshot queues every shard's copy this way and waits once, so the copies run back to back at the link's
+/// speed instead of one host wait per tensor.
+void QueueToHost(void* dst, const void* src, std::size_t bytes, int device);
+
 /// One worker's device<->host copies on the compute stream of the device (so a save's copy runs after the kernels
 /// that produced the tensor, a load's before the kernels that read it), each waited for on its own event: the worker
 /// then owns the host bytes again while the other workers' copies and I/O go on. Not thread-safe: one per worker.

@@ -76,7 +76,12 @@ def main():
         def gmm_wgrad():
             return torch._grouped_mm(dy.t(), x, offs=offs)
 
+        # Each fwd+bwd starts with no .grad, as a training step after zero_grad(set_to_none=True): otherwise autograd
+        # adds every new gradient into the previous one (an extra read-modify-write of dW per call, which the C++
+        # side does not do, and a training step would not either).
         def gmm_fwdbwd():
+            xg.grad = None
+            wg.grad = None
             y = torch._grouped_mm(xg, wg.transpose(-2, -1), offs=offs)
             torch.autograd.backward(y, dy)
 
@@ -91,6 +96,8 @@ def main():
             return torch.stack([dy[bounds[i]:bounds[i + 1]].t() @ x[bounds[i]:bounds[i + 1]] for i in range(e)])
 
         def loop_fwdbwd():
+            xg.grad = None
+            wg.grad = None
             y = torch.cat([F.linear(xg[bounds[i]:bounds[i + 1]], wg[i]) for i in range(e)])
             torch.autograd.backward(y, dy)
 

@@ -16,6 +16,8 @@ Variants (per case):
            norm: {"up": ColwiseParallel(input_layouts=Shard(0)), "down": RowwiseParallel(output_layouts=Shard(0))}: x is
            this rank's [T/tp, h] rows; the input is all-gathered and the output reduce-scattered on the token dim
            (backward: all-gather dY, reduce-scatter dX).
+  eager    (--block, one rank only) the same MLP as a plain module, no DTensor: issue 18 item 4's "torch eager".
+  compile  (--block, one rank only) torch.compile of that plain module (default mode, compiled before the gate).
   comm_tp  dist.all_reduce of [T, h] twice.
   comm_sp  (dist.all_gather_into_tensor [T/tp, h] → [T, h], dist.reduce_scatter_tensor [T, h] → [T/tp, h]) twice.
 
@@ -120,7 +122,7 @@ def gate(mlp, x_full, dy_full, y, x_grad, variant, tp):
 class Case:
     """The variants of one (shape, tokens) case, each a (prepare, run) pair, timed in interleaved rounds."""
 
-    def __init__(self, c, variants, dtype, tp, rank, mesh, device):
+    def __init__(self, c, variants, dtype, tp, rank, mesh, device, block=False):
         self.c, self.dtype, self.tp, self.rank, self.device = c, dtype, tp, rank, device
         h, ff, t = c["hidden"], c["ffn"], c["tokens"]
         g = torch.Generator(device=device).manual_seed(21)
@@ -132,13 +134,19 @@ class Case:
         self.extra = {}
         for v in variants:
             self.add_step(v, mesh)
+        if block:
+            for v in ("eager", "compile"):
+                self.add_step(v, mesh)
         for v in variants:
             self.add_comm(v)
 
     def add_step(self, v, mesh):
         c, tp = self.c, self.tp
         torch.manual_seed(5)  # the same full module on every rank before it is sharded
-        mlp = parallelize_module(MLP(c["hidden"], c["ffn"], self.dtype, self.device), mesh, plan(v))
+        mlp = MLP(c["hidden"], c["ffn"], self.dtype, self.device)
+        if v in ("tp", "sp"):
+            mlp = parallelize_module(mlp, mesh, plan(v))
+        module = torch.compile(mlp) if v == "compile" else mlp
         if v == "sp":
             x = self.x_full.chunk(tp, dim=0)[self.rank].clone().requires_grad_()
             dy = self.dy_full.chunk(tp, dim=0)[self.rank].contiguous()
@@ -151,10 +159,10 @@ class Case:
             x.grad = None
 
         def run():
-            mlp(x).backward(dy)
+            module(x).backward(dy)
 
         prepare()
-        y = mlp(x)
+        y = module(x)
         y.backward(dy)
         err = gate(mlp, self.x_full, self.dy_full, y.detach(), x.grad, v, tp)
         failed = torch.tensor([1.0 if err else 0.0], device=self.device)
@@ -169,7 +177,7 @@ class Case:
             if self.rank == 0:
                 print(f"# gate {c['shape']} tokens {c['tokens']} {v}: ok", flush=True)
             self.variants[v] = (prepare, run)
-        self.extra[v] = {"plan": PLAN_TEXT[v]}
+        self.extra[v] = {"plan": PLAN_TEXT.get(v, "plain module" + (", torch.compile" if v == "compile" else ""))}
 
     def add_comm(self, v):
         t, h, tp = self.c["tokens"], self.c["hidden"], self.tp
@@ -229,6 +237,8 @@ def main():
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--iters", type=int)
     parser.add_argument("--rounds", type=int)
+    parser.add_argument("--block", action="store_true",
+                        help="one rank only: also time the plain module eager and under torch.compile (issue 18 item 4)")
     args, _ = parser.parse_known_args()  # the C++ bench's other options (BENCH_ARGS) are ignored
 
     with open(args.cases) as f:
@@ -255,7 +265,7 @@ def main():
         print(f"{'shape':8s} {'tokens':>6s} {'var':8s} {'median_us':>11s} {'p90_us':>11s} {'TF/GPU':>8s}", flush=True)
     failures = 0
     for c in spec["cases"]:
-        case = Case(c, spec["variants"], dtype, size, rank, mesh, device)
+        case = Case(c, spec["variants"], dtype, size, rank, mesh, device, block=args.block and size == 1)
         failures += case.gate_failures
         samples = case.time(warmup, iters, rounds)
         for v, s in samples.items():

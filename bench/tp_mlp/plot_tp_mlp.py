@@ -11,6 +11,9 @@ LB_overlap = max(T_compute, T_comm), T / LB_serial, TF/GPU = 12·T·h·ff / tp /
 ceiling, torch DTensor's T and shardline's speedup over it, and torch.distributed's time for the same collectives
 against ours. A value is the median over process rounds of each round's median.
 
+With a one-rank run whose peer had --block (run_mlp_block_bench.sh), a second table: the MLP block against its floor
+(the six GEMMs alone), torch eager and torch.compile of the same module (issue 18 item 4, target T / floor <= 1.05).
+
 Targets: T / LB_serial <= 1.05 at 8192 tokens; >= 3x faster than DTensor at <= 2048 tokens. A missed speedup is
 marked "beyond reach" where DTensor's T / LB_overlap is itself below 3 (the local compute alone takes more than a third
 of DTensor's step, as at 2048 tokens on the larger shapes).
@@ -101,6 +104,34 @@ def table(med, dims):
     return lines, verdicts
 
 
+BLOCK_TARGET = 1.05
+
+
+def block_table(med, dims):
+    """Issue 18 item 4, from a one-rank run with the peer's --block: the MLP block's fwd+bwd against its floor (the six
+    GEMMs alone, t_gemm_us), with torch eager and torch.compile of the same module. [] when there is no such run."""
+    keys = sorted({(shape, tokens) for (impl, tp, shape, tokens, var) in med
+                   if impl == "torch" and tp == 1 and var in ("eager", "compile")})
+    if not keys:
+        return [], []
+    lines = ["| shape (h/ff) | tokens | floor: six GEMMs µs | shardline T µs | T/floor | torch eager µs | eager/floor | "
+             "torch.compile µs | compile/floor | shardline vs eager | vs compile |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for shape, tokens in keys:
+        sl = med.get(("shardline", 1, shape, tokens, "tp"), {})
+        eager = med.get(("torch", 1, shape, tokens, "eager"), {}).get("median_us")
+        comp = med.get(("torch", 1, shape, tokens, "compile"), {}).get("median_us")
+        t, floor = sl.get("median_us"), sl.get("t_gemm_us")
+        r = (lambda a: a / floor if a and floor else None)
+        s = (lambda a: a / t if a and t else None)
+        h, ff = dims.get(shape, (0, 0))
+        lines.append(f"| {shape} ({h}/{ff}) | {tokens} | {fmt(floor)} | {fmt(t)} | {fmt(r(t), 3)} | {fmt(eager)} | "
+                     f"{fmt(r(eager), 3)} | {fmt(comp)} | {fmt(r(comp), 3)} | {fmt(s(eager), 2)} | {fmt(s(comp), 2)} |")
+        verdicts.append((f"{shape} {tokens} tokens", r(t)))
+    return lines, verdicts
+
+
 def plot(med, dims, meta, png):
     try:
         import matplotlib
@@ -173,6 +204,14 @@ def main():
               + ("" if not missed else "; missed: " + ", ".join(
                   f"{c} ({fmt(x, 3)}{'; ' + note if note else ''})" for c, _, x, _, note in missed))
               + (f"; {no_data} case(s) without data" if no_data else ""))
+    block, block_verdicts = block_table(med, dims)
+    if block:
+        print("\n### The MLP block on one GPU against its floor (issue 18 item 4)\n")
+        print("\n".join(block))
+        print()
+        missed = [(c, x) for c, x in block_verdicts if x is None or x > BLOCK_TARGET]
+        print(f"- target T/floor <= {BLOCK_TARGET}: {len(block_verdicts) - len(missed)}/{len(block_verdicts)} cases "
+              "met" + ("" if not missed else "; missed: " + ", ".join(f"{c} ({fmt(x, 3)})" for c, x in missed)))
     if args.png and plot(med, dims, meta, args.png):
         print(f"\n![tp_mlp]({Path(args.png).name})")
 

@@ -8,7 +8,8 @@
 # Environment: BUILD (build), NPS ("2 4"), QUICK (0; 1: the 8b shape at 128 and 8192 tokens, 3 warm-ups, 2 rounds
 # x 5 iterations), ROUNDS (1 process round per side and NP; the bench interleaves its variants in 5 rounds itself),
 # BENCH_ARGS (extra options for the bench, e.g. "--shapes 70b --tokens 8192" or "--chunks 4"), PEER (1; 0: shardline
-# only, no torch DTensor run: e.g. a second --chunks setting beside a first run that had it), MPIRUN_TIMEOUT (600 s per
+# only, no torch DTensor run: e.g. a second --chunks setting beside a first run that had it), PEER_ARGS (extra options
+# for the peer, e.g. --block: run_mlp_block_bench.sh), MPIRUN_TIMEOUT (600 s per
 # launch), SHARDLINE_COMMIT (default: git rev-parse --short HEAD). NVLink multicast stays off in every process.
 # Output in OUT_DIR: cases.json, tp_mlp_{shardline,torch}.jsonl (every NP; records carry "tp"), one log per side and
 # NP, summary.md, tp_mlp.png (when matplotlib is installed).
@@ -22,6 +23,7 @@ NPS=${NPS:-2 4}
 QUICK=${QUICK:-0}
 ROUNDS=${ROUNDS:-1}
 BENCH_ARGS=${BENCH_ARGS:-}
+PEER_ARGS=${PEER_ARGS:-}
 RUN_PEER=${PEER:-1}
 MPIRUN_TIMEOUT=${MPIRUN_TIMEOUT:-600}
 EXE=$BUILD/bench/tp_mlp/shardline-tp-mlp-bench
@@ -71,7 +73,7 @@ for NP in $NPS; do
     [[ $RUN_PEER == 1 ]] || continue
     echo "== np $NP round $round/$ROUNDS: torch DTensor ($((SECONDS - start)) s)" >&2
     "${MPIRUN[@]}" -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$((29500 + RANDOM % 1000)) \
-      python3 "$PEER_PY" --cases "$OUT/cases.json" --json "$OUT/tp_mlp_torch.jsonl" 2>&1 \
+      python3 "$PEER_PY" --cases "$OUT/cases.json" --json "$OUT/tp_mlp_torch.jsonl" $PEER_ARGS 2>&1 \
       | tee -a "$OUT/tp_mlp_torch_np$NP.log" || status=1
   done
 done

@@ -335,16 +335,16 @@ std::string GemmPlanKeyString(const GemmPlanKey& key) {
     if (key.ldaux != 0) {
         s += fmt::format(" ldaux={}", key.ldaux);
     }
+    s += fmt::format(" batch={}", key.batch);
+    if (key.batch > 1) {
+        s += fmt::format(" stride={},{},{}", key.stride_a, key.stride_b, key.stride_c);
+    }
     if (key.separate_c) {
         // Only for a C apart from D, so that the strings (the tuning-file records) of in-place problems are unchanged.
         s += fmt::format(" c_in=ld{},align{}", key.ldc_in, key.align_c_in);
         if (key.batch > 1) {
             s += fmt::format(",stride{}", key.stride_c_in);
         }
-    }
-    s += fmt::format(" batch={}", key.batch);
-    if (key.batch > 1) {
-        s += fmt::format(" stride={},{},{}", key.stride_a, key.stride_b, key.stride_c);
     }
     return s;
 }

@@ -271,7 +271,7 @@ SHARDLINE_INSTANTIATE_DEVICE_TEST_SUITE_P(GemmResidualTest, ResidualCases, Resid
 using LinearResidualTest = GemmResidualTest;
 
 TEST_P(LinearResidualTest, ForwardAddsTheResidualInTheGemm) {
-    for (const auto [rows, in, out] : {std::tuple{128, 64, 64}, std::tuple{7, 33, 17}, std::tuple{1000, 64, 127}}) {
+    for (const auto &[rows, in, out] : {std::tuple{128, 64, 64}, std::tuple{7, 33, 17}, std::tuple{1000, 64, 127}}) {
         SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " out " << out);
         const std::uint64_t seed = static_cast<std::uint64_t>(rows + in + out);
         const Tensor x = Random({rows, in}, dtype(), seed, "x");
@@ -285,12 +285,6 @@ TEST_P(LinearResidualTest, ForwardAddsTheResidualInTheGemm) {
         kernels::LinearForward({.x = x, .weight = w, .bias = &b, .y = y, .residual = &r});
         EXPECT_TRUE(ValuesMatch(y, want, dtype(), OnCuda(kUnfusedBiasRoundings + 1)));
         EXPECT_EQ(r.ToDoubleVector(), rv) << "the residual was written";
-        // The same call again gives the same bits (one cached plan, one algorithm).
-        Tensor again = Poison({rows, out}, dtype());
-        kernels::LinearForward({.x = x, .weight = w, .bias = &b, .y = again, .residual = &r});
-        Tensor third = Poison({rows, out}, dtype());
-        kernels::LinearForward({.x = x, .weight = w, .bias = &b, .y = third, .residual = &r});
-        EXPECT_EQ(again.ToDoubleVector(), third.ToDoubleVector()) << "run to run";
         // The residual may be y itself: y += x·Wᵀ + b.
         Tensor acc = r.Clone();
         kernels::LinearForward({.x = x, .weight = w, .bias = &b, .y = acc, .residual = &acc});
@@ -299,7 +293,7 @@ TEST_P(LinearResidualTest, ForwardAddsTheResidualInTheGemm) {
 }
 
 TEST_P(LinearResidualTest, BackwardAddsTheResidualGradientInTheDgradGemm) {
-    for (const auto [rows, in, out] : {std::tuple{128, 64, 256}, std::tuple{7, 33, 17}, std::tuple{1000, 127, 64}}) {
+    for (const auto &[rows, in, out] : {std::tuple{128, 64, 256}, std::tuple{7, 33, 17}, std::tuple{1000, 127, 64}}) {
         SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " out " << out);
         const std::uint64_t seed = static_cast<std::uint64_t>(rows * 3 + in + out);
         const Tensor x = Random({rows, in}, dtype(), seed, "x");
@@ -325,10 +319,6 @@ TEST_P(LinearResidualTest, BackwardAddsTheResidualGradientInTheDgradGemm) {
                                 dtype(), OnCuda(kEpilogueRoundings)))
             << "LinearBackward dweight";
         EXPECT_TRUE(ValuesMatch(db, RefColumnSum(dy.ToDoubleVector(), rows, out), dtype())) << "LinearBackward dbias";
-        Tensor dx3 = Poison({rows, in}, dtype());
-        kernels::LinearBackward(
-            {.dy = dy, .x = &x, .weight = &w, .dx = &dx3, .dweight = &dw, .dbias = &db, .dx_residual = &g});
-        EXPECT_EQ(dx3.ToDoubleVector(), dx2.ToDoubleVector()) << "run to run";
     }
 }
 

@@ -430,7 +430,8 @@ Variable CharLM::Forward(const Tensor &ids_full) const {
     // backward (torch.nn.EmbeddingBag, mode sum).
     Variable x = autograd::EmbeddingBag(Variable(ids), embedding_); // [batch, hidden]
     for (const auto &block : blocks_) {
-        x = autograd::Add(x, block->Forward(x));
+        // x + block(x), the add fused into the block's GEMMs (fc2 adds x, fc1's dgrad adds x's pass-through grad).
+        x = block->ResidualForward(x);
     }
     // MoE blocks: the layers' auxiliary losses are summed for the loss, their routing statistics for the log.
     aux_ = Variable();

@@ -7,6 +7,11 @@
 // fc1's dweight, the pre-activation for everything below fc2 (dx, fc1's dweight and dbias), the activation h for fc2's
 // dweight, fc1's weight for dx and fc2's weight for everything below fc2. There is no GELU node and no separate GELU
 // tensor beyond h.
+//
+// ParallelMLPWithResidual is the same Function returning x + MLP(x): fc2's forward takes x as its residual (the GEMM's
+// C with beta = 1 at tp 1, functional::RowParallelLinearForwardArgs::residual), and fc1's backward takes the output
+// gradient as dx_residual, so x's gradient (the pass-through dy plus the MLP's) comes out of one dgrad GEMM. Nothing
+// more is saved: the pass-through gradient is dy itself.
 
 #include <memory>
 #include <string_view>
@@ -29,8 +34,6 @@ using functional::TensorParallelGroup;
 using functional::View;
 using kernels::LinearActivation;
 
-constexpr std::string_view kOp = "autograd::ParallelMLP";
-
 // Inputs of the Function.
 constexpr std::size_t kX = 0;
 constexpr std::size_t kW1 = 1;
@@ -41,8 +44,8 @@ constexpr std::size_t kB2 = 4;
 class ParallelMLPFunction final : public Function {
 public:
     ParallelMLPFunction(const ColumnParallelLinearOptions &fc1, const RowParallelLinearOptions &fc2,
-                        const TensorParallelGroup &tp, detail::LayerLayouts l1, detail::LayerLayouts l2)
-        : fc1_(fc1), fc2_(fc2), tp_(tp), l1_(std::move(l1)), l2_(std::move(l2)) {}
+                        const TensorParallelGroup &tp, detail::LayerLayouts l1, detail::LayerLayouts l2, bool residual)
+        : fc1_(fc1), fc2_(fc2), tp_(tp), l1_(std::move(l1)), l2_(std::move(l2)), residual_(residual) {}
     std::string name() const override { return "ParallelMLPBackward"; }
 
 protected:
@@ -70,8 +73,14 @@ protected:
                                                 tp_);
         Tensor y = Tensor::Empty(detail::LayerOutputShape(h_shape, fc2_, tp_), x.dtype(), x.device());
         const Tensor b2 = in[kB2].defined() ? in[kB2].local() : Tensor();
-        functional::RowParallelLinearForward(
-            fc2_, {.x = View(h), .weight = View(in[kW2].local()), .bias = View(b2), .y = View(y)}, tp_);
+        // With the residual, y = x + fc2(h): x (in y's layout, checked) is fc2's residual.
+        functional::RowParallelLinearForward(fc2_,
+                                             {.x = View(h),
+                                              .weight = View(in[kW2].local()),
+                                              .bias = View(b2),
+                                              .y = View(y),
+                                              .residual = residual_ ? View(x) : functional::TensorView{}},
+                                             tp_);
         // Only what the requested gradients need (needs_input_grad is known here: nothing is kept for inference).
         if (BelowFc2Needed()) {
             pre_ = std::move(pre);
@@ -146,15 +155,18 @@ protected:
             dx = Tensor::Empty(x_local_shape_, dy.dtype(), dy.device());
         }
         if (needs_input_grad(kX) || needs_input_grad(kW1)) {
-            functional::ColumnParallelLinearBackward(fc1_,
-                                                     {.dy = View(dpre),
-                                                      .x = View(x_),
-                                                      .x_total = View(x_total_),
-                                                      .weight = View(w1_),
-                                                      .dx = View(dx),
-                                                      .dweight = View(params.grads[0]),
-                                                      .param_grads = mode},
-                                                     tp_);
+            functional::ColumnParallelLinearBackward(
+                fc1_,
+                {.dy = View(dpre),
+                 .x = View(x_),
+                 .x_total = View(x_total_),
+                 .weight = View(w1_),
+                 .dx = View(dx),
+                 .dweight = View(params.grads[0]),
+                 .param_grads = mode,
+                 // x's pass-through gradient, added by the dgrad GEMM
+                 .dx_residual = residual_ && needs_input_grad(kX) ? View(dy) : functional::TensorView{}},
+                tp_);
         }
         if (needs_input_grad(kX)) {
             grads[kX].value = DistTensor::FromTrustedShard(std::move(dx), x_global_, l1_.x, mesh_);
@@ -184,6 +196,7 @@ private:
     TensorParallelGroup tp_;
     detail::LayerLayouts l1_; ///< fc1: x (and dx), h, dW1, db1
     detail::LayerLayouts l2_; ///< fc2: h, y (and dy), dW2, db2
+    bool residual_ = false;   ///< y = x + MLP(x)
     Tensor x_, x_total_, pre_, h_, w1_, w2_;
     comm::DeviceMesh *mesh_ = nullptr;
     Shape h_shape_;
@@ -192,11 +205,9 @@ private:
     Shape w2_global_, w2_local_shape_;
 };
 
-} // namespace
-
-Variable ParallelMLP(const Variable &x, const Variable &fc1_weight, const Variable &fc1_bias,
-                     const Variable &fc2_weight, const Variable &fc2_bias, const ColumnParallelLinearOptions &fc1,
-                     const RowParallelLinearOptions &fc2, const TensorParallelGroup &tp) {
+Variable ApplyParallelMLP(std::string_view kOp, const Variable &x, const Variable &fc1_weight, const Variable &fc1_bias,
+                          const Variable &fc2_weight, const Variable &fc2_bias, const ColumnParallelLinearOptions &fc1,
+                          const RowParallelLinearOptions &fc2, const TensorParallelGroup &tp, bool residual) {
     tp.size(); // a null mesh or a bad tp_dim raises here
     comm::DeviceMesh &mesh = *tp.mesh;
     const int t = tp.tp_dim;
@@ -221,6 +232,14 @@ Variable ParallelMLP(const Variable &x, const Variable &fc1_weight, const Variab
     Shape h_global = x.shape();
     h_global.back() = fc1.out_features;
     detail::LayerLayouts l2 = detail::LayerLayoutsFor(kOp, h_global, l1.y, fc2, mesh, t);
+    // The residual x is added to fc2's output and dy is x's pass-through gradient: both need x's local shard in y's
+    // layout (the block keeps the hidden size; fc1's input and fc2's output are both replicated over tp, or both split
+    // on the sequence under sequence parallelism).
+    SHARDLINE_CHECK_AS(ShapeError, !residual || fc2.out_features == fc1.in_features, kOp,
+                       "x + MLP(x) needs fc2's out_features ({}) to be fc1's in_features ({})", fc2.out_features,
+                       fc1.in_features);
+    SHARDLINE_CHECK(!residual || l1.x == l2.y, kOp, "x + MLP(x) needs the output in the input's layout: x {} and y {}",
+                    l1.x.ToString(), l2.y.ToString());
     const Variable input = input_layout == x.value().layout() ? x : Redistribute(x, input_layout);
 
     ColumnParallelLinearOptions call1 = fc1;
@@ -229,10 +248,27 @@ Variable ParallelMLP(const Variable &x, const Variable &fc1_weight, const Variab
     RowParallelLinearOptions call2 = fc2;
     call2.bias = fc2.adds_bias();
     call2.skip_bias_add = false;
-    auto fn = std::make_shared<ParallelMLPFunction>(call1, call2, tp, std::move(l1), std::move(l2));
+    auto fn = std::make_shared<ParallelMLPFunction>(call1, call2, tp, std::move(l1), std::move(l2), residual);
     return Function::Apply(fn, {input, fc1_weight, call1.bias ? fc1_bias : Variable(), fc2_weight,
                                 call2.bias ? fc2_bias : Variable()})
         .at(0);
+}
+
+} // namespace
+
+Variable ParallelMLP(const Variable &x, const Variable &fc1_weight, const Variable &fc1_bias,
+                     const Variable &fc2_weight, const Variable &fc2_bias, const ColumnParallelLinearOptions &fc1,
+                     const RowParallelLinearOptions &fc2, const TensorParallelGroup &tp) {
+    return ApplyParallelMLP("autograd::ParallelMLP", x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, fc1, fc2, tp,
+                            /*residual=*/false);
+}
+
+Variable ParallelMLPWithResidual(const Variable &x, const Variable &fc1_weight, const Variable &fc1_bias,
+                                 const Variable &fc2_weight, const Variable &fc2_bias,
+                                 const ColumnParallelLinearOptions &fc1, const RowParallelLinearOptions &fc2,
+                                 const TensorParallelGroup &tp) {
+    return ApplyParallelMLP("autograd::ParallelMLPWithResidual", x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, fc1,
+                            fc2, tp, /*residual=*/true);
 }
 
 } // namespace shardline::autograd

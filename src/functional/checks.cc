@@ -409,6 +409,12 @@ CheckedCall CheckColumnBackward(const ColumnParallelLinearOptions &options,
     }
     CheckBackwardOperands(check, options, n_part, args, dtype, WithLast(lead, k), x_formula);
     CheckGroupSizes(check, options.num_experts, args, args.dy);
+    if (check.Optional(args.dx_residual, "dx_residual", 2)) {
+        SHARDLINE_CHECK(args.dx.present(), check.op(), "dx_residual is added to dx: it needs dx");
+        SHARDLINE_CHECK(options.num_experts == 0, check.op(), "a grouped layer takes no dx_residual");
+        check.Shaped(args.dx_residual, "dx_residual", WithLast(lead, k), x_formula);
+        check.SameDType(args.dx_residual, "dx_residual", dtype, "dy");
+    }
     return Checked(check, options, global, dtype, tp);
 }
 
@@ -440,6 +446,12 @@ CheckedCall CheckRowForward(const RowParallelLinearOptions &options, const RowPa
                  options.sequence_parallel ? "[s/tp, ..., out_features]" : "[s, ..., out_features]");
     check.SameDType(args.y, "y", dtype, "x");
     CheckGroupSizes(check, options.num_experts, args, args.x);
+    if (check.Optional(args.residual, "residual", 2)) {
+        SHARDLINE_CHECK(options.num_experts == 0, check.op(), "a grouped layer takes no residual");
+        check.Shaped(args.residual, "residual", WithLast(y_lead, n),
+                     options.sequence_parallel ? "[s/tp, ..., out_features]" : "[s, ..., out_features]");
+        check.SameDType(args.residual, "residual", dtype, "x");
+    }
     return Checked(check, options, global, dtype, tp);
 }
 

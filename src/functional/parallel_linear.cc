@@ -93,7 +93,14 @@ struct ForwardTensors {
     Tensor pre_activation{};                                                 ///< with an activation
     Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
     int chunks = 0;       ///< the options' comm_chunks
+    Tensor residual{};    ///< row: y += residual; undefined: none
 };
+
+/// out += addend: a residual (or its gradient) added after a collective, where the GEMM could not take it as its C.
+void AddInPlace(const Tensor &out, const Tensor &addend) {
+    Tensor sum = out;
+    kernels::Add(kernels::AddArgs{.a = out, .b = addend, .out = sum});
+}
 
 ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors &t) {
     const spmd::CachedRule &rule = *plan.forward;
@@ -114,19 +121,22 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
                     "an activation needs the local output with its bias (internal: the rule moves y or adds the bias "
                     "after a reduction)");
     const Tensor *local_bias = t.bias.defined() && !bias_after ? &t.bias : nullptr;
+    // A residual rides in the GEMM (its C, beta = 1) where y leaves the GEMM finished: nothing moves it, the bias (if
+    // any) is in the epilogue, and the whole of y is one GEMM (no chunks). Else it is added at the end.
+    const Tensor *gemm_residual = nullptr;
     // The local GEMM on rows of x into the same rows of y: all of them, or one chunk's of a pipeline.
     auto gemm = [&](const Tensor &x_rows, Tensor y_rows, Tensor pre_activation) {
         if (t.group_sizes.defined()) {
             kernels::GroupedLinearForward(kernels::GroupedLinearForwardArgs{
                 .x = x_rows, .weight = t.weight, .bias = local_bias, .group_sizes = t.group_sizes, .y = y_rows});
         } else {
-            kernels::LinearForward(
-                kernels::LinearForwardArgs{.x = x_rows,
-                                           .weight = t.weight,
-                                           .bias = local_bias,
-                                           .y = y_rows,
-                                           .activation = t.activation,
-                                           .pre_activation = activation ? &pre_activation : nullptr});
+            kernels::LinearForward(kernels::LinearForwardArgs{.x = x_rows,
+                                                              .weight = t.weight,
+                                                              .bias = local_bias,
+                                                              .y = y_rows,
+                                                              .activation = t.activation,
+                                                              .pre_activation = activation ? &pre_activation : nullptr,
+                                                              .residual = gemm_residual});
         }
     };
 
@@ -160,6 +170,10 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
         } else {
             const Tensor y_local =
                 y_plan.steps.empty() ? t.y : OutputBuffer(t.y, call.LocalShape(plan.y_shape, y_rule.layout));
+            if (t.residual.defined() && y_plan.steps.empty() && !bias_after && !activation &&
+                !t.group_sizes.defined()) {
+                gemm_residual = &t.residual;
+            }
             gemm(x_used, y_local, t.pre_activation);
             // y to the caller's layout: all-reduced or reduce-scattered (row), all-gathered (column, gather_output).
             Deliver(call.Move(y_local, plan.y_shape, y_rule.layout, y_plan, /*output=*/true), t.y);
@@ -174,6 +188,9 @@ ForwardInfo RunForward(Call &call, const LinearPlan &plan, const ForwardTensors 
         } else {
             AddBiasRows(t.y, t.bias);
         }
+    }
+    if (t.residual.defined() && gemm_residual == nullptr) {
+        AddInPlace(t.y, t.residual); // after the reduction and the bias
     }
     info.collectives = call.collectives();
     return info;
@@ -194,6 +211,7 @@ struct BackwardTensors {
     Tensor group_sizes{}; ///< a grouped layer's (options.num_experts > 0); undefined for a Linear
     bool overlap = true;  ///< the options' overlap_grad_comm
     int chunks = 0;       ///< the options' comm_chunks
+    Tensor dx_residual{}; ///< column: dx += dx_residual in the dgrad GEMM (RunBackward's plain order only)
 };
 
 /// A grouped layer's dgrad (when dx is wanted).
@@ -230,7 +248,7 @@ void RunGroupedParamKernels(const BackwardTensors &t, const Tensor &dy, const Te
 /// column sum) when its dtype differs from dweight's (a float32 main grad for one and not the other), as the kernel
 /// takes dbias in dweight's dtype only.
 void RunLinearKernels(const BackwardTensors &t, const Tensor &dy, const Tensor *x, Tensor *dx, Tensor *dweight,
-                      Tensor *dbias, Tensor *pre_dbias) {
+                      Tensor *dbias, Tensor *pre_dbias, const Tensor *dx_residual = nullptr) {
     const bool accumulate = t.mode == GradMode::kAccumulate;
     const bool activation = dx != nullptr && t.input_activation != kernels::LinearActivation::kNone;
     const bool bias_apart = dbias != nullptr && dweight != nullptr && dbias->dtype() != dweight->dtype();
@@ -244,7 +262,8 @@ void RunLinearKernels(const BackwardTensors &t, const Tensor &dy, const Tensor *
         .accumulate = accumulate,
         .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
         .pre_activation = activation ? &t.pre_activation : nullptr,
-        .pre_activation_dbias = dx != nullptr ? pre_dbias : nullptr});
+        .pre_activation_dbias = dx != nullptr ? pre_dbias : nullptr,
+        .dx_residual = dx != nullptr ? dx_residual : nullptr});
     if (bias_apart) {
         kernels::LinearBackwardBias(
             kernels::LinearBackwardBiasArgs{.dy = dy, .dbias = *dbias, .accumulate = accumulate});
@@ -400,7 +419,8 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
         RunGroupedParamKernels(t, dy_used, x_used, accumulate);
     } else {
         RunLinearKernels(t, dy_used, &x_used, want_dx ? &dx_local : nullptr, want_dw ? &dweight : nullptr,
-                         want_db ? &dbias : nullptr, want_pre_db ? &pre_dbias : nullptr);
+                         want_db ? &dbias : nullptr, want_pre_db ? &pre_dbias : nullptr,
+                         t.dx_residual.defined() ? &t.dx_residual : nullptr);
     }
     if (want_dx) {
         Deliver(call.Move(dx_local, plan.x_shape, dx_rule.layout, dx_plan, /*output=*/true), t.dx);
@@ -440,18 +460,29 @@ BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &opt
     const bool want_dw = args.dweight.present();
     const bool have_total = args.x_total.present();
     Call call(*group.mesh, cuda);
-    return RunBackward(call, *plan,
-                       BackwardTensors{.dy = call.Wrap(args.dy),
-                                       .x = want_dw && !have_total ? call.Wrap(args.x) : Tensor(),
-                                       .x_total = want_dw && have_total ? call.Wrap(args.x_total) : Tensor(),
-                                       .weight = want_dx ? call.Wrap(args.weight) : Tensor(),
-                                       .dx = call.Wrap(args.dx),
-                                       .dweight = call.Wrap(args.dweight),
-                                       .dbias = call.Wrap(args.dbias),
-                                       .mode = args.param_grads,
-                                       .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
-                                       .overlap = options.overlap_grad_comm,
-                                       .chunks = options.comm_chunks});
+    // dx_residual rides in the dgrad GEMM (its C, beta = 1) where dx leaves the GEMM finished: no collective moves it
+    // (then RunBackward takes its plain order: no overlap, no chunks). Else it is added after dx's collective.
+    const Tensor dx_residual = call.Wrap(args.dx_residual);
+    const bool residual_in_gemm =
+        dx_residual.defined() && plan->grad->output_plans[static_cast<std::size_t>(plan->grad_x_grad)].steps.empty();
+    const BackwardInfo info =
+        RunBackward(call, *plan,
+                    BackwardTensors{.dy = call.Wrap(args.dy),
+                                    .x = want_dw && !have_total ? call.Wrap(args.x) : Tensor(),
+                                    .x_total = want_dw && have_total ? call.Wrap(args.x_total) : Tensor(),
+                                    .weight = want_dx ? call.Wrap(args.weight) : Tensor(),
+                                    .dx = call.Wrap(args.dx),
+                                    .dweight = call.Wrap(args.dweight),
+                                    .dbias = call.Wrap(args.dbias),
+                                    .mode = args.param_grads,
+                                    .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
+                                    .overlap = options.overlap_grad_comm,
+                                    .chunks = options.comm_chunks,
+                                    .dx_residual = residual_in_gemm ? dx_residual : Tensor()});
+    if (dx_residual.defined() && !residual_in_gemm) {
+        AddInPlace(call.Wrap(args.dx), dx_residual);
+    }
+    return info;
 }
 
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
@@ -465,7 +496,8 @@ ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, co
                                      .bias = call.Wrap(args.bias),
                                      .y = call.Wrap(args.y),
                                      .group_sizes = call.WrapSizes(args.group_sizes, args.group_sizes_on_device),
-                                     .chunks = options.comm_chunks});
+                                     .chunks = options.comm_chunks,
+                                     .residual = call.Wrap(args.residual)});
 }
 
 BackwardInfo RowParallelLinearBackward(const RowParallelLinearOptions &options,

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 #include <shardline/core/error.h>
 #include <shardline/kernels/dispatcher.h>
@@ -39,6 +41,46 @@ bool GemmUsesBias(const GemmParams& p) {
     return false;
 }
 
+bool GemmHasSeparateC(const GemmParams& p) { return p.c_in != nullptr && p.beta != 0.0 && p.c_in != p.c; }
+
+namespace {
+
+/// A separate C (c_in): epilogue none or bias, a leading dim >= m, and no byte of it inside D's span unless it is D
+/// itself (same pointer and layout: in place). Spans are [first, last] bytes of the column-major, strided-batched
+/// matrices; disjoint spans cannot alias.
+void ValidateSeparateC(const GemmParams& p, std::string_view op) {
+    if (p.c_in == nullptr || p.beta == 0.0) {
+        return;
+    }
+    if (p.c_in == p.c) {
+        SHARDLINE_CHECK_AS(ShapeError, p.ldc_in == p.ldc && (p.batch_count == 1 || p.stride_c_in == p.stride_c), op,
+                           "c_in is D's pointer but not its layout (ldc_in {} vs ldc {}, stride_c_in {} vs stride_c "
+                           "{}): C would alias D partially",
+                           p.ldc_in, p.ldc, p.stride_c_in, p.stride_c);
+        return;
+    }
+    SHARDLINE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kBias, op,
+                    "a separate C (c_in) takes epilogue none or bias, got {}", GemmEpilogueName(p.epilogue));
+    SHARDLINE_CHECK_AS(ShapeError, p.ldc_in >= std::max<std::int64_t>(1, p.m), op, "ldc_in {} must be >= m {}",
+                       p.ldc_in, p.m);
+    if (p.m == 0 || p.n == 0) {
+        return;
+    }
+    const auto span = [&](const void* base, std::int64_t ld, std::int64_t stride) {
+        const std::int64_t last_elem = (p.n - 1) * ld + (p.m - 1) + (p.batch_count - 1) * stride;
+        const auto first = reinterpret_cast<std::uintptr_t>(base);
+        return std::pair{first, first + static_cast<std::uintptr_t>(last_elem + 1) * ElementSize(p.c_type) - 1};
+    };
+    const auto [c_first, c_last] = span(p.c_in, p.ldc_in, p.stride_c_in);
+    const auto [d_first, d_last] = span(p.c, p.ldc, p.stride_c);
+    SHARDLINE_CHECK_AS(ShapeError, c_last < d_first || d_last < c_first, op,
+                       "the separate C (c_in, bytes [{:#x}, {:#x}]) overlaps D (bytes [{:#x}, {:#x}]): C must be D "
+                       "itself or apart from it (m={} n={} ldc_in={} ldc={})",
+                       c_first, c_last, d_first, d_last, p.m, p.n, p.ldc_in, p.ldc);
+}
+
+} // namespace
+
 bool GemmEpilogueHasAux(GemmEpilogue epilogue) {
     return epilogue == GemmEpilogue::kGeluAuxBias || epilogue == GemmEpilogue::kDGeluBGrad ||
            epilogue == GemmEpilogue::kDGelu;
@@ -67,6 +109,7 @@ void ValidateGemmParams(const GemmParams& p, std::string_view op) {
                        DTypeName(p.a_type), DTypeName(p.b_type));
     SHARDLINE_CHECK_AS(DTypeError, p.c_type == p.a_type || p.c_type == DType::kFloat32, op,
                        "C dtype must be A's ({}) or float32, got {}", DTypeName(p.a_type), DTypeName(p.c_type));
+    ValidateSeparateC(p, op);
     switch (p.epilogue) {
     case GemmEpilogue::kNone:
         break;

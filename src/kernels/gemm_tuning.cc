@@ -251,14 +251,16 @@ std::size_t GemmPlanKeyHash::operator()(const GemmPlanKey& key) const noexcept {
     mix(static_cast<std::uint64_t>(key.device));
     mix((static_cast<std::uint64_t>(key.tf32) << 0) | (static_cast<std::uint64_t>(key.trans_a) << 1) |
         (static_cast<std::uint64_t>(key.trans_b) << 2) | (static_cast<std::uint64_t>(key.has_bias) << 3) |
-        (static_cast<std::uint64_t>(key.beta_zero) << 4) | (static_cast<std::uint64_t>(key.epilogue) << 8) |
-        (static_cast<std::uint64_t>(key.a_type) << 16) | (static_cast<std::uint64_t>(key.b_type) << 24) |
-        (static_cast<std::uint64_t>(key.c_type) << 32) | (static_cast<std::uint64_t>(key.bias_type) << 40));
+        (static_cast<std::uint64_t>(key.beta_zero) << 4) | (static_cast<std::uint64_t>(key.separate_c) << 5) |
+        (static_cast<std::uint64_t>(key.epilogue) << 8) | (static_cast<std::uint64_t>(key.a_type) << 16) |
+        (static_cast<std::uint64_t>(key.b_type) << 24) | (static_cast<std::uint64_t>(key.c_type) << 32) |
+        (static_cast<std::uint64_t>(key.bias_type) << 40));
     mix((static_cast<std::uint64_t>(key.align_a) << 0) | (static_cast<std::uint64_t>(key.align_b) << 12) |
         (static_cast<std::uint64_t>(key.align_c) << 24) | (static_cast<std::uint64_t>(key.align_bias) << 36) |
         (static_cast<std::uint64_t>(key.align_aux) << 48));
-    for (std::int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.ldaux, key.batch, key.stride_a,
-                           key.stride_b, key.stride_c}) {
+    for (std::int64_t v :
+         {key.m, key.n, key.k, key.lda, key.ldb, key.ldc, key.ldaux, key.batch, key.stride_a, key.stride_b,
+          key.stride_c, key.ldc_in, key.stride_c_in, static_cast<std::int64_t>(key.align_c_in)}) {
         mix(static_cast<std::uint64_t>(v));
     }
     mix(key.workspace);
@@ -308,6 +310,13 @@ GemmPlanKey MakeGemmPlanKey(const GemmParams& p, bool tf32, std::uint64_t worksp
     key.stride_a = p.batch_count > 1 ? p.stride_a : 0;
     key.stride_b = p.batch_count > 1 ? p.stride_b : 0;
     key.stride_c = p.batch_count > 1 ? p.stride_c : 0;
+    // A separate C has its own layout and alignment, which cuBLASLt's algorithm choice reads.
+    key.separate_c = GemmHasSeparateC(p);
+    if (key.separate_c) {
+        key.align_c_in = GemmAlignmentClass(p.c_in, p.batch_count, p.stride_c_in, p.c_type);
+        key.ldc_in = p.ldc_in;
+        key.stride_c_in = p.batch_count > 1 ? p.stride_c_in : 0;
+    }
     key.workspace = workspace;
     return key;
 }
@@ -329,6 +338,13 @@ std::string GemmPlanKeyString(const GemmPlanKey& key) {
     s += fmt::format(" batch={}", key.batch);
     if (key.batch > 1) {
         s += fmt::format(" stride={},{},{}", key.stride_a, key.stride_b, key.stride_c);
+    }
+    if (key.separate_c) {
+        // Only for a C apart from D, so that the strings (the tuning-file records) of in-place problems are unchanged.
+        s += fmt::format(" c_in=ld{},align{}", key.ldc_in, key.align_c_in);
+        if (key.batch > 1) {
+            s += fmt::format(",stride{}", key.stride_c_in);
+        }
     }
     return s;
 }

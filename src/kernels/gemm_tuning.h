@@ -29,12 +29,14 @@ struct GemmPlanKey {
     DType b_type = DType::kFloat32;
     DType c_type = DType::kFloat32;
     DType bias_type = DType::kFloat32;
-    bool beta_zero = true; ///< beta == 0 (C is not read); beta's value is not part of the key
+    bool beta_zero = true;   ///< beta == 0 (C is not read); beta's value is not part of the key
+    bool separate_c = false; ///< C apart from D (GemmHasSeparateC): its own layout and alignment below
     std::uint16_t align_a = 0;
     std::uint16_t align_b = 0;
     std::uint16_t align_c = 0;
     std::uint16_t align_bias = 0;
     std::uint16_t align_aux = 0;
+    std::uint16_t align_c_in = 0; ///< separate_c only
     std::int64_t m = 0;
     std::int64_t n = 0;
     std::int64_t k = 0;
@@ -42,10 +44,12 @@ struct GemmPlanKey {
     std::int64_t ldb = 0;
     std::int64_t ldc = 0;
     std::int64_t ldaux = 0;
+    std::int64_t ldc_in = 0; ///< separate_c only
     std::int64_t batch = 1;
     std::int64_t stride_a = 0;
     std::int64_t stride_b = 0;
     std::int64_t stride_c = 0;
+    std::int64_t stride_c_in = 0; ///< separate_c and batched only
     /// cuBLASLt workspace bytes the plan may use (the context's, or a caller's override). Not in the key string: a
     /// tuning-file record is checked against the workspace at hand instead.
     std::uint64_t workspace = 0;

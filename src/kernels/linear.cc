@@ -49,6 +49,17 @@ void CheckDims(const Tensor& t, std::initializer_list<std::int64_t> dims, std::s
     }
 }
 
+/// A residual added by the GEMM (its C): exactly `out`'s shape, dtype and device.
+void CheckResidual(const Tensor& residual, std::string_view name, const Tensor& out, std::string_view out_name,
+                   std::string_view op) {
+    CheckTensor(residual, op, name);
+    CheckSameDevice(residual, name, out, out_name, op);
+    CheckSameDType(residual, name, out, out_name, op);
+    if (residual.shape() != out.shape()) [[unlikely]] {
+        CheckShape(residual, out.shape(), op, name);
+    }
+}
+
 void CheckWeight(const Tensor& weight, std::string_view op) {
     CheckTensor(weight, op, "weight");
     CheckDeviceDType(weight, op, "weight");
@@ -78,7 +89,7 @@ void DefaultLinearBackwardInput(const LinearBackwardInputArgs& args) {
     // column sum itself (gemm_tuning.h).
     const bool fused_bias = pre_dbias != nullptr && detail::DgradCanFuseBiasGrad(args.dx, *pre_dbias, args.accumulate);
     Gemm(detail::LinearDgradGemm(args.dy, args.weight, args.dx, gelu ? args.pre_activation : nullptr,
-                                 fused_bias ? pre_dbias : nullptr));
+                                 fused_bias ? pre_dbias : nullptr, args.dx_residual));
     if (pre_dbias != nullptr && !fused_bias) {
         LinearBackwardBias(LinearBackwardBiasArgs{.dy = args.dx, .dbias = *pre_dbias, .accumulate = args.accumulate});
     }
@@ -121,6 +132,11 @@ void LinearForward(const LinearForwardArgs& args) {
         SHARDLINE_CHECK(args.pre_activation != nullptr, kOp, "activation gelu_tanh needs a pre_activation tensor");
         CheckLike(*args.pre_activation, "pre_activation", args.weight, "weight", kOp);
         CheckShape(*args.pre_activation, args.y.shape(), kOp, "pre_activation");
+    }
+    if (args.residual != nullptr) {
+        SHARDLINE_CHECK(args.activation == LinearActivation::kNone, kOp,
+                        "a residual is added to the layer's output: it takes no activation, got gelu_tanh");
+        CheckResidual(*args.residual, "residual", args.y, "y", kOp);
     }
     if (args.y.numel() == 0) {
         return;
@@ -181,6 +197,16 @@ void CheckInputActivation(const Tensor& dx, LinearActivation activation, const T
     }
 }
 
+/// dx_residual: dx's shape, dtype and device, and no input activation (its gradient would apply to the sum).
+void CheckDxResidual(const Tensor& dx, LinearActivation activation, const Tensor* dx_residual, std::string_view op) {
+    if (dx_residual == nullptr) {
+        return;
+    }
+    SHARDLINE_CHECK(activation == LinearActivation::kNone, op,
+                    "dx_residual is added to x's gradient: it takes no input_activation, got gelu_tanh");
+    CheckResidual(*dx_residual, "dx_residual", dx, "dx", op);
+}
+
 void CheckBackwardWeight(const Tensor& dy, const Tensor& x, const Tensor& dweight, std::string_view op) {
     CheckTensor(dy, op, "dy");
     CheckTensor(x, op, "x");
@@ -221,6 +247,7 @@ void LinearBackwardInput(const LinearBackwardInputArgs& args) {
     constexpr std::string_view kOp = LinearBackwardInputOp::kName;
     CheckBackwardInput(args.dy, args.weight, args.dx, kOp);
     CheckInputActivation(args.dx, args.input_activation, args.pre_activation, args.pre_activation_dbias, kOp);
+    CheckDxResidual(args.dx, args.input_activation, args.dx_residual, kOp);
     if (args.dx.numel() == 0) {
         // No rows: the previous layer's bias grad is a sum over nothing.
         if (args.pre_activation_dbias != nullptr && !args.accumulate) {
@@ -299,9 +326,11 @@ void LinearBackward(const LinearBackwardArgs& args) {
         SHARDLINE_CHECK(args.weight != nullptr, kOp, "dx needs the weight");
         CheckBackwardInput(args.dy, *args.weight, *args.dx, kOp);
         CheckInputActivation(*args.dx, args.input_activation, args.pre_activation, args.pre_activation_dbias, kOp);
+        CheckDxResidual(*args.dx, args.input_activation, args.dx_residual, kOp);
     } else {
         SHARDLINE_CHECK(args.pre_activation_dbias == nullptr, kOp,
                         "pre_activation_dbias is Σ_rows dx: it needs dx (and the weight)");
+        SHARDLINE_CHECK(args.dx_residual == nullptr, kOp, "dx_residual is added to dx: it needs dx (and the weight)");
     }
     if (args.dweight != nullptr) {
         SHARDLINE_CHECK(args.x != nullptr, kOp, "dweight needs the input x");
@@ -341,7 +370,8 @@ GemmParams LinearForwardGemm(const LinearForwardArgs& args) {
     const bool gelu = args.activation == LinearActivation::kGeluTanh;
     // Row-major Y[M,out] = X[M,in]·W[out,in]ᵀ. Column-major, the same bytes read Yᶜ[out,M] = Wᶜᵀ·Xᶜ with
     // Wᶜ = W viewed [in,out] (ld in, transposed to [out,in]) and Xᶜ = X viewed [in,M] (ld in). The bias has one
-    // entry per row of Yᶜ (m = out), which is what the cuBLASLt BIAS epilogue adds.
+    // entry per row of Yᶜ (m = out), which is what the cuBLASLt BIAS epilogue adds. A residual [M,out] is laid out as Y
+    // (ld out): the GEMM's separate C with beta = 1.
     return GemmParams{.trans_a = true,
                       .trans_b = false,
                       .m = out,
@@ -356,6 +386,9 @@ GemmParams LinearForwardGemm(const LinearForwardArgs& args) {
                       .c = args.y.data(),
                       .ldc = out,
                       .c_type = args.y.dtype(),
+                      .c_in = args.residual != nullptr ? args.residual->data() : nullptr,
+                      .ldc_in = args.residual != nullptr ? out : 0,
+                      .beta = args.residual != nullptr ? 1.0 : 0.0,
                       .epilogue = gelu ? GemmEpilogue::kGeluAuxBias
                                        : (args.bias != nullptr ? GemmEpilogue::kBias : GemmEpilogue::kNone),
                       .bias = args.bias != nullptr ? args.bias->data() : nullptr,
@@ -370,13 +403,14 @@ bool DgradCanFuseBiasGrad(const Tensor& dx, const Tensor& pre_activation_dbias, 
 }
 
 GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx, const Tensor* pre_activation,
-                           Tensor* fused_pre_dbias) {
+                           Tensor* fused_pre_dbias, const Tensor* dx_residual) {
     const std::int64_t in = weight.size(1);
     const std::int64_t out = weight.size(0);
     const std::int64_t rows = Rows(dy, LinearBackwardInputOp::kName, "dy");
     // Row-major dX[M,in] = dY[M,out]·W[out,in]. Column-major dXᶜ[in,M] = Wᶜ[in,out]·dYᶜ[out,M]: W viewed [in,out]
     // (ld in) and dY viewed [out,M] (ld out), no transposes. The pre-activation [M,in] is laid out as dX (aux ld in),
-    // and DGELU_BGRAD's bias[i] = Σ_j Dᶜ[i, j] sums dX over its rows: the previous layer's bias grad [in].
+    // and DGELU_BGRAD's bias[i] = Σ_j Dᶜ[i, j] sums dX over its rows: the previous layer's bias grad [in]. A
+    // dx_residual [M,in] is laid out as dX too (ld in): the GEMM's separate C with beta = 1.
     GemmEpilogue epilogue = GemmEpilogue::kNone;
     if (pre_activation != nullptr) {
         epilogue = fused_pre_dbias != nullptr ? GemmEpilogue::kDGeluBGrad : GemmEpilogue::kDGelu;
@@ -393,6 +427,9 @@ GemmParams LinearDgradGemm(const Tensor& dy, const Tensor& weight, Tensor& dx, c
                       .c = dx.data(),
                       .ldc = in,
                       .c_type = dx.dtype(),
+                      .c_in = dx_residual != nullptr ? dx_residual->data() : nullptr,
+                      .ldc_in = dx_residual != nullptr ? in : 0,
+                      .beta = dx_residual != nullptr ? 1.0 : 0.0,
                       .epilogue = epilogue,
                       .bias = epilogue == GemmEpilogue::kDGeluBGrad ? fused_pre_dbias->data() : nullptr,
                       .bias_type = epilogue == GemmEpilogue::kDGeluBGrad ? fused_pre_dbias->dtype() : dx.dtype(),
@@ -437,7 +474,8 @@ void CompositeLinearBackward(const LinearBackwardArgs& args) {
                                                     .input_activation = args.input_activation,
                                                     .pre_activation = args.pre_activation,
                                                     .pre_activation_dbias = args.pre_activation_dbias,
-                                                    .accumulate = args.accumulate});
+                                                    .accumulate = args.accumulate,
+                                                    .dx_residual = args.dx_residual});
     }
     if (args.dweight != nullptr) {
         LinearBackwardWeight(LinearBackwardWeightArgs{

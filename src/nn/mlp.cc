@@ -33,17 +33,34 @@ ParallelMLP::ParallelMLP(const ParallelMLPOptions &options, const TensorParallel
                                     tp, p));
 }
 
+namespace {
+
+void CheckInput(const Variable &x, std::int64_t hidden) {
+    SHARDLINE_CHECK_AS(ShapeError, x.defined() && !x.shape().empty() && x.shape().back() == hidden, "ParallelMLP",
+                       "the input must be [..., hidden] = [..., {}], got {}", hidden,
+                       x.defined() ? ShapeToString(x.shape()) : std::string("undefined"));
+}
+
+} // namespace
+
 Variable ParallelMLP::Forward(const Variable &x) const {
     if (options_.gelu_fusion && options_.approximation == kernels::GeluApproximation::kTanh) {
-        SHARDLINE_CHECK_AS(ShapeError, x.defined() && !x.shape().empty() && x.shape().back() == options_.hidden,
-                           "ParallelMLP", "the input must be [..., hidden] = [..., {}], got {}", options_.hidden,
-                           x.defined() ? ShapeToString(x.shape()) : std::string("undefined"));
+        CheckInput(x, options_.hidden);
         return autograd::ParallelMLP(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias, fc1->options(), fc2->options(),
                                      tp_);
     }
     Variable h = fc1->Forward(x).output;
     h = autograd::Gelu(h, options_.approximation);
     return fc2->Forward(h).output;
+}
+
+Variable ParallelMLP::ResidualForward(const Variable &x) const {
+    if (options_.gelu_fusion && options_.approximation == kernels::GeluApproximation::kTanh) {
+        CheckInput(x, options_.hidden);
+        return autograd::ParallelMLPWithResidual(x, fc1->weight, fc1->bias, fc2->weight, fc2->bias, fc1->options(),
+                                                 fc2->options(), tp_);
+    }
+    return autograd::Add(x, Forward(x));
 }
 
 } // namespace shardline::nn

@@ -172,6 +172,21 @@ TEST(GemmPlanKeyTest, EveryFieldThatChangesThePlanChangesTheKeyString) {
         p.stride_b = 1 << 24;
         p.stride_c = 1 << 25;
     });
+    // A separate C (a residual): its presence, leading dim and alignment.
+    const auto separate = [](GemmParams& p) {
+        p.beta = 1.0;
+        p.c_in = reinterpret_cast<const void*>(std::uintptr_t{0x80000000});
+        p.ldc_in = 8192;
+    };
+    vary(separate);
+    vary([&](GemmParams& p) {
+        separate(p);
+        p.ldc_in = 8256;
+    });
+    vary([&](GemmParams& p) {
+        separate(p);
+        p.c_in = reinterpret_cast<const char*>(p.c_in) + 16;
+    });
     std::set<std::string> strings;
     for (const GemmParams& p : variants) {
         strings.insert(GemmPlanKeyString(MakeGemmPlanKey(p, false)));
@@ -182,6 +197,24 @@ TEST(GemmPlanKeyTest, EveryFieldThatChangesThePlanChangesTheKeyString) {
     fp32.a_type = fp32.b_type = fp32.c_type = fp32.bias_type = DType::kFloat32;
     EXPECT_NE(GemmPlanKeyString(MakeGemmPlanKey(fp32, true)), GemmPlanKeyString(MakeGemmPlanKey(fp32, false)));
     EXPECT_EQ(MakeGemmPlanKey(base, true), MakeGemmPlanKey(base, false));
+}
+
+TEST(GemmPlanKeyTest, ASeparateCIsAppendedAndCGivenAsDIsTheInPlaceKey) {
+    GemmParams in_place = ForwardParams();
+    in_place.beta = 1.0;
+    GemmParams separate = in_place;
+    separate.c_in = reinterpret_cast<const void*>(std::uintptr_t{0x80000000});
+    separate.ldc_in = 8192;
+    EXPECT_EQ(GemmPlanKeyString(MakeGemmPlanKey(separate, false)),
+              GemmPlanKeyString(MakeGemmPlanKey(in_place, false)) + " c_in=ld8192,align256");
+    // C given as D itself, or a C that beta = 0 never reads, is the in-place problem's key.
+    GemmParams same = in_place;
+    same.c_in = same.c;
+    same.ldc_in = same.ldc;
+    EXPECT_EQ(MakeGemmPlanKey(same, false), MakeGemmPlanKey(in_place, false));
+    GemmParams unread = separate;
+    unread.beta = 0.0;
+    EXPECT_EQ(MakeGemmPlanKey(unread, false), MakeGemmPlanKey(ForwardParams(), false));
 }
 
 TEST(GemmPlanKeyTest, BetaValueAndWorkspaceStayOutOfTheKeyString) {

@@ -20,3 +20,9 @@ shardline_add_dist_test(NAME shardline_autograd_parallel_linear_tests_cpu
 shardline_add_dist_test(NAME shardline_autograd_parallel_mlp_tests_cpu
                         SOURCES ${CMAKE_CURRENT_LIST_DIR}/autograd_parallel_mlp_test.cc
                         NP 1 2 4 BACKEND cpu TIMEOUT 120)
+# autograd::ParallelMLPWithResidual (x + MLP(x), the add in fc2's GEMM and x's pass-through grad in fc1's dgrad):
+# float64 finite differences, bit-for-bit agreement with Add(x, ParallelMLP(x)) for every subset of needed gradients,
+# the same collectives, errors before any collective.
+shardline_add_dist_test(NAME shardline_autograd_parallel_mlp_residual_tests_cpu
+                        SOURCES ${CMAKE_CURRENT_LIST_DIR}/autograd_parallel_mlp_residual_test.cc
+                        NP 1 2 4 BACKEND cpu TIMEOUT 120 LIBS GTest::gmock)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -329,6 +330,74 @@ std::vector<MlpCase> FusionCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, ParallelMLPFusionTest, ::testing::ValuesIn(FusionCases()), MlpCaseName);
+
+// ---- the residual block: x + MLP(x), the add in the GEMMs -----------------------------------------------------------
+
+/// One step of x + MLP(x) (fused block): ResidualForward, or Add(x, Forward(x)); x's batch split over "dp" when the
+/// mesh has it.
+PairGot ResidualStep(const MlpCase &c, bool fused, DeviceMesh &mesh, const FusionFull &full) {
+    const bool sp = c.sequence_parallel;
+    nn::ParallelMLP mlp({.hidden = kHidden, .ffn_hidden = kFusionFfn, .bias = c.bias, .sequence_parallel = sp},
+                        Tp(mesh), WithName(Param(c.dtype), fused ? "residual" : "add"));
+    SetFull(mlp.fc1->weight, full.w1);
+    SetFull(mlp.fc2->weight, full.w2);
+    if (c.bias) {
+        SetFull(mlp.fc1->bias, full.b1);
+        SetFull(mlp.fc2->bias, full.b2);
+    }
+    std::map<int, std::vector<int>> shards;
+    if (sp) {
+        shards[0] = {mesh.dim_index("tp")};
+    }
+    if (mesh.ndim() == 2) {
+        shards[1] = {mesh.dim_index("dp")};
+    }
+    Variable x(DistTensor::FromFull(full.x, LayoutOf(3, shards), mesh), c.input_grad);
+    Variable y = fused ? mlp.ResidualForward(x) : autograd::Add(x, mlp.Forward(x));
+    const DistTensor dy = DistTensor::FromFull(full.dy, y.value().layout(), mesh);
+    y.Backward(&dy);
+    return GatherPair(x, y, *mlp.fc1, *mlp.fc2, c.bias);
+}
+
+// x + MLP(x) with the add in fc2's GEMM (forward) and in fc1's dgrad GEMM (x's pass-through gradient), against
+// Add(x, Forward(x)): on a tp mesh (tp > 1: the adds after the collectives) and on a [W, 1] dp × tp mesh (tp 1: the
+// GEMMs add them, the README job's case). On the CPU bit for bit; on CUDA within the fusion test's bounds.
+TEST_P(ParallelMLPFusionTest, ResidualForwardMatchesAddOfTheBlock) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const MlpCase &c = GetParam();
+    const Data data = Data::kRandom;
+    const FusionFull full{.x = MakeFull({kSeq, kBatch * 2, kHidden}, "x", data, c.dtype, 16),
+                          .w1 = MakeFull({kFusionFfn, kHidden}, "w1", data, c.dtype, 16),
+                          .b1 = MakeFull({kFusionFfn}, "b1", data, c.dtype, 16),
+                          .w2 = MakeFull({kHidden, kFusionFfn}, "w2", data, c.dtype, 16),
+                          .b2 = MakeFull({kHidden}, "b2", data, c.dtype, 16),
+                          .dy = MakeFull({kSeq, kBatch * 2, kHidden}, "dy", data, c.dtype, 16)};
+    DeviceMesh dp_only(World(), {World().size(), 1}, {"dp", "tp"});
+    for (DeviceMesh *mesh : {&TpMesh(), &dp_only}) {
+        const std::int64_t tp = SizeOf(*mesh, "tp");
+        SCOPED_TRACE(::testing::Message() << "tp " << tp << " of " << World().size() << " ranks");
+        const PairGot fused = ResidualStep(c, true, *mesh, full);
+        const PairGot apart = ResidualStep(c, false, *mesh, full);
+        const std::vector<std::tuple<const char *, const Tensor &, const Tensor &, double>> outputs = {
+            {"y", fused.y, apart.y, HalfFactor(tp, 3)},
+            {"dX", fused.dx, apart.dx, HalfFactor(tp, 3)},
+            {"fc1 dW", fused.dw1, apart.dw1, HalfFactor(1, 2)},
+            {"fc2 dW", fused.dw2, apart.dw2, HalfFactor(1, 2)}};
+        for (const auto &[name, f, a, factor] : outputs) {
+            ASSERT_EQ(f.defined(), a.defined()) << name;
+            if (!f.defined()) {
+                continue;
+            }
+            if (TestDevice().is_cpu()) {
+                EXPECT_EQ(f.ToDoubleVector(), a.ToDoubleVector()) << name << ": bit for bit on the CPU";
+                continue;
+            }
+            const double rtol = testing::RelativeTolerance(c.dtype) * 2.0 * (IsHalf(c.dtype) ? factor : 4.0);
+            const std::string diff = testing::CompareValues(f.ToDoubleVector(), a.ToDoubleVector(), rtol);
+            EXPECT_TRUE(diff.empty()) << name << ": " << diff;
+        }
+    }
+}
 
 // ---- the block with chunked collective-GEMM pipelines (comm_chunks)
 // --------------------------------------------------

@@ -53,6 +53,17 @@ Variable ParallelMLP(const Variable& x, const Variable& fc1_weight, const Variab
                      const Variable& fc2_weight, const Variable& fc2_bias,
                      const functional::ColumnParallelLinearOptions& fc1,
                      const functional::RowParallelLinearOptions& fc2, const functional::TensorParallelGroup& tp);
+/// x + ParallelMLP(x) as the same one Function, the residual add fused into the GEMMs: forward, x is fc2's residual
+/// (y = h·W2ᵀ + b2 + x, the GEMM's C with beta = 1); backward, x's gradient dy + (fc1's dgrad) is one dgrad GEMM with
+/// C = dy. At tp > 1 the adds run after fc2's reduction and fc1's dx collective instead (functional/parallel_linear.h).
+/// Needs fc2.out_features == fc1.in_features and the output in x's layout (as ParallelMLP gives it). The same values
+/// as Add(x, ParallelMLP(x)) up to the order of the bias and residual roundings (bit for bit on the CPU), with no
+/// Add node.
+Variable ParallelMLPWithResidual(const Variable& x, const Variable& fc1_weight, const Variable& fc1_bias,
+                                 const Variable& fc2_weight, const Variable& fc2_bias,
+                                 const functional::ColumnParallelLinearOptions& fc1,
+                                 const functional::RowParallelLinearOptions& fc2,
+                                 const functional::TensorParallelGroup& tp);
 
 /// Mixture-of-experts experts on local Variables: y_e = x_e·W_eᵀ + b_e for every expert e, where x [T, in] has its
 /// rows grouped by expert (group e owns group_sizes[e] consecutive rows; group_sizes int64 [E] on the host or x's

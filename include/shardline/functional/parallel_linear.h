@@ -220,6 +220,10 @@ struct ColumnParallelLinearBackwardArgs {
     TensorView dweight{}; ///< out, [N/tp, K]; absent: not computed
     TensorView dbias{};   ///< out, [N/tp] (options.adds_bias() only); absent: not computed
     GradMode param_grads = GradMode::kOverwrite; ///< for dweight and dbias
+    /// Optional, x's shape, requires dx: dx += dx_residual, the gradient that reaches x by another path (a residual
+    /// connection's pass-through, y = x + f(x); only read, and not with num_experts). Added by the dgrad GEMM (its C,
+    /// beta = 1) where dx leaves the GEMM finished (tp 1: no collective moves it); else added after dx's collective.
+    TensorView dx_residual{};
     /// num_experts > 0: int64 [E], the rows of x (and dy) per expert, Σ = T; host memory, or device memory of the
     /// call's device with group_sizes_on_device (read on the host by the loop provider, see kernels/grouped_gemm.h).
     TensorView group_sizes{};
@@ -232,8 +236,8 @@ ForwardInfo ColumnParallelLinearForward(const ColumnParallelLinearOptions &optio
                                         const ColumnParallelLinearForwardArgs &args, const TensorParallelGroup &group,
                                         const CudaExecution &cuda = {});
 
-/// dx = Σ_tp dy·weight (all-reduced, or reduce-scattered under sequence_parallel); dweight (+)= dyᵀ·x_total;
-/// dbias (+)= Σ_rows dy. Computes only the gradients whose views are present.
+/// dx = Σ_tp dy·weight (all-reduced, or reduce-scattered under sequence_parallel) (+ dx_residual); dweight (+)=
+/// dyᵀ·x_total; dbias (+)= Σ_rows dy. Computes only the gradients whose views are present.
 BackwardInfo ColumnParallelLinearBackward(const ColumnParallelLinearOptions &options,
                                           const ColumnParallelLinearBackwardArgs &args,
                                           const TensorParallelGroup &group, const CudaExecution &cuda = {});
@@ -277,6 +281,10 @@ struct RowParallelLinearForwardArgs {
     TensorView weight; ///< [N, K/tp]: this rank's columns of W
     TensorView bias{}; ///< [N]; required when options.adds_bias(), absent otherwise
     TensorView y;      ///< out: [s, ..., N]; sequence_parallel: this rank's [s/tp, ..., N]
+    /// Optional, y's shape: y += residual, a residual connection's input (x + f(x), f ending in this layer; only read,
+    /// and not with num_experts). Added by the local GEMM (its C, beta = 1) where y leaves the GEMM finished (tp 1: no
+    /// reduction, the bias in the epilogue); else added after the reduction and the bias, as a separate kernel.
+    TensorView residual{};
     /// num_experts > 0: int64 [E], the rows of x (and dy) per expert, Σ = T; host memory, or device memory of the
     /// call's device with group_sizes_on_device (read on the host by the loop provider, see kernels/grouped_gemm.h).
     TensorView group_sizes{};
@@ -305,7 +313,8 @@ struct RowParallelLinearBackwardArgs {
     bool group_sizes_on_device = false;
 };
 
-/// y = Σ_tp x_r·weight_rᵀ (all-reduced, or reduce-scattered on dim 0 under sequence_parallel), then + bias once.
+/// y = Σ_tp x_r·weight_rᵀ (all-reduced, or reduce-scattered on dim 0 under sequence_parallel), then + bias once
+/// (+ residual).
 ForwardInfo RowParallelLinearForward(const RowParallelLinearOptions &options, const RowParallelLinearForwardArgs &args,
                                      const TensorParallelGroup &group, const CudaExecution &cuda = {});
 

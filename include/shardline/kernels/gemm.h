@@ -26,8 +26,13 @@ bool GemmEpilogueHasAux(GemmEpilogue epilogue);
 enum class GemmCompute : std::uint8_t { kDefault, kFloat32, kFloat64 };
 
 /// A pure description of one (strided-batched) GEMM in cuBLAS's column-major convention:
-///     D[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b],   op(A) m×k, op(B) k×n, C and D m×n (D written over C),
-/// where X[b] = X + b · stride_x (elements). A stride of 0 broadcasts that operand over the batch.
+///     D[b] = alpha · op(A[b]) · op(B[b]) + beta · C[b],   op(A) m×k, op(B) k×n, C and D m×n,
+/// where X[b] = X + b · stride_x (elements). A stride of 0 broadcasts that operand over the batch. D is `c` (ldc,
+/// stride_c). C is D itself (D written over C, the default) or, with `c_in`, a separate matrix that is only read:
+/// D = alpha·op(A)·op(B) + bias + beta·C_in, e.g. a residual connection's x added by the GEMM that makes the block's
+/// output (beta = 1). A separate C takes the epilogues none and bias only, never overlaps D (the same pointer with the
+/// same layout means in place) and has D's dtype; where the bias and C are added in one pass, the order of the two
+/// roundings is the provider's (the CPU adds C last, cuBLASLt in its epilogue).
 /// Row-major callers derive the operands in a comment at every call site (a row-major R×C matrix is a
 /// column-major C×R matrix with the same leading dimension).
 struct GemmParams {
@@ -43,14 +48,19 @@ struct GemmParams {
     const void* b = nullptr;
     std::int64_t ldb = 0;
     DType b_type = DType::kFloat32;
-    void* c = nullptr;
+    void* c = nullptr; ///< D (written), and C unless c_in is given
     std::int64_t ldc = 0;
-    DType c_type = DType::kFloat32;
+    DType c_type = DType::kFloat32; ///< D's and C's
+    /// A separate C (read when beta != 0; null: C is D): m×n column-major with leading dimension ldc_in, batch stride
+    /// stride_c_in.
+    const void* c_in = nullptr;
+    std::int64_t ldc_in = 0;
 
     std::int64_t batch_count = 1;
     std::int64_t stride_a = 0;
     std::int64_t stride_b = 0;
     std::int64_t stride_c = 0;
+    std::int64_t stride_c_in = 0;
 
     double alpha = 1.0;
     double beta = 0.0;
@@ -64,6 +74,9 @@ struct GemmParams {
 
     Device device;
 };
+
+/// Whether the problem reads a C apart from D: c_in given, beta != 0, and c_in not D itself (the same pointer).
+bool GemmHasSeparateC(const GemmParams& params);
 
 /// Whether the problem's epilogue reads or writes its bias vector: kBias, kBGradB, kDGeluBGrad, and kGeluAuxBias with
 /// a bias (a stray bias pointer of another epilogue is ignored).

@@ -26,12 +26,16 @@ struct LinearForwardArgs {
     Tensor& y;                    ///< [..., out]
     LinearActivation activation = LinearActivation::kNone;
     Tensor* pre_activation = nullptr; ///< [..., out]; required with kGeluTanh
+    /// [..., out] (y's shape, dtype and device): y = x·Wᵀ + b + residual, the residual connection of a block whose
+    /// output this layer makes, added by the GEMM (its C, beta = 1: no separate add kernel). Only read; it may be y
+    /// itself (then y += x·Wᵀ + b). Not with an activation.
+    const Tensor* residual = nullptr;
 };
 struct LinearForwardOp {
     static constexpr std::string_view kName = "LinearForward";
     using Fn = void (*)(const LinearForwardArgs&);
 };
-/// y = x·weightᵀ + bias (bias in the GEMM epilogue: one launch on CUDA).
+/// y = x·weightᵀ + bias (+ residual) (bias and residual in the GEMM: one launch on CUDA).
 void LinearForward(const LinearForwardArgs& args);
 Tensor LinearForward(const Tensor& x, const Tensor& weight, const Tensor* bias = nullptr);
 
@@ -47,12 +51,16 @@ struct LinearBackwardInputArgs {
     /// overwritten.
     Tensor* pre_activation_dbias = nullptr;
     bool accumulate = false; ///< pre_activation_dbias += instead of =
+    /// [..., in] (dx's shape, dtype and device): dx = dy·W + dx_residual, the gradient that reaches x by another path
+    /// (a residual connection's pass-through, y = x + f(x)), added by the dgrad GEMM (its C, beta = 1). Only read; it
+    /// may be dx itself. Not with input_activation.
+    const Tensor* dx_residual = nullptr;
 };
 struct LinearBackwardInputOp {
     static constexpr std::string_view kName = "LinearBackwardInput";
     using Fn = void (*)(const LinearBackwardInputArgs&);
 };
-/// dx = dy·weight; with input_activation dx = (dy·weight) ⊙ gelu_tanh'(pre_activation), and optionally
+/// dx = dy·weight (+ dx_residual); with input_activation dx = (dy·weight) ⊙ gelu_tanh'(pre_activation), and optionally
 /// pre_activation_dbias (+)= Σ_rows dx.
 void LinearBackwardInput(const LinearBackwardInputArgs& args);
 Tensor LinearBackwardInput(const Tensor& dy, const Tensor& weight);
@@ -103,12 +111,14 @@ struct LinearBackwardArgs {
     LinearActivation input_activation = LinearActivation::kNone;
     const Tensor* pre_activation = nullptr; ///< [..., in]; required with input_activation and dx
     Tensor* pre_activation_dbias = nullptr; ///< [in]; dx's dtype, or float32 (a main grad)
+    const Tensor* dx_residual = nullptr;    ///< as LinearBackwardInputArgs: dx = dy·W + dx_residual (needs dx)
 };
 struct LinearBackwardOp {
     static constexpr std::string_view kName = "LinearBackward";
     using Fn = void (*)(const LinearBackwardArgs&);
 };
-/// dx = dy·weight (⊙ gelu_tanh'(pre_activation) with input_activation); dweight (+)= dyᵀ·x; dbias (+)= Σ_rows dy;
+/// dx = dy·weight (⊙ gelu_tanh'(pre_activation) with input_activation; + dx_residual); dweight (+)= dyᵀ·x;
+/// dbias (+)= Σ_rows dy;
 /// pre_activation_dbias (+)= Σ_rows dx — each where given.
 void LinearBackward(const LinearBackwardArgs& args);
 

@@ -38,6 +38,10 @@ public:
     /// Parameters "<param.name or 'mlp'>.fc1.weight", ... .
     ParallelMLP(const ParallelMLPOptions& options, const TensorParallelGroup& tp, const ParameterOptions& param = {});
     Variable Forward(const Variable& x) const;
+    /// x + Forward(x): a residual block. With the fused tanh GELU (autograd::ParallelMLPWithResidual) the add rides in
+    /// the GEMMs — fc2's forward adds x (C, beta = 1) and fc1's dgrad adds x's pass-through gradient — with no Add
+    /// node; otherwise Add(x, Forward(x)).
+    Variable ResidualForward(const Variable& x) const;
     std::shared_ptr<ColumnParallelLinear> fc1;
     std::shared_ptr<RowParallelLinear> fc2;
 

@@ -197,17 +197,38 @@ template <class T> void Epilogue(const GemmParams &p, const T *b, T *d) {
     }
 }
 
+/// D += beta·C for a separate C (c_in): added after the product and the bias, so that a residual connection fused here
+/// rounds as the unfused sum (x + (x·Wᵀ + b)) does, bit for bit.
+template <class T> void AddSeparateC(const GemmParams &p, const T *c_in, T *d) {
+    const T beta = static_cast<T>(p.beta);
+    for (std::int64_t j = 0; j < p.n; ++j) {
+        T *col = d + j * p.ldc;
+        const T *c_col = c_in + j * p.ldc_in;
+        for (std::int64_t i = 0; i < p.m; ++i) {
+            col[i] = p.beta == 1.0 ? col[i] + c_col[i] : col[i] + beta * c_col[i];
+        }
+    }
+}
+
 template <class T> void TypedGemm(const GemmParams &p) {
     const T *a = static_cast<const T *>(p.a);
     const T *b = static_cast<const T *>(p.b);
     T *c = static_cast<T *>(p.c);
+    const bool separate_c = GemmHasSeparateC(p);
+    GemmParams product = p;
+    if (separate_c) {
+        product.beta = 0.0; // D = alpha·op(A)·op(B) (+ bias), then + beta·C
+    }
     for (std::int64_t batch = 0; batch < p.batch_count; ++batch) {
         // Pointers are only formed for non-null operands (k = 0 or an empty D may pass nulls).
         const T *ab = a != nullptr ? a + batch * p.stride_a : nullptr;
         const T *bb = b != nullptr ? b + batch * p.stride_b : nullptr;
         T *cb = c != nullptr ? c + batch * p.stride_c : nullptr;
-        Product<T>(p, ab, bb, cb);
-        Epilogue<T>(p, bb, cb);
+        Product<T>(product, ab, bb, cb);
+        Epilogue<T>(product, bb, cb);
+        if (separate_c && cb != nullptr) {
+            AddSeparateC<T>(p, static_cast<const T *>(p.c_in) + batch * p.stride_c_in, cb);
+        }
     }
 }
 

@@ -250,7 +250,30 @@ void RunApartEpilogue(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) {
     }
 }
 
-void RunDegenerateGemm(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) {
+GemmParams InPlaceC(const GemmParams &p, CudaContext &ctx) {
+    if (!GemmHasSeparateC(p)) {
+        return p;
+    }
+    const auto elem = static_cast<std::size_t>(ElementSize(p.c_type));
+    if (p.m > 0 && p.n > 0) {
+        for (std::int64_t b = 0; b < p.batch_count; ++b) {
+            // Column-major m×n: n columns of m elements, ldc_in / ldc elements apart.
+            SHARDLINE_CHECK_CUDA(
+                cudaMemcpy2DAsync(Offset(p.c, b * p.stride_c, p.c_type), static_cast<std::size_t>(p.ldc) * elem,
+                                  Offset(p.c_in, b * p.stride_c_in, p.c_type),
+                                  static_cast<std::size_t>(p.ldc_in) * elem, static_cast<std::size_t>(p.m) * elem,
+                                  static_cast<std::size_t>(p.n), cudaMemcpyDeviceToDevice, ctx.stream()));
+        }
+    }
+    GemmParams in_place = p;
+    in_place.c_in = nullptr;
+    in_place.ldc_in = 0;
+    in_place.stride_c_in = 0;
+    return in_place;
+}
+
+void RunDegenerateGemm(const GemmParams &params, CudaContext &ctx, ReduceImpl impl) {
+    const GemmParams p = InPlaceC(params, ctx);
     if (p.m > 0 && p.n > 0) {
         // k == 0: the product is empty, D = beta·C (beta == 0 writes zeros without reading C).
         for (std::int64_t b = 0; b < p.batch_count; ++b) {
@@ -261,7 +284,8 @@ void RunDegenerateGemm(const GemmParams &p, CudaContext &ctx, ReduceImpl impl) {
     RunUnfusedEpilogue(p, ctx, impl);
 }
 
-void CublasGemmPlain(const GemmParams &p, CudaContext &ctx) {
+void CublasGemmPlain(const GemmParams &params, CudaContext &ctx) {
+    const GemmParams p = InPlaceC(params, ctx); // cublasGemmEx writes D over C
     static std::mutex mutex; // one cuBLAS handle per device, shared by threads: keep its calls serial
     const float alpha = static_cast<float>(p.alpha);
     const float beta = static_cast<float>(p.beta);

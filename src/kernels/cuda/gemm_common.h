@@ -31,6 +31,10 @@ cublasComputeType_t GemmComputeType(const GemmParams &p, const CudaContext &ctx)
 /// batched (a broadcast output would race).
 void CheckCudaGemm(const GemmParams &p, std::string_view op);
 
+/// A separate C (GemmHasSeparateC) copied into D on ctx's stream, and p as the in-place problem it then is (c_in
+/// cleared): the path of a provider or fallback whose BLAS call writes D over C (cublasGemmEx). p itself when C is D.
+GemmParams InPlaceC(const GemmParams &p, CudaContext &ctx);
+
 /// The GEMM of a fused epilogue run apart (what the tuning times against the fused epilogue, gemm_tuning.h), which
 /// RunApartEpilogue then completes: kGeluAuxBias: the bias GEMM into aux; kDGeluBGrad: the kDGelu GEMM; kBGradB and
 /// kDGelu: the plain product. Unbatched problems only (as every fused epilogue).

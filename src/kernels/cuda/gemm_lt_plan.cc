@@ -93,9 +93,10 @@ cublasLtEpilogue_t LtEpilogue(const GemmParams &p) {
 }
 
 std::string Describe(const GemmParams &p) {
-    return fmt::format("m={} n={} k={} trans_a={} trans_b={} lda={} ldb={} ldc={} batch={} {}x{}->{} epilogue {}", p.m,
-                       p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc, p.batch_count, DTypeName(p.a_type),
-                       DTypeName(p.b_type), DTypeName(p.c_type), GemmEpilogueName(p.epilogue));
+    return fmt::format("m={} n={} k={} trans_a={} trans_b={} lda={} ldb={} ldc={}{} batch={} {}x{}->{} epilogue {}",
+                       p.m, p.n, p.k, p.trans_a, p.trans_b, p.lda, p.ldb, p.ldc,
+                       GemmHasSeparateC(p) ? fmt::format(" ldc_in={}", p.ldc_in) : std::string(), p.batch_count,
+                       DTypeName(p.a_type), DTypeName(p.b_type), DTypeName(p.c_type), GemmEpilogueName(p.epilogue));
 }
 
 void WarnOnce(const std::string &key, const std::string &message) {
@@ -153,6 +154,11 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     plan->a = MakeLayout(a_type, p.trans_a ? p.k : p.m, p.trans_a ? p.m : p.k, p.lda, p.batch_count, p.stride_a);
     plan->b = MakeLayout(b_type, p.trans_b ? p.n : p.k, p.trans_b ? p.k : p.n, p.ldb, p.batch_count, p.stride_b);
     plan->c = MakeLayout(c_type, p.m, p.n, p.ldc, p.batch_count, p.stride_c);
+    if (GemmHasSeparateC(p)) {
+        // C apart from D (a residual added by the GEMM): cuBLASLt takes separate C and D layouts natively.
+        plan->c_in = MakeLayout(c_type, p.m, p.n, p.ldc_in, p.batch_count, p.stride_c_in);
+    }
+    cublasLtMatrixLayout_t c_layout = plan->c_in != nullptr ? plan->c_in.get() : plan->c.get();
 
     const GemmTuningOptions options = CurrentGemmTuningOptions();
     const DeviceIdentity &id = Identity(ctx.device());
@@ -160,8 +166,8 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     // 0. The algorithm of a similar shape (a transient plan's class), if cuBLASLt accepts it for this one.
     if (reuse != nullptr) {
         cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoCheck(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), plan->c.get(),
-                                    plan->c.get(), reuse, &check) == CUBLAS_STATUS_SUCCESS &&
+        if (cublasLtMatmulAlgoCheck(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), c_layout, plan->c.get(),
+                                    reuse, &check) == CUBLAS_STATUS_SUCCESS &&
             check.workspaceSize <= ctx.workspace_bytes()) {
             plan->algo = *reuse;
             plan->usable = true;
@@ -180,7 +186,7 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
         std::memcpy(&algo, record->algo.data(), sizeof(algo));
         cublasLtMatmulHeuristicResult_t check{};
         const cublasStatus_t status = cublasLtMatmulAlgoCheck(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(),
-                                                              plan->c.get(), plan->c.get(), &algo, &check);
+                                                              c_layout, plan->c.get(), &algo, &check);
         if (status == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= ctx.workspace_bytes()) {
             plan->algo = algo;
             plan->usable = true;
@@ -219,7 +225,8 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     const std::uint32_t align_c = key.align_c;
     SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
     SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
-    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+    SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            plan->c_in != nullptr ? static_cast<std::uint32_t>(key.align_c_in) : align_c);
     SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
 
     const int wanted = options.enabled ? options.top_k : 1;
@@ -227,8 +234,8 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     int returned = 0;
     detail::GemmCounters().heuristic_queries.fetch_add(1);
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), plan->c.get(),
-                                       plan->c.get(), raw_pref, wanted, results.data(), &returned);
+        cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), c_layout, plan->c.get(),
+                                       raw_pref, wanted, results.data(), &returned);
     results.resize(status == CUBLAS_STATUS_SUCCESS ? static_cast<std::size_t>(std::max(returned, 0)) : 0);
     std::erase_if(results, [](const cublasLtMatmulHeuristicResult_t &r) { return r.state != CUBLAS_STATUS_SUCCESS; });
     plan->full_workspace_candidates = static_cast<int>(results.size());
@@ -240,7 +247,7 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
         int more_returned = 0;
         SetPref(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(kSmallWorkspaceBytes));
         detail::GemmCounters().heuristic_queries.fetch_add(1);
-        if (cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), plan->c.get(),
+        if (cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), raw_desc, plan->a.get(), plan->b.get(), c_layout,
                                            plan->c.get(), raw_pref, wanted, more.data(),
                                            &more_returned) == CUBLAS_STATUS_SUCCESS) {
             for (int i = 0; i < more_returned; ++i) {
@@ -355,9 +362,11 @@ cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const Gemm
                       cudaStream_t stream) {
     const float alpha = static_cast<float>(p.alpha);
     const float beta = static_cast<float>(p.beta);
-    // D is written over C (same pointer, same layout).
-    return cublasLtMatmul(ctx.lt_handle(), plan.desc.get(), &alpha, p.a, plan.a.get(), p.b, plan.b.get(), &beta, d,
-                          plan.c.get(), d, plan.c.get(), &algo, ctx.workspace(), ctx.workspace_bytes(), stream);
+    // D is written over C (same pointer, same layout), unless the plan has a separate C (c_in, its own layout).
+    const bool separate = plan.c_in != nullptr;
+    return cublasLtMatmul(ctx.lt_handle(), plan.desc.get(), &alpha, p.a, plan.a.get(), p.b, plan.b.get(), &beta,
+                          separate ? p.c_in : d, separate ? plan.c_in.get() : plan.c.get(), d, plan.c.get(), &algo,
+                          ctx.workspace(), ctx.workspace_bytes(), stream);
 }
 
 namespace {

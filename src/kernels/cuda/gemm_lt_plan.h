@@ -66,7 +66,8 @@ struct LtPlan {
     LtMatmulDesc desc;
     LtMatrixLayout a;
     LtMatrixLayout b;
-    LtMatrixLayout c;
+    LtMatrixLayout c;    ///< D, and C when C is D
+    LtMatrixLayout c_in; ///< a separate C (GemmHasSeparateC); null when C is D
     cublasLtMatmulAlgo_t algo{};
     std::mutex mutex;               ///< the bias/aux pointers are descriptor attributes: set and launch under one lock
     const void *bias_ptr = nullptr; ///< what the descriptor points at now
@@ -114,7 +115,8 @@ GemmParams PlainParams(const GemmParams &p);
 /// the call, which must not add into C twice). A bias epilogue costs the GEMM nothing and is always fused.
 bool MeasuresEpilogue(const GemmParams &p);
 bool StreamCapturing(cudaStream_t stream);
-/// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning).
+/// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning). C is p.c_in with
+/// its own layout when the plan has one, else `d` (D written over C).
 cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const GemmParams &p, void *d, CudaContext &ctx,
                       cudaStream_t stream);
 

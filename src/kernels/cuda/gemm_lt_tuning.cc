@@ -42,14 +42,14 @@ Tensor ColdFlushBuffer(const GemmParams &p, CudaContext &ctx) {
 }
 
 /// Times plan.candidates on p's operands and keeps the fastest in plan.algo (called under plan.mutex, stream not
-/// capturing). D goes to p.c when beta == 0 (the real call overwrites it right after) and to a scratch copy of C
-/// otherwise (an accumulating GEMM must not add twice).
+/// capturing). D goes to p.c when beta == 0 or C is apart from D (the real call overwrites it right after; a separate
+/// C is only read) and to a scratch copy of C otherwise (an accumulating GEMM must not add twice).
 void TuneCandidates(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     const cudaStream_t stream = ctx.stream();
     const std::size_t n_cand = plan.candidates.size();
     Tensor scratch;
     void *d = p.c;
-    if (p.beta != 0.0) {
+    if (p.beta != 0.0 && plan.c_in == nullptr) {
         const std::int64_t elems = p.stride_c * (p.batch_count - 1) + p.ldc * p.n;
         scratch = Tensor::Empty(Shape{elems}, p.c_type, p.device);
         SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(scratch.data(), p.c, scratch.nbytes(), cudaMemcpyDeviceToDevice, stream));

@@ -134,10 +134,12 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
         const Tensor *pre = args.input_activation == LinearActivation::kGeluTanh ? args.pre_activation : nullptr;
         const bool can_fuse =
             pre_dbias != nullptr && detail::DgradCanFuseBiasGrad(*args.dx, *pre_dbias, args.accumulate);
-        dgrad = detail::LinearDgradGemm(dy, *args.weight, *args.dx, pre, can_fuse ? pre_dbias : nullptr);
+        // A dx_residual (checked: no activation) is the GEMM's separate C, beta = 1.
+        dgrad =
+            detail::LinearDgradGemm(dy, *args.weight, *args.dx, pre, can_fuse ? pre_dbias : nullptr, args.dx_residual);
         fused_pre_bias = can_fuse && EpilogueRunsFused(dgrad);
         if (can_fuse && !fused_pre_bias) {
-            dgrad = detail::LinearDgradGemm(dy, *args.weight, *args.dx, pre, nullptr);
+            dgrad = detail::LinearDgradGemm(dy, *args.weight, *args.dx, pre, nullptr, args.dx_residual);
         }
     }
     // The bias grads that run as column sums: db of dy (any time), and the previous layer's of dx (after the dgrad).

@@ -191,8 +191,8 @@ void NcclState::WatchdogLoop() noexcept {
                     // from this thread: ncclCommAbort is what releases it.
                     RequestAbort(::shardline::detail::FormatError(
                         __FILE__, __LINE__, "NcclWatchdog",
-                        fmt::format("{} did not return from NCCL within {:.1f} s (phase 1: enqueue, blocked inside "
-                                    "NCCL; elapsed {:.1f} s); communicator aborted",
+                        fmt::format("{} did not finish within {:.1f} s (phase 1: enqueue, blocked inside NCCL; "
+                                    "elapsed {:.1f} s); communicator aborted",
                                     enqueuing != nullptr
                                         ? enqueuing->Describe()
                                         : fmt::format("a call on group '{}' (rank {} of {})", name, rank, size),

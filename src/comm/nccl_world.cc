@@ -129,6 +129,8 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
                        "rank {} asked for cuda:{} but {} CUDA device(s) are visible", host_world.rank(), device,
                        visible);
     KeepMulticastOff();
+    // Read before the id broadcast: a malformed value raises on every rank before anything collective.
+    const bool blocking = BlockingCollectives();
 
     const int rank = host_world.rank();
     const int size = host_world.size();
@@ -144,7 +146,6 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
 
     DeviceGuard guard(device);
     CudaContext::Get(device);
-    const bool blocking = BlockingCollectives();
     ncclComm_t comm = nullptr;
     ncclConfig_t config = NcclConfig(name, /*blocking=*/false);
     const auto start = Clock::now();

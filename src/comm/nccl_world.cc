@@ -17,11 +17,13 @@ namespace shardline::comm {
 namespace detail {
 namespace {
 
-/// ncclCommSplit of `parent` (every member calls it) into a communicator named `name`, blocking or not, polled until
-/// done under the timeout; throws CommError (the child aborted) on a failure or the timeout.
-ncclComm_t SplitUnderTimeout(NcclState& s, ncclComm_t parent, int color, int key, const std::string& name,
-                             bool blocking, std::string_view api) {
-    ncclComm_t child = nullptr;
+/// ncclCommSplit of `parent` (every member calls it) into `child`, a communicator named `name`, blocking or not,
+/// polled until done under the timeout; throws CommError (the child aborted) on a failure or the timeout. `child` must
+/// outlive an abort of `parent`: a split still running on the parent's NCCL thread writes it when it completes, and
+/// only aborting the parent (which joins that thread) ends it.
+void SplitUnderTimeout(NcclState& s, ncclComm_t parent, int color, int key, const std::string& name, bool blocking,
+                       std::string_view api, ncclComm_t& child) {
+    child = nullptr;
     ncclConfig_t config = NcclConfig(name, blocking);
     const auto start = Clock::now();
     try {
@@ -36,33 +38,32 @@ ncclComm_t SplitUnderTimeout(NcclState& s, ncclComm_t parent, int color, int key
     } catch (...) {
         if (child != nullptr) {
             (void)ncclCommAbort(child);
+            child = nullptr;
         }
         throw;
     }
     SHARDLINE_CHECK_AS(CommError, child != nullptr, api,
                        "ncclCommSplit(color {}) of group '{}' into '{}' returned no communicator", color, s.name, name);
-    return child;
 }
 
-/// A group's communicators (nccl_communicator.h): the non-blocking split of `parent`, and when `blocking` a blocking
-/// split of that one for the collectives.
-NcclComms SplitComms(NcclState& s, ncclComm_t parent, int color, int key, const std::string& name, bool blocking,
-                     std::string_view api) {
-    NcclComms comms;
-    comms.control = SplitUnderTimeout(s, parent, color, key, name, /*blocking=*/false, api);
+/// A group's communicators (nccl_communicator.h) into `comms` (which must outlive an abort of `parent`, as above):
+/// the non-blocking split of `parent`, and when `blocking` a blocking split of that one for the collectives.
+void SplitComms(NcclState& s, ncclComm_t parent, int color, int key, const std::string& name, bool blocking,
+                std::string_view api, NcclComms& comms) {
+    SplitUnderTimeout(s, parent, color, key, name, /*blocking=*/false, api, comms.control);
     if (!blocking) {
         comms.collectives = comms.control;
         comms.control = nullptr;
-        return comms;
+        return;
     }
     try {
         // Every member splits its new group with one color and key: the same ranks in the same order, blocking.
-        comms.collectives = SplitUnderTimeout(s, comms.control, 0, 0, name, /*blocking=*/true, api);
+        SplitUnderTimeout(s, comms.control, 0, 0, name, /*blocking=*/true, api, comms.collectives);
     } catch (...) {
-        (void)ncclCommAbort(comms.control);
+        (void)ncclCommAbort(comms.control); // joins the split's thread, which may still write comms.collectives
+        comms.control = nullptr;
         throw;
     }
-    return comms;
 }
 
 } // namespace
@@ -76,7 +77,7 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key, std::s
     }
     const bool blocking = BlockingCollectives();
     DeviceGuard guard(device_);
-    NcclComms comms;
+    NcclComms comms; // outlives the lock, whose release aborts the parent on a failure (SplitUnderTimeout)
     {
         NcclLock lock(s);
         const ncclComm_t control = s.control;
@@ -85,7 +86,7 @@ std::unique_ptr<Communicator> NcclCommunicator::Split(int color, int key, std::s
             s.ThrowAborted(kApi);
         }
         try {
-            comms = SplitComms(s, parent, color, key, name, blocking, kApi);
+            SplitComms(s, parent, color, key, name, blocking, kApi, comms);
         } catch (const std::exception& e) {
             // A split some ranks left early would leave the others waiting in it: abort this group too.
             s.NoteAbort(e.what());
@@ -153,7 +154,7 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
     // No communicator object owns it yet: poll here with the same timeout, abort on failure.
     NcclState probe;
     probe.name = name;
-    NcclComms comms{.collectives = comm};
+    ncclComm_t collectives = nullptr; // outlives the abort of `comm` below (SplitUnderTimeout)
     try {
         std::lock_guard lock(probe.nccl_mutex);
         WaitLeftInProgress(
@@ -162,8 +163,7 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
             start);
         if (blocking) {
             // The collectives' blocking communicator: a split of the whole group, made under the same timeout.
-            comms = NcclComms{.collectives = SplitUnderTimeout(probe, comm, 0, rank, name, /*blocking=*/true, kApi),
-                              .control = comm};
+            SplitUnderTimeout(probe, comm, 0, rank, name, /*blocking=*/true, kApi, collectives);
         }
     } catch (...) {
         if (comm != nullptr) {
@@ -173,6 +173,8 @@ std::unique_ptr<Communicator> Communicator::CreateNcclWorld(Communicator& host_w
     }
     SHARDLINE_LOG_DEBUG("NCCL group '{}': rank {} of {} on cuda:{} ({}; init {:.3f} s)", name, rank, size, device,
                         blocking ? "blocking collectives" : "non-blocking collectives", Seconds(Clock::now() - start));
+    const NcclComms comms = blocking ? NcclComms{.collectives = collectives, .control = comm}
+                                     : NcclComms{.collectives = comm, .control = nullptr};
     return std::make_unique<NcclCommunicator>(comms, device, rank, size, std::move(name), /*owned=*/true);
 }
 

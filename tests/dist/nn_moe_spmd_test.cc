@@ -4,8 +4,9 @@
 // collectives the ep group's counter sees: the calls (the counts' all_to_all and the rows' all_to_all_v forward, the
 // rows' all_to_all_v twice backward; none at ep = 1), nothing on the other mesh dims' groups from the exchange, and the
 // bytes: the counts' exact, the dispatch rows' equal to the rule's dropless bound, every row exchange within it (times
-// ep for the side that holds the experts). The layer's input needs no move under the rule, and the rule's expert rows
-// are what the grouped_linear rule wants with the layer's real fc1 parameters.
+// ep for the side that holds the experts). The layer's input needs no move under the rule, the rule's expert rows are
+// what the grouped_linear rule wants with the layer's real fc1 parameters, and the layer itself asks the rule (once per
+// input configuration) for the layouts of its exchange.
 
 #include <cstdint>
 #include <string>
@@ -142,8 +143,16 @@ void RunCase(const SpmdMoeCase &c) {
         EXPECT_EQ(d[1].bytes_per_rank, sent * row_bytes) << name << ": dropless, every copy may leave";
     }
 
+    // The layer asks the same rule (its exchange's layouts come from it): once, through the runtime's cache.
+    dist::Rules().Clear();
     ResetCounts(mesh);
     const nn::MoEOutput out = layer.ForwardRouted(x, indices, weights);
+    const spmd::RuleKey key(spmd::RuleRequest{.op = "moe_dispatch",
+                                              .mesh = spmd::ProcessMesh(mesh.shape(), mesh.dim_names()),
+                                              .inputs = {x.value().spec()},
+                                              .attrs = attrs});
+    EXPECT_NE(dist::Rules().Lookup(key), nullptr) << name << ": the layer asked the moe_dispatch rule for its x";
+    EXPECT_EQ(dist::Rules().GetStats().size, 1U) << name << ": and no other rule through the runtime's cache";
     const comm::CollectiveCounts f = mesh.group(ep_dim).Counts();
     EXPECT_EQ(f.Calls(CollectiveKind::kAllToAll), forward.calls) << name << ": forward, the rule's internal on ep";
     EXPECT_EQ(f.TotalCalls(), forward.calls) << name << ": forward, nothing else on ep";
@@ -169,6 +178,14 @@ void RunCase(const SpmdMoeCase &c) {
     }
     EXPECT_EQ(mesh.world().Counts().TotalCalls(), 0) << name;
     EXPECT_TRUE(x.grad().defined()) << name;
+
+    // A second call finds the answer in the layer: the runtime's cache is not even looked up.
+    const spmd::RuleCache::Stats before = dist::Rules().GetStats();
+    const nn::MoEOutput again = layer.ForwardRouted(x, indices, weights);
+    const spmd::RuleCache::Stats after = dist::Rules().GetStats();
+    EXPECT_EQ(after.hits, before.hits) << name;
+    EXPECT_EQ(after.misses, before.misses) << name;
+    EXPECT_TRUE(again.output.defined()) << name;
 }
 
 TEST(MoESpmdTest, RulesPredictTheExchangeTheCountersSee) {

@@ -77,6 +77,8 @@ std::string_view ToString(Collective collective) {
         return "local_slice";
     case Collective::kLocalPartialize:
         return "local_partialize";
+    case Collective::kAllToAllV:
+        return "all_to_all_v";
     }
     return "?";
 }
@@ -141,6 +143,8 @@ RedistributeStep ApplyStep(const ProcessMesh &mesh, const std::vector<int64_t> &
     case Collective::kLocalPartialize:
         state.partial[d] = op;
         break;
+    case Collective::kAllToAllV:
+        throw SpmdError("redistribute: all_to_all_v is an op's internal collective, never a planner step");
     }
     step.after = state.ToLayout();
     const std::vector<int64_t> after_shape = MaxLocalShape(mesh, shape, step.after);
@@ -169,6 +173,7 @@ RedistributeStep ApplyStep(const ProcessMesh &mesh, const std::vector<int64_t> &
     }
     case Collective::kLocalSlice:
     case Collective::kLocalPartialize:
+    case Collective::kAllToAllV:
         break;
     }
     return step;

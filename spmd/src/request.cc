@@ -37,6 +37,9 @@ public:
     bool Bool(const std::string &key, bool fallback) const {
         return attrs_.contains(key) ? detail::AsBool(attrs_[key], "attrs." + key) : fallback;
     }
+    int64_t Int64(const std::string &key, int64_t fallback) const {
+        return attrs_.contains(key) ? detail::AsInt(attrs_[key], "attrs." + key) : fallback;
+    }
     int Int(const std::string &key, int fallback) const {
         return attrs_.contains(key) ? detail::AsInt32(attrs_[key], "attrs." + key) : fallback;
     }
@@ -116,6 +119,20 @@ const std::map<std::string, AttrsSchema> &AttrsSchemas() {
                             }
                             return ReshapeAttrs{.shape = a.IntList("shape")};
                         }};
+        // The exchange's routing-independent facts (docs/spmd.md 2.7); num_experts has no default.
+        const AttrsSchema moe = {{"num_experts", "topk", "capacity", "ep_dim"},
+                                 [](const AttrReader &a, RuleDirection) -> RuleAttrs {
+                                     if (!a.Has("num_experts")) {
+                                         throw SpmdError("attrs.num_experts: the exchange needs the number of "
+                                                         "experts, e.g. {\"num_experts\": 8, \"topk\": 2}");
+                                     }
+                                     return MoEDispatchAttrs{.num_experts = a.Int64("num_experts", 0),
+                                                             .topk = a.Int64("topk", 1),
+                                                             .capacity = a.Int64("capacity", -1),
+                                                             .ep_dim = a.String("ep_dim", "ep")};
+                                 }};
+        s["moe_dispatch"] = moe;
+        s["moe_combine"] = moe;
         s["einsum"] = {{"equation"}, [](const AttrReader &a, RuleDirection) -> RuleAttrs {
                            if (!a.Has("equation")) {
                                throw SpmdError("attrs.equation: einsum needs an equation, e.g. \"mk,kn->mn\"");
@@ -402,10 +419,19 @@ json HandleRequest(const json &request, const CostModel &base) {
     answer["outputs"] = out;
     json internal = json::array();
     for (const InternalCollective &c : info.internal) {
-        internal.push_back({{"collective", std::string(ToString(c.collective))},
-                            {"mesh_dim", c.mesh_dim},
-                            {"reduce_op", std::string(ToString(c.reduce_op))},
-                            {"what", c.what}});
+        json entry{{"collective", std::string(ToString(c.collective))},
+                   {"mesh_dim", c.mesh_dim},
+                   {"mesh_dim_name", mesh.DimNames()[static_cast<size_t>(c.mesh_dim)]},
+                   {"what", c.what}};
+        if (c.collective == Collective::kAllReduce || c.collective == Collective::kReduceScatter) {
+            entry["reduce_op"] = std::string(ToString(c.reduce_op));
+        }
+        if (c.collective == Collective::kAllToAll || c.collective == Collective::kAllToAllV) {
+            // The MoE exchange's estimate (an upper bound for the rows, docs/spmd.md 2.7).
+            entry["bytes_per_rank"] = c.bytes_per_rank;
+            entry["cost_us"] = c.cost_us;
+        }
+        internal.push_back(std::move(entry));
     }
     answer["internal"] = internal;
     if (op == "linear" || op == "grouped_linear") {

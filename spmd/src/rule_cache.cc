@@ -31,8 +31,8 @@ const char *DirectionName(RuleDirection direction) {
 
 const char *AttrsName(const RuleAttrs &attrs) {
     constexpr const char *kNames[] = {
-        "none",           "MatmulAttrs",  "ReductionAttrs", "SoftmaxAttrs", "CrossEntropyAttrs",
-        "TransposeAttrs", "ReshapeAttrs", "EinsumAttrs",    "LinearAttrs",  "EmbeddingAttrs"};
+        "none",         "MatmulAttrs", "ReductionAttrs", "SoftmaxAttrs",   "CrossEntropyAttrs", "TransposeAttrs",
+        "ReshapeAttrs", "EinsumAttrs", "LinearAttrs",    "EmbeddingAttrs", "MoEDispatchAttrs"};
     static_assert(std::size(kNames) == std::variant_size_v<RuleAttrs>);
     return kNames[attrs.index()];
 }
@@ -178,6 +178,11 @@ void PutAttrs(std::vector<int64_t> &w, const RuleAttrs &attrs) {
                 w.push_back(a.trans_y);
             } else if constexpr (std::is_same_v<A, EmbeddingAttrs>) {
                 w.push_back(a.sparse);
+            } else if constexpr (std::is_same_v<A, MoEDispatchAttrs>) {
+                w.push_back(a.num_experts);
+                w.push_back(a.topk);
+                w.push_back(a.capacity);
+                PutString(w, a.ep_dim);
             }
         },
         attrs);
@@ -226,10 +231,10 @@ uint64_t HashWords(const std::vector<int64_t> &words) {
 
 const std::vector<std::string> &RuleOpNames() {
     static const std::vector<std::string> names = [] {
-        std::vector<std::string> n = {"matmul",  "linear",      "grouped_linear", "embedding", "embedding_bag",
-                                      "softmax", "log_softmax", "cross_entropy",  "transpose", "reshape",
-                                      "einsum",  "sum",         "mean",           "max",       "min",
-                                      "prod"};
+        std::vector<std::string> n = {
+            "matmul",        "linear",  "grouped_linear", "moe_dispatch",  "moe_combine", "embedding",
+            "embedding_bag", "softmax", "log_softmax",    "cross_entropy", "transpose",   "reshape",
+            "einsum",        "sum",     "mean",           "max",           "min",         "prod"};
         for (std::string &name : ElementwiseOpNames()) {
             n.push_back(std::move(name));
         }
@@ -280,6 +285,22 @@ SpmdInfo InferRule(const RuleRequest &r) {
             [&](const TensorSpec &dy) {
                 return InferGroupedLinearGrad(mesh, r.inputs[0], r.inputs[1], bias, dy, opt);
             });
+    }
+    if (op == "moe_dispatch" || op == "moe_combine") {
+        // One rule, two directions (as softmax / log_softmax): the op name picks dispatch or its inverse.
+        ExpectInputs(r, 1, 1, op == "moe_dispatch" ? "x, the token rows" : "x, the expert rows");
+        const MoEDispatchAttrs a = AttrsOf<MoEDispatchAttrs>(r);
+        const TensorSpec &x = r.inputs[0];
+        if (op == "moe_dispatch") {
+            return ByDirection(
+                r, [&] { return InferMoEDispatchForward(mesh, x, a, opt); },
+                [&](const TensorSpec &out) { return InferMoEDispatchReverse(mesh, x, out, a, opt); },
+                [&](const TensorSpec &dy) { return InferMoEDispatchGrad(mesh, x, dy, a, opt); });
+        }
+        return ByDirection(
+            r, [&] { return InferMoECombineForward(mesh, x, a, opt); },
+            [&](const TensorSpec &out) { return InferMoECombineReverse(mesh, x, out, a, opt); },
+            [&](const TensorSpec &dy) { return InferMoECombineGrad(mesh, x, dy, a, opt); });
     }
     if (op == "embedding") {
         ExpectInputs(r, 2, 2, "ids, weight");
@@ -443,6 +464,12 @@ void RuleKey::Encode(const RuleRequest &request, std::vector<int64_t> &w) {
     PutTensor(w, request.out);
     PutTensor(w, request.out_grad);
     PutAttrs(w, request.attrs);
+    if (const auto *moe = std::get_if<MoEDispatchAttrs>(&request.attrs)) {
+        // The one answer that reads a dim name: which mesh dim is ep (-1: none, an error).
+        const auto &names = request.mesh.DimNames();
+        const auto it = std::find(names.begin(), names.end(), moe->ep_dim);
+        w.push_back(it == names.end() ? -1 : static_cast<int64_t>(it - names.begin()));
+    }
     PutOptions(w, request.options);
 }
 

@@ -59,7 +59,11 @@ public:
         case Collective::kLocalPartialize:
             LocalPartialize(step);
             return;
+        case Collective::kAllToAllV:
+            break; // an op's internal collective (the MoE exchange), never a planner step
         }
+        SHARDLINE_CHECK(false, "DistTensor::Redistribute", "a plan step must be a planner collective, got {}",
+                        spmd::ToString(step.collective));
     }
 
     Tensor Take() { return Owned(); }

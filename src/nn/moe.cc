@@ -14,6 +14,7 @@
 #include <shardline/autograd/functions.h>
 #include <shardline/autograd/moe_dispatch.h>
 #include <shardline/core/error.h>
+#include <shardline/dist/ops.h>
 #include <shardline/functional/parallel_linear.h>
 #include <shardline/nn/moe.h>
 
@@ -125,6 +126,45 @@ void MoEMLP::CheckInput(const Variable &x) const {
                     name_, ep_, options_.ep_dim, x.value().ToString());
 }
 
+std::shared_ptr<const spmd::CachedRule> MoEMLP::ExchangeRule(const Variable &x, std::int64_t capacity) const {
+    ExchangeRuleCache &cache = *exchange_rule_;
+    const std::lock_guard<std::mutex> lock(cache.mutex);
+    const spmd::Layout &layout = x.value().layout();
+    if (cache.rule != nullptr && cache.capacity == capacity && cache.x_shape == x.shape() && cache.x_layout == layout) {
+        return cache.rule;
+    }
+    // x as the rule's token rows [tokens, hidden]: its leading dims flattened, rows on the mesh dims that shard them.
+    std::int64_t tokens = 1;
+    for (std::size_t d = 0; d + 1 < x.shape().size(); ++d) {
+        tokens *= x.shape()[d];
+    }
+    spmd::RuleRequest request{.op = "moe_dispatch",
+                              .inputs = {{.shape = {tokens, options_.hidden},
+                                          .layout = spmd::Layout(std::vector<std::vector<int>>{
+                                              TokenDims(layout), layout.MeshDims(layout.TensorRank() - 1)})}},
+                              .attrs = spmd::MoEDispatchAttrs{.num_experts = options_.num_experts,
+                                                              .topk = options_.topk,
+                                                              .capacity = capacity,
+                                                              .ep_dim = options_.ep_dim}};
+    std::shared_ptr<const spmd::CachedRule> rule = dist::LookupRule(kLayer, mesh_, std::move(request));
+    // The layer runs the exchange of autograd/moe_dispatch.h: x in place (CheckInput), the counts and the rows over ep
+    // when it has more than one rank, nothing otherwise. The rule must say the same.
+    const std::vector<spmd::InternalCollective> &internal = rule->info.internal;
+    SHARDLINE_CHECK(rule->input_plans.at(0).steps.empty() && internal.size() == (ep_ > 1 ? 2U : 0U) &&
+                        std::all_of(internal.begin(), internal.end(),
+                                    [&](const spmd::InternalCollective &c) { return c.mesh_dim == ep_dim_; }),
+                    kLayer,
+                    "'{}': the moe_dispatch rule disagrees with the layer's exchange for x {} (x moved in {} steps, {} "
+                    "internal collectives; expected none and {} on mesh dim {})",
+                    name_, x.value().ToString(), rule->input_plans.at(0).steps.size(), internal.size(), ep_ > 1 ? 2 : 0,
+                    ep_dim_);
+    cache.x_shape = x.shape();
+    cache.x_layout = layout;
+    cache.capacity = capacity;
+    cache.rule = rule;
+    return rule;
+}
+
 MoEOutput MoEMLP::Forward(const Variable &x) const {
     CheckInput(x);
     const std::int64_t h = options_.hidden;
@@ -177,10 +217,12 @@ MoEOutput MoEMLP::ForwardRouted(const Variable &x, const Tensor &indices, const 
     const autograd::ExpertExchangePlan plan = autograd::PlanExpertExchange(perm.host_group_sizes, ep);
     const Variable rows = autograd::ExpertDispatch(perm.tokens, plan, ep);
 
-    // The local experts' rows on the mesh: sharded over the token dims other than ep (the expert-data-parallel dims,
-    // over which the experts' gradients are Partial), replicated over tp. The global row count is nominal: each rank
-    // holds a different number of rows, and only the local shards are ever read.
-    std::vector<int> expert_data_dims = TokenDims(x.value().layout());
+    // The local experts' rows on the mesh: the moe_dispatch rule's expert rows (ep the major shard, then the other
+    // token dims) without ep, which the local experts' grouped layers do not see: sharded over the expert-data-parallel
+    // dims (over which the experts' gradients are Partial), replicated over tp. The global row count is nominal: each
+    // rank holds a different number of rows, and only the local shards are ever read.
+    const std::shared_ptr<const spmd::CachedRule> exchange = ExchangeRule(x, Capacity(tokens));
+    std::vector<int> expert_data_dims = exchange->info.outputs.at(0).layout.MeshDims(0);
     std::erase(expert_data_dims, ep_dim_);
     std::int64_t parts = 1;
     for (int d : expert_data_dims) {

@@ -664,6 +664,15 @@ std::vector<RoundTripCase> RoundTripCases() {
         R"j("op":"grouped_linear","inputs":[{"name":"x","shape":[8,6],"dims_mapping":[0,1]},
            {"name":"weight","shape":[4,5,6],"dims_mapping":[0,-1,1]}])j",
         R"j({"shape":[8,5],"dims_mapping":[0,-1],"partial":[1]})j");
+    const std::string m_ep = R"j("mesh":{"shape":[2,2],"dim_names":["dp","ep"]})j";
+    add("moe_dispatch", m_ep,
+        R"j("op":"moe_dispatch","attrs":{"num_experts":4,"topk":2},
+           "inputs":[{"name":"x","shape":[8,6],"dims_mapping":[["dp","ep"],-1]}])j",
+        R"j({"shape":[16,6],"dims_mapping":[["ep","dp"],-1]})j");
+    add("moe_combine", m_ep,
+        R"j("op":"moe_combine","attrs":{"num_experts":4,"topk":2},
+           "inputs":[{"name":"x","shape":[16,6],"dims_mapping":[["ep","dp"],-1]}])j",
+        R"j({"shape":[8,6],"dims_mapping":[["dp","ep"],-1]})j");
     add("embedding", m2,
         R"j("op":"embedding","inputs":[{"name":"ids","shape":[4,5],"dims_mapping":[0,-1]},
            {"name":"weight","shape":[16,8],"dims_mapping":[1,-1]}])j",

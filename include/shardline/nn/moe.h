@@ -16,12 +16,15 @@
 // Gradient reduction (nn::GradSync with dp_dims {dp, ep}): the router's over dp and ep, the experts' over dp only.
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include <shardline/autograd/moe.h>
 #include <shardline/kernels/elementwise.h>
 #include <shardline/nn/init.h>
 #include <shardline/nn/module.h>
+#include <shardline/spmd/rule_cache.h>
 
 namespace shardline::nn {
 
@@ -87,6 +90,20 @@ public:
 private:
     /// x on the mesh, [..., hidden], replicated over tp and not Partial, its leading dims sharded over ep when ep > 1.
     void CheckInput(const Variable& x) const;
+    /// The moe_dispatch rule's answer for x (docs/spmd.md 2.7: x's token rows -> the experts' rows, the exchange's
+    /// internal collectives), checked against the exchange the layer runs. Asked once per x shape and layout (and
+    /// capacity); later calls compare them with the last ones and allocate nothing.
+    std::shared_ptr<const spmd::CachedRule> ExchangeRule(const Variable& x, std::int64_t capacity) const;
+
+    /// The last ExchangeRule answer and what it was asked for (behind a pointer: the module stays movable).
+    struct ExchangeRuleCache {
+        std::mutex mutex;
+        Shape x_shape;
+        spmd::Layout x_layout;
+        std::int64_t capacity = 0;
+        std::shared_ptr<const spmd::CachedRule> rule;
+    };
+    std::unique_ptr<ExchangeRuleCache> exchange_rule_ = std::make_unique<ExchangeRuleCache>();
 
     MoEMLPOptions options_;
     comm::DeviceMesh& mesh_;

@@ -29,6 +29,11 @@ const std::vector<std::string> &SeedRequests() {
         R"j({"op":"linear","direction":"grad","mode":"cost","mesh":{"shape":[2,4]},"inputs":[{"shape":[64,32],
             "dims_mapping":[0,-1]},{"shape":[48,32],"dims_mapping":[1,-1]},{"shape":[48]}],
             "out_grad":{"shape":[64,48],"dims_mapping":[0,1]},"cost_profile":"mpi_cpu"})j",
+        R"j({"op":"moe_dispatch","mesh":{"shape":[2,2,2],"dim_names":["dp","ep","tp"]},"inputs":[{"shape":[64,32],
+            "dims_mapping":[["dp","ep"],"tp"]}],"attrs":{"num_experts":8,"topk":2,"capacity":3},"mode":"cost"})j",
+        R"j({"op":"moe_combine","direction":"grad","mesh":{"shape":[2,2],"dim_names":["ep","dp"]},"inputs":[
+            {"shape":[64,32],"dims_mapping":[["ep","dp"],-1]}],"out_grad":{"shape":[32,32],"partial":[1]},
+            "attrs":{"num_experts":4,"topk":2,"ep_dim":"ep"}})j",
         R"j({"op":"embedding","mesh":{"shape":[4]},"inputs":[{"shape":[8,16]},{"shape":[1000,64],
             "dims_mapping":[0,-1]}]})j",
         R"j({"op":"embedding","direction":"grad","mesh":{"shape":[2]},"inputs":[{"shape":[8,16]},{"shape":[1000,64],

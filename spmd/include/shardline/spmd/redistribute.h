@@ -43,7 +43,8 @@ CostModel CostProfile(std::string_view name);
 /// The built-in profile names, sorted.
 std::vector<std::string> CostProfileNames();
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kLocalSlice, kLocalPartialize };
+/// kAllToAllV (uneven blocks) is never a planner step: only an op's internal collective (the MoE token exchange).
+enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kLocalSlice, kLocalPartialize, kAllToAllV };
 
 std::string_view ToString(Collective collective);
 

@@ -44,13 +44,14 @@ struct EinsumAttrs {
 
 /// The attributes of a request; std::monostate means the op's defaults. The op name decides a reduction's kind
 /// (sum, mean, max, min, prod: ReductionAttrs::kind is ignored) and softmax's `log` (softmax, log_softmax).
-using RuleAttrs = std::variant<std::monostate, MatmulAttrs, ReductionAttrs, SoftmaxAttrs, CrossEntropyAttrs,
-                               TransposeAttrs, ReshapeAttrs, EinsumAttrs, LinearAttrs, EmbeddingAttrs>;
+using RuleAttrs =
+    std::variant<std::monostate, MatmulAttrs, ReductionAttrs, SoftmaxAttrs, CrossEntropyAttrs, TransposeAttrs,
+                 ReshapeAttrs, EinsumAttrs, LinearAttrs, EmbeddingAttrs, MoEDispatchAttrs>;
 
 /// One rule request, as the shardline-spmd JSON request (docs/spmd.md 5) but typed.
 struct RuleRequest {
-    std::string op{}; ///< matmul, linear, embedding, softmax, log_softmax, cross_entropy, transpose, reshape, einsum,
-                      ///< sum, mean, max, min, prod, or an elementwise name
+    std::string op{}; ///< matmul, linear, grouped_linear, moe_dispatch, moe_combine, embedding, softmax, log_softmax,
+                      ///< cross_entropy, transpose, reshape, einsum, sum, mean, max, min, prod, or an elementwise name
     RuleDirection direction = RuleDirection::kForward;
     ProcessMesh mesh{};
     std::vector<TensorSpec> inputs{};     ///< positional, as the Infer* functions take them (linear: x, weight[, bias])
@@ -99,7 +100,8 @@ CachedRule InferRuleWithPlans(const RuleRequest &request);
 
 /// The identity of a request: built once (it encodes and hashes the request), compared cheaply. Two keys are equal
 /// exactly when their requests give the same answer by construction: same op, direction, mesh shape (names and
-/// process ids do not change an answer), input / out / out_grad shapes and layouts, attrs and options.
+/// process ids do not change an answer, except the index of the dim that MoEDispatchAttrs::ep_dim names, which is
+/// encoded), input / out / out_grad shapes and layouts, attrs and options.
 class RuleKey {
 public:
     RuleKey() = default;

@@ -11,13 +11,17 @@
 
 namespace shardline::spmd {
 
-/// A collective an op runs inside its own kernel sequence (vocab-parallel softmax / cross-entropy): not a
-/// redistribution of an input or output, but part of the op's cost.
+/// A collective an op runs inside its own kernel sequence (vocab-parallel softmax / cross-entropy, the MoE token
+/// exchange): not a redistribution of an input or output, but part of the op's cost.
 struct InternalCollective {
     Collective collective = Collective::kAllReduce;
     int mesh_dim = -1;
-    ReduceOp reduce_op = ReduceOp::kSum;
+    ReduceOp reduce_op = ReduceOp::kSum; ///< all_reduce only
     std::string what;
+    /// The MoE exchange only (0 elsewhere): bytes each rank sends, an upper bound where the routing decides it
+    /// (docs/spmd.md 2.7), and its price under the request's cost model (CostModel::Cost, n - 1 ring steps).
+    int64_t bytes_per_rank = 0;
+    double cost_us = 0.0;
     bool operator==(const InternalCollective &other) const = default;
 };
 
@@ -95,6 +99,40 @@ SpmdInfo InferGroupedLinearReverse(const ProcessMesh &mesh, const TensorSpec &x,
 SpmdInfo InferGroupedLinearGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &weight,
                                 const std::optional<TensorSpec> &bias, const TensorSpec &out_grad,
                                 const RuleOptions &options = {});
+
+// ---- moe_dispatch / moe_combine: expert parallelism's token exchange (docs/spmd.md 2.7). -------------------------
+/// The routing-independent facts of the exchange. The op name picks the direction (as softmax / log_softmax).
+struct MoEDispatchAttrs {
+    int64_t num_experts = 0; ///< E (global): > 0, divisible by the size of the ep mesh dim
+    int64_t topk = 1;        ///< copies of each token, in [1, E]
+    /// Rows each source rank may send per expert (moe_expert_capacity_factor's ceil(cf * T * k / E)); -1: dropless.
+    /// Only the byte bound depends on it.
+    int64_t capacity = -1;
+    std::string ep_dim = "ep"; ///< the name of the expert-parallel mesh dim
+};
+/// moe_dispatch: x [T, H] token rows, sharded on dim 0 over the data-parallel mesh dims (dp, ep, ...) -> out [T*topk,
+/// H], the token copies each rank's experts receive, grouped by local expert: rows sharded on ep as the major shard
+/// (the expert dim, as grouped_linear's x; then x's other row mesh dims), H as x's. x must hold different tokens on
+/// the ep ranks (rows sharded on ep: a free local slice otherwise), no Partial; H must not be sharded on ep. Internal
+/// (ep size > 1): forward an all_to_all of the E per-expert counts (int64) and an all_to_all_v of the rows on ep;
+/// grad (dx in x's layout) the reverse all_to_all_v. None when the ep dim has size 1. The global row count T*topk is
+/// the dropless number of copies: each rank really holds a routing-dependent number of rows.
+/// moe_combine: the inverse, x [T*topk, H] expert rows (ep the major row shard) -> out [T, H] token rows (ep back
+/// among the data dims at its mesh-dim position); internal forward and grad: one all_to_all_v each (the counts were
+/// exchanged by the dispatch). Throws SpmdError naming the op for a mesh without ep_dim, E not divisible by its size,
+/// topk out of [1, E], H sharded on ep, a row count not divisible by topk (combine).
+SpmdInfo InferMoEDispatchForward(const ProcessMesh &mesh, const TensorSpec &x, const MoEDispatchAttrs &attrs,
+                                 const RuleOptions &options = {});
+SpmdInfo InferMoEDispatchReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
+                                 const MoEDispatchAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferMoEDispatchGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out_grad,
+                              const MoEDispatchAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferMoECombineForward(const ProcessMesh &mesh, const TensorSpec &x, const MoEDispatchAttrs &attrs,
+                                const RuleOptions &options = {});
+SpmdInfo InferMoECombineReverse(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out,
+                                const MoEDispatchAttrs &attrs, const RuleOptions &options = {});
+SpmdInfo InferMoECombineGrad(const ProcessMesh &mesh, const TensorSpec &x, const TensorSpec &out_grad,
+                             const MoEDispatchAttrs &attrs, const RuleOptions &options = {});
 
 // ---- elementwise: unary and n-ary with numpy broadcasting. -----------------------------------------------------
 /// Known ops: binary add, subtract, multiply, divide, maximum, minimum, pow; unary relu, gelu, silu, tanh, sigmoid,

@@ -1,52 +1,20 @@
 #include "comm/nccl_communicator.h"
 
-#include <algorithm>
-
 #include <shardline/core/context.h>
 
 // The NCCL communicator's life: creation (stream, events, watchdog), destruction (orderly finalize, or abort when
 // work is overdue; a borrowed communicator is left to its owner) and Abort.
 
 namespace shardline::comm::detail {
-namespace {
-
-/// ncclCommFinalize (polled on a non-blocking communicator until `deadline`), then ncclCommDestroy; ncclCommAbort if
-/// the finalize does not complete. The work in flight has finished, so a blocking communicator's finalize returns
-/// without waiting for peers.
-void FinalizeAndDestroy(ncclComm_t comm, const std::string& name, Clock::time_point deadline) noexcept {
-    ncclResult_t r = ncclCommFinalize(comm);
-    Backoff backoff;
-    while (r == ncclInProgress && Clock::now() < deadline) {
-        backoff.Pause();
-        ncclResult_t async = ncclInProgress;
-        if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) {
-            async = ncclInternalError;
-        }
-        r = async;
-    }
-    if (r == ncclSuccess) {
-        (void)ncclCommDestroy(comm);
-        return;
-    }
-    try {
-        SHARDLINE_LOG_WARN("NCCL communicator '{}': ncclCommFinalize did not complete ({}); aborting", name,
-                           ncclGetErrorString(r));
-    } catch (...) {
-    }
-    (void)ncclCommAbort(comm);
-}
-
-} // namespace
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Communicator
 
-NcclCommunicator::NcclCommunicator(NcclComms comms, int device, int rank, int size, std::string name, bool owned)
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::string name, bool owned)
     : state_(std::make_shared<NcclState>()), device_(device), rank_(rank), size_(size), name_(std::move(name)),
       owned_(owned) {
     NcclState& s = *state_;
-    s.comm = comms.collectives;
-    s.control = comms.control;
+    s.comm = comm;
     s.device = device;
     s.rank = rank;
     s.size = size;
@@ -70,14 +38,9 @@ NcclCommunicator::NcclCommunicator(NcclComms comms, int device, int rank, int si
         // The other ranks finished creating their side: leave the NCCL communicator in a state they can detect. A
         // borrowed one is the caller's to deal with.
         if (owned_) {
-            for (ncclComm_t c : {comms.collectives, comms.control}) {
-                if (c != nullptr) {
-                    (void)ncclCommAbort(c);
-                }
-            }
+            (void)ncclCommAbort(s.comm);
         }
         s.comm = nullptr;
-        s.control = nullptr;
         if (s.barrier_buffer != nullptr) {
             (void)cudaFreeAsync(s.barrier_buffer, s.stream);
         }
@@ -118,81 +81,64 @@ NcclCommunicator::~NcclCommunicator() {
         }
         {
             std::unique_lock lock(s.nccl_mutex);
-            // Work still running is the normal state after Wait(host=false): it may complete (bounded below) before
-            // the communicators are finalized. Only overdue work, or an abort already asked for, ends in
-            // ncclCommAbort. (No op is mid-enqueue: the destructor does not run beside a call on this object.)
+            // Work still running is the normal state after Wait(host=false): finalize lets it complete (bounded
+            // below). Only overdue work, or an abort already asked for, ends in ncclCommAbort.
+            bool overdue = false;
             const auto now = Clock::now();
-            const auto overdue = [&] {
-                return std::any_of(ops.begin(), ops.end(), [&](const std::shared_ptr<NcclOp>& op) {
-                    return op->status == NcclOp::kPending && now - op->issued > CommTimeout();
-                });
-            };
-            const auto drained = [&] {
-                bool all = true;
-                for (auto& op : ops) {
-                    if (!op->recorded) {
-                        all = false;
-                        continue;
-                    }
-                    const cudaError_t q = cudaEventQuery(op->done);
-                    if (q == cudaSuccess) {
-                        int expected = NcclOp::kPending;
-                        op->status.compare_exchange_strong(expected, NcclOp::kDone);
-                    } else {
-                        (void)cudaGetLastError();
-                        all = false;
-                    }
+            for (auto& op : ops) {
+                const cudaError_t q = cudaEventQuery(op->done);
+                if (q == cudaSuccess) {
+                    int expected = NcclOp::kPending;
+                    op->status.compare_exchange_strong(expected, NcclOp::kDone);
+                } else {
+                    (void)cudaGetLastError();
+                    overdue = overdue || (op->status == NcclOp::kPending && now - op->issued > CommTimeout());
                 }
-                return all;
-            };
-            bool done = drained();
-            const bool abort = overdue() || s.abort_requested;
-            if (s.comm != nullptr && !owned_) {
-                if (abort) {
+            }
+            if (s.comm != nullptr) {
+                if ((overdue || s.abort_requested) && !owned_) {
                     // Borrowed: aborting frees the caller's communicator, and after this destructor nothing could
                     // tell the caller so; leave it to them, loudly.
                     SHARDLINE_LOG_ERROR("borrowed NCCL communicator '{}' released with {}: shardline does not abort "
                                         "a communicator it does not own; its owner should ncclCommAbort it",
-                                        s.name, s.abort_requested ? "an abort pending" : "overdue work in flight");
-                }
-                // Otherwise the caller finalizes and destroys it; work still running stays ordered before the compute
-                // stream (below).
-                s.comm = nullptr;
-                s.control = nullptr;
-            } else if (abort) {
-                s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name));
-                s.AbortNow();
-            } else if (s.comm != nullptr) {
-                // Orderly: let the work in flight finish, then flush, quiesce and free each communicator. A blocking
-                // communicator's ncclCommFinalize waits for its kernels on this thread, hence the drain first; a peer
-                // that never arrives ends in abort.
-                const auto start = Clock::now();
-                const auto limit = std::min<Clock::duration>(CommTimeout(), kMaxFinalize);
-                Backoff backoff;
-                while (!done && Clock::now() - start < limit) {
-                    backoff.Pause();
-                    done = drained();
-                }
-                if (!done) {
-                    SHARDLINE_LOG_WARN("NCCL communicator '{}': work still in flight after {:.1f} s; aborting", s.name,
-                                       Seconds(limit));
-                    s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with work that did not finish", s.name));
-                    s.AbortNow();
+                                        s.name, overdue ? "overdue work in flight" : "an abort pending");
+                    s.comm = nullptr;
+                } else if (overdue || s.abort_requested) {
+                    s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name));
+                    s.AbortLocked();
+                } else if (!owned_) {
+                    // Borrowed (FromNcclComm): the caller finalizes and destroys it. Work still running stays ordered
+                    // before the compute stream (below).
+                    s.comm = nullptr;
                 } else {
-                    for (std::atomic<ncclComm_t>* c : {&s.comm, &s.control}) {
-                        if (ncclComm_t handle = c->exchange(nullptr); handle != nullptr) {
-                            FinalizeAndDestroy(handle, s.name, start + limit);
+                    // Orderly: flush, wait (bounded) for NCCL to quiesce, free. A peer that never arrives ends in
+                    // abort.
+                    ncclResult_t r = ncclCommFinalize(s.comm);
+                    const auto start = Clock::now();
+                    const auto limit = std::min<Clock::duration>(CommTimeout(), kMaxFinalize);
+                    Backoff backoff;
+                    while (r == ncclInProgress && Clock::now() - start < limit) {
+                        backoff.Pause();
+                        ncclResult_t async = ncclInProgress;
+                        if (ncclCommGetAsyncError(s.comm, &async) != ncclSuccess) {
+                            async = ncclInternalError;
                         }
+                        r = async;
                     }
+                    if (r == ncclSuccess) {
+                        (void)ncclCommDestroy(s.comm);
+                    } else {
+                        SHARDLINE_LOG_WARN("NCCL communicator '{}': ncclCommFinalize did not complete ({}); aborting",
+                                           s.name, ncclGetErrorString(r));
+                        (void)ncclCommAbort(s.comm);
+                    }
+                    s.comm = nullptr;
                 }
             }
             for (auto& op : ops) {
                 // After a finalize the work completed; after an abort whatever had not finished failed.
-                cudaError_t q = cudaErrorNotReady;
-                if (op->recorded) {
-                    q = cudaEventQuery(op->done);
-                    (void)cudaGetLastError();
-                }
+                const cudaError_t q = cudaEventQuery(op->done);
+                (void)cudaGetLastError();
                 int expected = NcclOp::kPending;
                 op->status.compare_exchange_strong(expected, q == cudaSuccess ? NcclOp::kDone : NcclOp::kFailed);
             }

@@ -25,107 +25,27 @@
 #include <shardline/kernels/ops.h>
 
 #include "dist_tensor_test_util.h"
+#include "parallel_mlp_test_util.h"
 #include "reference.h"
 
 namespace shardline {
 namespace {
 
 using namespace dist_test;
+using namespace parallel_mlp_test;
 using functional::ColumnParallelLinearOptions;
 using functional::RowParallelLinearOptions;
 using functional::TensorParallelGroup;
 using testing::Values;
 
-constexpr std::int64_t kSeq = 4;    ///< divides by 1, 2 and 4 (sequence parallelism)
-constexpr std::int64_t kBatch = 2;  ///< divides by dp = 2
-constexpr std::int64_t kHidden = 8; ///< fc1 in, fc2 out
-constexpr std::int64_t kFfn = 8;    ///< fc1 out, fc2 in: divides by 1, 2 and 4
-
-/// Which of the five inputs (x, W1, b1, W2, b2) require a gradient.
-using Needs = std::array<bool, 5>;
-constexpr Needs kAll = {true, true, true, true, true};
-const char *const kNames[] = {"dx", "dW1", "db1", "dW2", "db2"};
-
-Tensor Full(const Shape &shape, std::string_view name, DType dtype, std::uint64_t seed = 43) {
-    return testing::RandomTensor(shape, DType::kFloat32, TestDevice(), seed, name).To(dtype);
-}
-
-struct Problem {
-    Tensor x, w1, b1, w2, b2, dy;
-};
-Problem MakeProblem(DType dtype, std::int64_t batch = kBatch) {
-    return {.x = Full({kSeq, batch, kHidden}, "x", dtype),
-            .w1 = Full({kFfn, kHidden}, "w1", dtype),
-            .b1 = Full({kFfn}, "b1", dtype),
-            .w2 = Full({kHidden, kFfn}, "w2", dtype),
-            .b2 = Full({kHidden}, "b2", dtype),
-            .dy = Full({kSeq, batch, kHidden}, "dy", dtype, 44)};
-}
-
-/// The leaves as autograd_parallel_mlp_test.cc makes them: W1, b1 split on dim 0 over tp, W2 on dim 1, b2 replicated;
-/// x split on the sequence over tp with sequence parallelism, and on the batch over dp when there is one.
-struct Leaves {
-    Variable x, w1, b1, w2, b2;
-    std::vector<Variable *> all() { return {&x, &w1, &b1, &w2, &b2}; }
-};
-Leaves MakeLeaves(const Problem &p, DeviceMesh &mesh, bool sp, const Needs &needs = kAll) {
-    std::vector<dist::ShardOn> x_shards;
-    if (sp) {
-        x_shards.push_back({.dim = 0, .over = {"tp"}});
-    }
-    if (mesh.ndim() == 2) {
-        x_shards.push_back({.dim = 1, .over = {"dp"}});
-    }
-    return {.x = Variable(DistTensor::Sharded(p.x, mesh, x_shards), needs[0]),
-            .w1 = Variable(DistTensor::Sharded(p.w1, mesh, {{.dim = 0, .over = {"tp"}}}), needs[1]),
-            .b1 = Variable(DistTensor::Sharded(p.b1, mesh, {{.dim = 0, .over = {"tp"}}}), needs[2]),
-            .w2 = Variable(DistTensor::Sharded(p.w2, mesh, {{.dim = 1, .over = {"tp"}}}), needs[3]),
-            .b2 = Variable(DistTensor::Replicated(p.b2, mesh), needs[4])};
-}
-
-ColumnParallelLinearOptions Fc1(bool sp) {
-    return {.in_features = kHidden, .out_features = kFfn, .sequence_parallel = sp};
-}
-RowParallelLinearOptions Fc2(bool sp) {
-    return {.in_features = kFfn, .out_features = kHidden, .input_is_parallel = true, .sequence_parallel = sp};
-}
+/// This file's problem values (autograd_parallel_mlp_test.cc uses the header's default seed).
+constexpr std::uint64_t kSeed = 43;
 
 Variable Fused(Leaves &l, const TensorParallelGroup &tp, bool sp) {
     return autograd::ParallelMLPWithResidual(l.x, l.w1, l.b1, l.w2, l.b2, Fc1(sp), Fc2(sp), tp);
 }
 Variable Apart(Leaves &l, const TensorParallelGroup &tp, bool sp) {
     return autograd::Add(l.x, autograd::ParallelMLP(l.x, l.w1, l.b1, l.w2, l.b2, Fc1(sp), Fc2(sp), tp));
-}
-
-struct Result {
-    Tensor y;
-    std::vector<Tensor> grads;
-};
-Result Step(const std::function<Variable(Leaves &)> &mlp, Leaves &l, const Tensor &dy_full) {
-    Variable y = mlp(l);
-    const DistTensor dy = DistTensor::FromFull(dy_full, y.value().layout(), y.value().mesh());
-    y.Backward(&dy);
-    Result r{.y = y.value().FullTensor(), .grads = {}};
-    for (Variable *v : l.all()) {
-        r.grads.push_back(v->grad().defined() ? v->grad().FullTensor() : Tensor());
-    }
-    return r;
-}
-
-void ExpectSameBits(const Result &got, const Result &want) {
-    EXPECT_EQ(got.y.ToDoubleVector(), want.y.ToDoubleVector()) << "y";
-    for (std::size_t i = 0; i < want.grads.size(); ++i) {
-        ASSERT_EQ(got.grads[i].defined(), want.grads[i].defined()) << kNames[i];
-        if (want.grads[i].defined()) {
-            EXPECT_EQ(got.grads[i].ToDoubleVector(), want.grads[i].ToDoubleVector()) << kNames[i];
-        }
-    }
-}
-
-void ResetCounts(DeviceMesh &mesh) {
-    for (int d = 0; d < mesh.ndim(); ++d) {
-        mesh.group(d).ResetCounts();
-    }
 }
 
 // ---- gradients against finite differences ------------------------------------------------------------------------
@@ -139,53 +59,16 @@ TEST_P(ParallelMlpResidualGradTest, Float64GradientsMatchCentralDifferences) {
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
     const TensorParallelGroup tp = TensorParallelGroup::Named(mesh, "tp");
-    const Problem p = MakeProblem(DType::kFloat64, 1);
+    const Problem p = MakeProblem(DType::kFloat64, 1, kSeed);
     Leaves l = MakeLeaves(p, mesh, sp);
     const Result got = Step([&](Leaves &v) { return Fused(v, tp, sp); }, l, p.dy);
-    const Values r = p.dy.ToDoubleVector();
-
-    constexpr double kStep = 1e-5;
-    const std::vector<Tensor> inputs = {p.x, p.w1, p.b1, p.w2, p.b2};
-    auto loss = [&](const std::vector<Tensor> &full) {
-        autograd::NoGradGuard no_grad;
-        Leaves v = MakeLeaves({full[0], full[1], full[2], full[3], full[4], p.dy}, mesh, sp);
-        const Values y = Fused(v, tp, sp).value().FullTensor().ToDoubleVector();
-        double s = 0.0;
-        for (std::size_t k = 0; k < y.size(); ++k) {
-            s += y[k] * r[k];
-        }
-        return s;
-    };
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-        std::vector<Tensor> full;
-        for (const Tensor &t : inputs) {
-            full.push_back(t.Clone());
-        }
-        double *data = full[i].data_as<double>();
-        Values numeric(static_cast<std::size_t>(full[i].numel()));
-        for (std::int64_t j = 0; j < full[i].numel(); ++j) {
-            const double saved = data[j];
-            data[j] = saved + kStep;
-            const double plus = loss(full);
-            data[j] = saved - kStep;
-            const double minus = loss(full);
-            data[j] = saved;
-            numeric[static_cast<std::size_t>(j)] = (plus - minus) / (2 * kStep);
-        }
-        ASSERT_TRUE(got.grads[i].defined()) << kNames[i];
-        double magnitude = 0.0;
-        for (const double v : numeric) {
-            magnitude += v < 0 ? -v : v;
-        }
-        ASSERT_GT(magnitude, 0.0) << kNames[i] << ": a zero gradient cannot test anything";
-        const std::string diff = testing::CompareValues(got.grads[i].ToDoubleVector(), numeric, 1e-6, 1e-6);
-        EXPECT_TRUE(diff.empty()) << kNames[i] << " vs finite differences: " << diff;
-    }
+    ExpectGradsMatchCentralDifferences(got, p, mesh, sp, [&](Leaves &v) { return Fused(v, tp, sp); });
     // The pass-through is really in dx: dx minus the MLP alone's dx is dy.
     Leaves mlp_only = MakeLeaves(p, mesh, sp);
     const Result plain =
         Step([&](Leaves &v) { return autograd::ParallelMLP(v.x, v.w1, v.b1, v.w2, v.b2, Fc1(sp), Fc2(sp), tp); },
              mlp_only, p.dy);
+    const Values r = p.dy.ToDoubleVector();
     const Values dx = got.grads[0].ToDoubleVector();
     const Values dx_mlp = plain.grads[0].ToDoubleVector();
     Values pass(dx.size());
@@ -216,7 +99,7 @@ TEST(ParallelMlpResidualTest, MatchesAddOfTheMlpBitForBit) {
             for (const bool sp : {false, true}) {
                 SCOPED_TRACE(::testing::Message() << "mesh of " << mesh->ndim() << " dims, " << DTypeName(dtype)
                                                   << (sp ? ", sequence parallel" : ""));
-                const Problem p = MakeProblem(dtype);
+                const Problem p = MakeProblem(dtype, kBatch, kSeed);
                 Leaves fused = MakeLeaves(p, *mesh, sp);
                 Leaves apart = MakeLeaves(p, *mesh, sp);
                 ResetCounts(*mesh);
@@ -241,7 +124,7 @@ TEST(ParallelMlpResidualTest, EverySubsetOfNeededGradientsMatchesTheAdd) {
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
     const TensorParallelGroup tp = TensorParallelGroup::Named(mesh, "tp");
-    const Problem p = MakeProblem(DType::kFloat32);
+    const Problem p = MakeProblem(DType::kFloat32, kBatch, kSeed);
     for (int mask = 1; mask < 32; ++mask) {
         Needs needs{};
         for (std::size_t i = 0; i < 5; ++i) {
@@ -281,7 +164,7 @@ TEST(ParallelMlpResidualTest, AtTpOneTheGemmsAddTheResidualAndNoAddKernelRuns) {
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
     const TensorParallelGroup tp = TensorParallelGroup::Named(mesh, "tp");
-    const Problem p = MakeProblem(DType::kFloat32);
+    const Problem p = MakeProblem(DType::kFloat32, kBatch, kSeed);
     Leaves fused = MakeLeaves(p, mesh, false);
     Leaves apart = MakeLeaves(p, mesh, false);
     g_adds = 0;
@@ -302,10 +185,10 @@ TEST(ParallelMlpResidualTest, ABlockThatChangesTheHiddenSizeIsRejectedBeforeAnyC
     const int w = World().size();
     DeviceMesh mesh(World(), {w}, {"tp"});
     const TensorParallelGroup tp = TensorParallelGroup::Named(mesh, "tp");
-    const Problem p = MakeProblem(DType::kFloat32);
+    const Problem p = MakeProblem(DType::kFloat32, kBatch, kSeed);
     Leaves l = MakeLeaves(p, mesh, false);
-    const Tensor w2_narrow = Full({kHidden - 2, kFfn}, "w2", DType::kFloat32);
-    const Tensor b2_narrow = Full({kHidden - 2}, "b2", DType::kFloat32);
+    const Tensor w2_narrow = Full({kHidden - 2, kFfn}, "w2", DType::kFloat32, kSeed);
+    const Tensor b2_narrow = Full({kHidden - 2}, "b2", DType::kFloat32, kSeed);
     const Variable w2(DistTensor::Sharded(w2_narrow, mesh, {{.dim = 1, .over = {"tp"}}}), true);
     const Variable b2(DistTensor::Replicated(b2_narrow, mesh), true);
     RowParallelLinearOptions fc2 = Fc2(false);

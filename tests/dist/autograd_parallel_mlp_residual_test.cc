@@ -89,33 +89,7 @@ INSTANTIATE_TEST_SUITE_P(SequenceParallel, ParallelMlpResidualGradTest, ::testin
 // the residual in the GEMMs with a batch split over dp), with and without sequence parallelism, in float32 and float64
 // — and issues the same collectives (the residual adds none).
 TEST(ParallelMlpResidualTest, MatchesAddOfTheMlpBitForBit) {
-    const int w = World().size();
-    const std::int64_t dp = w >= 2 ? 2 : 1;
-    DeviceMesh tp_mesh(World(), {w}, {"tp"});
-    DeviceMesh dp_tp_mesh(World(), {dp, w / dp}, {"dp", "tp"});
-    for (DeviceMesh *mesh : {&tp_mesh, &dp_tp_mesh}) {
-        const TensorParallelGroup tp = TensorParallelGroup::Named(*mesh, "tp");
-        for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
-            for (const bool sp : {false, true}) {
-                SCOPED_TRACE(::testing::Message() << "mesh of " << mesh->ndim() << " dims, " << DTypeName(dtype)
-                                                  << (sp ? ", sequence parallel" : ""));
-                const Problem p = MakeProblem(dtype, kBatch, kSeed);
-                Leaves fused = MakeLeaves(p, *mesh, sp);
-                Leaves apart = MakeLeaves(p, *mesh, sp);
-                ResetCounts(*mesh);
-                const Result a = Step([&](Leaves &v) { return Apart(v, tp, sp); }, apart, p.dy);
-                const comm::CollectiveCounts apart_calls = mesh->group("tp").Counts();
-                ResetCounts(*mesh);
-                const Result f = Step([&](Leaves &v) { return Fused(v, tp, sp); }, fused, p.dy);
-                ExpectSameBits(f, a);
-                for (const CollectiveKind kind :
-                     {CollectiveKind::kAllReduce, CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
-                    EXPECT_EQ(mesh->group("tp").Counts().Calls(kind), apart_calls.Calls(kind))
-                        << "the residual issues no collective";
-                }
-            }
-        }
-    }
+    ExpectSameBitsAndCollectivesOnEveryMesh(Fused, Apart, kSeed, "the residual issues no collective");
 }
 
 // needs_input_grad still decides: for every subset of inputs that need a gradient, exactly those gradients come out,

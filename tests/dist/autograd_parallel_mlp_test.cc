@@ -73,33 +73,7 @@ INSTANTIATE_TEST_SUITE_P(SequenceParallel, ParallelMlpGradTest, ::testing::Bool(
 // ColumnParallelLinear → Gelu → RowParallelLinear: on a tp mesh and on dp×tp (parameter gradients Partial over dp,
 // reduced by the engine), with and without sequence parallelism, in float32 and float64.
 TEST(ParallelMlpTest, MatchesTheUnfusedCompositionBitForBit) {
-    const int w = World().size();
-    const std::int64_t dp = w >= 2 ? 2 : 1;
-    DeviceMesh tp_mesh(World(), {w}, {"tp"});
-    DeviceMesh dp_tp_mesh(World(), {dp, w / dp}, {"dp", "tp"});
-    for (DeviceMesh *mesh : {&tp_mesh, &dp_tp_mesh}) {
-        const TensorParallelGroup tp = TensorParallelGroup::Named(*mesh, "tp");
-        for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
-            for (const bool sp : {false, true}) {
-                SCOPED_TRACE(::testing::Message() << "mesh of " << mesh->ndim() << " dims, " << DTypeName(dtype)
-                                                  << (sp ? ", sequence parallel" : ""));
-                const Problem p = MakeProblem(dtype);
-                Leaves fused = MakeLeaves(p, *mesh, sp);
-                Leaves apart = MakeLeaves(p, *mesh, sp);
-                ResetCounts(*mesh);
-                const Result a = Step([&](Leaves &v) { return Unfused(v, tp, sp); }, apart, p.dy);
-                const comm::CollectiveCounts unfused_calls = mesh->group("tp").Counts();
-                ResetCounts(*mesh);
-                const Result f = Step([&](Leaves &v) { return Fused(v, tp, sp); }, fused, p.dy);
-                ExpectSameBits(f, a);
-                for (const CollectiveKind kind :
-                     {CollectiveKind::kAllReduce, CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
-                    EXPECT_EQ(mesh->group("tp").Counts().Calls(kind), unfused_calls.Calls(kind))
-                        << "the fused MLP issues the unfused one's collectives";
-                }
-            }
-        }
-    }
+    ExpectSameBitsAndCollectivesOnEveryMesh(Fused, Unfused, 41, "the fused MLP issues the unfused one's collectives");
 }
 
 TEST(ParallelMlpTest, MainGradsAccumulateAsTheUnfusedOnesDo) {

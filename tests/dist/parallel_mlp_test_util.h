@@ -120,6 +120,42 @@ inline void ResetCounts(DeviceMesh &mesh) {
     }
 }
 
+/// One way to build the MLP on the leaves: fused, unfused, with or without the residual.
+using MlpForm = std::function<Variable(Leaves &, const TensorParallelGroup &, bool sp)>;
+
+/// `form` agrees with `reference` bit for bit — y and every gradient — on a tp mesh of the whole world and on a dp×tp
+/// mesh (dp 2 when the world allows), in float32 and float64, with and without sequence parallelism, and issues the
+/// same tp collectives (`why` says why they must be the same). Problems from `seed` (MakeProblem).
+inline void ExpectSameBitsAndCollectivesOnEveryMesh(const MlpForm &form, const MlpForm &reference, std::uint64_t seed,
+                                                    std::string_view why) {
+    const int w = World().size();
+    const std::int64_t dp = w >= 2 ? 2 : 1;
+    DeviceMesh tp_mesh(World(), {w}, {"tp"});
+    DeviceMesh dp_tp_mesh(World(), {dp, w / dp}, {"dp", "tp"});
+    for (DeviceMesh *mesh : {&tp_mesh, &dp_tp_mesh}) {
+        const TensorParallelGroup tp = TensorParallelGroup::Named(*mesh, "tp");
+        for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
+            for (const bool sp : {false, true}) {
+                SCOPED_TRACE(::testing::Message() << "mesh of " << mesh->ndim() << " dims, " << DTypeName(dtype)
+                                                  << (sp ? ", sequence parallel" : ""));
+                const Problem p = MakeProblem(dtype, kBatch, seed);
+                Leaves got_leaves = MakeLeaves(p, *mesh, sp);
+                Leaves want_leaves = MakeLeaves(p, *mesh, sp);
+                ResetCounts(*mesh);
+                const Result want = Step([&](Leaves &v) { return reference(v, tp, sp); }, want_leaves, p.dy);
+                const comm::CollectiveCounts want_calls = mesh->group("tp").Counts();
+                ResetCounts(*mesh);
+                const Result got = Step([&](Leaves &v) { return form(v, tp, sp); }, got_leaves, p.dy);
+                ExpectSameBits(got, want);
+                for (const CollectiveKind kind :
+                     {CollectiveKind::kAllReduce, CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
+                    EXPECT_EQ(mesh->group("tp").Counts().Calls(kind), want_calls.Calls(kind)) << why;
+                }
+            }
+        }
+    }
+}
+
 /// L = Σ y ⊙ dy with y = mlp(leaves of p), distributed, float64: `got` (Step's gradients of the same mlp) against
 /// central differences of L in every element of every input (each evaluation runs the forward with its collectives on
 /// every rank alike). A zero numeric gradient fails: it could not test anything.

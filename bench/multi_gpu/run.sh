@@ -4,9 +4,10 @@
 #           fault jobs) at every rank count they declare that fits the GPUs (np 1..4);
 #   train   the README's GPU job (examples/configs/char_lm_gpu.json) at tp 2 and tp 4 (dense, and MoE when the build
 #           has --num-experts), plus a checkpoint saved on 4 GPUs (tp 4) and resumed on 2 (tp 2);
-#   tp_mlp  bench/tp_mlp against torch DTensor (QUICK=1 by default here: the 8b shape at 128 and 8192 tokens), once per
-#           comm_chunks C in TP_MLP_CHUNKS (the chunked collective-GEMM pipelines; torch runs beside the first C only),
-#           then a table of T / LB_overlap per case and C;
+#   tp_mlp  bench/tp_mlp against torch DTensor (QUICK=1 iterations; TP_MLP_ARGS picks the cases: the 8b shape at 128,
+#           2048 and 8192 tokens), once per setting in TP_MLP_RUNS: c<C> = comm_chunks C (the chunked collective-GEMM
+#           pipelines, 1 = off), c<C>-nooverlap = the same with the backward overlap off (--no-overlap); torch runs
+#           beside the first setting only; then a table of T / LB_overlap per case and setting;
 #   comm    bench/comm against torch.distributed at 2 and 4 ranks (one round);
 #   moe     bench/moe/run_moe_ep_bench.sh: the MoE MLP at ep 2 and 4 against a torch all-to-all reference.
 # Logs and JSON go to OUT_DIR; a table of every part is printed last (and written to OUT_DIR/summary.md).
@@ -14,8 +15,10 @@
 #   BUILD=build-gpu bench/multi_gpu/run.sh OUT_DIR
 #
 # Environment: BUILD (build), PARTS ("tests train tp_mlp comm moe"), TESTS_REGEX (only the NCCL dist tests whose name
-# matches, e.g. "moe|overlap"; the fault jobs always run), TRAIN (the train runs: "dense moe ckpt"), TRAIN_STEPS (60),
-# QUICK (1, for tp_mlp), TP_MLP_CHUNKS ("1 2 4": the bench's --chunks settings, each into OUT_DIR/tp_mlp_c<C>),
+# matches, e.g. "moe|overlap"), FAULT_JOBS (1: the NCCL fault jobs run too; 0: not, e.g. in a second call), TRAIN (the train runs: "dense moe ckpt"), TRAIN_STEPS (60), MOE_ARGS (options for both sides of the EP bench, e.g.
+# "--iters 5 --rounds 2"), COMM_ROUNDS (1),
+# QUICK (1, for tp_mlp), TP_MLP_RUNS ("c1 c1-nooverlap c2 c4": each into OUT_DIR/tp_mlp_<setting>), TP_MLP_ARGS
+# ("--shapes 8b --tokens 128,2048,8192"),
 # SHARDLINE_COMMIT (default git rev-parse --short HEAD). NVLink multicast stays off in every process. Exits non-zero
 # when any part failed; a part that cannot run (too few GPUs, not built) is listed as skipped with the reason.
 set -uo pipefail
@@ -57,7 +60,8 @@ if has tests; then
     row tests "skipped" "no NCCL dist test fits $GPUS GPUs"
   else
     # ... and the fault jobs over NCCL (a SIGKILLed / SIGSTOPped / silent rank; they skip what does not fit).
-    regex="^($(printf '%s|' "${selected[@]}" | sed 's/|$//; s/\./\\./g'))\$|NcclFaultJobTest"
+    regex="^($(printf '%s|' "${selected[@]}" | sed 's/|$//; s/\./\\./g'))\$"
+    [[ ${FAULT_JOBS:-1} == 1 ]] && regex+="|NcclFaultJobTest"
     say "tests: ${#selected[@]} NCCL dist tests"
     ctest --test-dir "$BUILD" -R "$regex" -j 1 --output-on-failure --timeout 600 > "$OUT/tests.log" 2>&1
     rc=$?
@@ -124,26 +128,32 @@ fi
 if has tp_mlp; then
   if (( GPUS >= 2 )); then
     peer=1
-    for chunks in ${TP_MLP_CHUNKS:-1 2 4}; do
-      say "tp_mlp --chunks $chunks (QUICK=$QUICK)"
-      NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD PEER=$peer BENCH_ARGS="--chunks $chunks" \
-        bash "$REPO/bench/tp_mlp/run_tp_mlp_bench.sh" "$OUT/tp_mlp_c$chunks" > "$OUT/tp_mlp_c$chunks.log" 2>&1
+    runs=(${TP_MLP_RUNS:-c1 c1-nooverlap c2 c4})
+    for setting in "${runs[@]}"; do
+      chunks=${setting#c}
+      chunks=${chunks%%-*}
+      args="--chunks $chunks ${TP_MLP_ARGS:---shapes 8b --tokens 128,2048,8192}"
+      [[ $setting == *-nooverlap ]] && args+=" --no-overlap"
+      say "tp_mlp $setting: $args (QUICK=$QUICK)"
+      NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD PEER=$peer BENCH_ARGS="$args" \
+        bash "$REPO/bench/tp_mlp/run_tp_mlp_bench.sh" "$OUT/tp_mlp_$setting" > "$OUT/tp_mlp_$setting.log" 2>&1
       if (( $? == 0 )); then
-        row "tp_mlp C=$chunks" PASS "summary in tp_mlp_c$chunks/summary.md"
+        row "tp_mlp $setting" PASS "summary in tp_mlp_$setting/summary.md"
       else
-        row "tp_mlp C=$chunks" FAIL "see tp_mlp_c$chunks.log"
+        row "tp_mlp $setting" FAIL "see tp_mlp_$setting.log"
       fi
       peer=0
     done
-    # T / LB_overlap per case and comm_chunks (the issue 20 target: <= 1.1 at 8192 tokens), medians over rounds.
-    python3 - "$OUT" ${TP_MLP_CHUNKS:-1 2 4} > "$OUT/tp_mlp_chunks.md" <<'PY' || row "tp_mlp chunks table" FAIL "see tp_mlp_chunks.md"
+    # T / LB_overlap per case and setting (the issue 20 target: <= 1.1 at 8192 tokens with the overlap on), medians
+    # over rounds.
+    python3 - "$OUT" "${runs[@]}" > "$OUT/tp_mlp_settings.md" <<'PY' || row "tp_mlp table" FAIL "see tp_mlp_settings.md"
 import json, statistics, sys
 from collections import defaultdict
-out, chunks = sys.argv[1], sys.argv[2:]
+out, settings = sys.argv[1], sys.argv[2:]
 vals = defaultdict(list)
-for c in chunks:
+for c in settings:
     try:
-        lines = open(f"{out}/tp_mlp_c{c}/tp_mlp_shardline.jsonl").read().splitlines()
+        lines = open(f"{out}/tp_mlp_{c}/tp_mlp_shardline.jsonl").read().splitlines()
     except OSError:
         continue
     for line in lines:
@@ -151,17 +161,17 @@ for c in chunks:
         if r.get("kind") == "case" and r.get("variant") in ("tp", "sp") and "t_over_lb_overlap" in r:
             vals[(r["tp"], r["shape"], r["tokens"], r["variant"], c)].append((r["median_us"], r["t_over_lb_overlap"]))
 cases = sorted({k[:4] for k in vals})
-print("| tp | shape | tokens | variant | " + " | ".join(f"C={c}: T µs, T/LB_overlap" for c in chunks) + " |")
-print("|---|---|---|---|" + "---|" * len(chunks))
+print("| tp | shape | tokens | variant | " + " | ".join(f"{c}: T µs, T/LB_overlap" for c in settings) + " |")
+print("|---|---|---|---|" + "---|" * len(settings))
 for case in cases:
     cells = []
-    for c in chunks:
+    for c in settings:
         v = vals.get(case + (c,))
         cells.append(f"{statistics.median(t for t, _ in v):.1f}, {statistics.median(x for _, x in v):.3f}" if v else "-")
     print("| " + " | ".join(str(x) for x in case) + " | " + " | ".join(cells) + " |")
 PY
-    [[ -s $OUT/tp_mlp_chunks.md ]] && row "tp_mlp chunks" PASS "T / LB_overlap per C in tp_mlp_chunks.md" \
-      && cat "$OUT/tp_mlp_chunks.md" >&2
+    [[ -s $OUT/tp_mlp_settings.md ]] && row "tp_mlp table" PASS "T / LB_overlap per setting in tp_mlp_settings.md" \
+      && cat "$OUT/tp_mlp_settings.md" >&2
   else
     row tp_mlp skipped "needs 2 GPUs"
   fi
@@ -183,7 +193,8 @@ if has moe; then
     row moe skipped "the EP bench needs 2 GPUs"
   elif [[ -x $BUILD/bench/moe/shardline-moe-ep-bench ]]; then
     say "moe (ep 2, 4)"
-    NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD bash "$REPO/bench/moe/run_moe_ep_bench.sh" \
+    NPS=$( (( GPUS >= 4 )) && echo "2 4" || echo 2) BUILD=$BUILD BENCH_ARGS="${MOE_ARGS:-}" \
+      bash "$REPO/bench/moe/run_moe_ep_bench.sh" \
       "$OUT/moe_ep" > "$OUT/moe_ep.log" 2>&1
     if (( $? == 0 )); then row moe PASS "summary in moe_ep/summary.md"; else row moe FAIL "see moe_ep.log"; fi
   else

@@ -88,8 +88,9 @@ NcclCommunicator::~NcclCommunicator() {
             for (auto& op : ops) {
                 const cudaError_t q = cudaEventQuery(op->done);
                 if (q == cudaSuccess) {
+                    // After an abort request a fired done-event proves nothing (the watchdog's rule, nccl_state.cc).
                     int expected = NcclOp::kPending;
-                    op->status.compare_exchange_strong(expected, NcclOp::kDone);
+                    op->status.compare_exchange_strong(expected, s.abort_requested ? NcclOp::kFailed : NcclOp::kDone);
                 } else {
                     (void)cudaGetLastError();
                     overdue = overdue || (op->status == NcclOp::kPending && now - op->issued > CommTimeout());
@@ -105,6 +106,9 @@ NcclCommunicator::~NcclCommunicator() {
                     s.comm = nullptr;
                 } else if (overdue || s.abort_requested) {
                     s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name));
+                    // A timeout's abort waits out its grace (at most AbortGrace): aborting sooner could complete a
+                    // healthy peer's collective with garbage (nccl_state.h).
+                    std::this_thread::sleep_until(s.AbortNotBefore());
                     s.AbortLocked();
                 } else if (!owned_) {
                     // Borrowed (FromNcclComm): the caller finalizes and destroys it. Work still running stays ordered

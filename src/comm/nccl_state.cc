@@ -137,6 +137,13 @@ void NcclState::WatchdogLoop() noexcept {
             std::size_t finished = 0;
             for (auto& op : ops) {
                 const cudaError_t q = cudaEventQuery(op->done);
+                if (q == cudaSuccess && !abort_requested && op->status == NcclOp::kPending &&
+                    now - op->issued > timeout) {
+                    // Finished, but only after its deadline: a peer's aborted kernel running to its end completes a
+                    // collective with garbage (AbortGrace). Past the deadline it is a timeout, as if still running.
+                    overdue = op;
+                    break;
+                }
                 if (q == cudaSuccess) {
                     // A done-event also fires when an abort made the kernel exit (this rank's own timeout, seen by a
                     // host waiter first): after an abort request, a finished kernel proves nothing — failed, so that a
@@ -167,11 +174,13 @@ void NcclState::WatchdogLoop() noexcept {
                 if (!cuda_failure.empty()) {
                     RequestAbort(::shardline::detail::FormatError(__FILE__, __LINE__, "NcclWatchdog", cuda_failure));
                 } else if (overdue != nullptr) {
-                    RequestAbort(::shardline::detail::FormatError(
-                        __FILE__, __LINE__, "NcclWatchdog",
-                        fmt::format("{} did not finish within {:.1f} s (phase 2: kernel; elapsed {:.1f} s); "
-                                    "communicator aborted",
-                                    overdue->Describe(), Seconds(timeout), Seconds(now - overdue->issued))));
+                    RequestTimeoutAbort(
+                        ::shardline::detail::FormatError(
+                            __FILE__, __LINE__, "NcclWatchdog",
+                            fmt::format("{} did not finish within {:.1f} s (phase 2: kernel; elapsed {:.1f} s); "
+                                        "communicator aborted",
+                                        overdue->Describe(), Seconds(timeout), Seconds(now - overdue->issued))),
+                        overdue->issued, timeout);
                 } else if (nccl_mutex.try_lock()) {
                     // Asynchronous errors (a peer's connection dropped, ...) while work is in flight.
                     std::string failure;
@@ -192,10 +201,10 @@ void NcclState::WatchdogLoop() noexcept {
             }
             overdue.reset();
 
-            if (abort_requested && !abort_done) {
-                // Carry out a requested abort that found the mutex busy. A holder is inside a bounded poll that checks
-                // the request, or stuck inside NCCL itself (a full launch queue behind a hung kernel): give it another
-                // timeout, then end the process rather than hang.
+            if (abort_requested && !abort_done && AbortDue()) {
+                // Carry out a requested abort once it is due (a timeout's waits for AbortGrace) and the mutex is free.
+                // A holder is inside a bounded poll that checks the request, or stuck inside NCCL itself (a full
+                // launch queue behind a hung kernel): give it another timeout, then end the process rather than hang.
                 if (nccl_mutex.try_lock()) {
                     AbortLocked();
                     nccl_mutex.unlock();
@@ -275,8 +284,10 @@ public:
             return true;
         }
         const cudaError_t q = cudaEventQuery(op_->done);
-        if (q == cudaSuccess) {
-            // A done-event also fires when an abort made the kernel exit: trust it only while not aborted.
+        const auto elapsed = Clock::now() - op_->issued;
+        if (q == cudaSuccess && elapsed <= CommTimeout()) {
+            // A done-event also fires when an abort made the kernel exit: trust it only while not aborted, and only
+            // before the deadline (a peer's aborted kernel can complete it with garbage after it: AbortGrace).
             int expected = NcclOp::kPending;
             if (!state.abort_requested && op_->status.compare_exchange_strong(expected, NcclOp::kDone)) {
                 op_->Release();
@@ -285,16 +296,17 @@ public:
             ThrowIfFailed("Work::Test");
             return op_->status == NcclOp::kDone;
         }
-        if (q != cudaErrorNotReady) {
+        if (q != cudaSuccess && q != cudaErrorNotReady) {
             (void)cudaGetLastError();
             Fail("Work::Test", fmt::format("{}: CUDA reported {} ({}) while it ran", op_->Describe(),
                                            cudaGetErrorName(q), cudaGetErrorString(q)));
         }
-        const auto elapsed = Clock::now() - op_->issued;
         if (elapsed > CommTimeout()) {
-            Fail("Work::Test", fmt::format("{} did not finish within {:.1f} s (phase 2: kernel; elapsed {:.1f} s); "
-                                           "communicator aborted",
-                                           op_->Describe(), Seconds(CommTimeout()), Seconds(elapsed)));
+            Fail("Work::Test",
+                 fmt::format("{} did not finish within {:.1f} s (phase 2: kernel; elapsed {:.1f} s); "
+                             "communicator aborted",
+                             op_->Describe(), Seconds(CommTimeout()), Seconds(elapsed)),
+                 /*timed_out=*/true);
         }
         if (state.nccl_mutex.try_lock()) {
             std::string failure;
@@ -325,8 +337,13 @@ private:
         }
     }
 
-    [[noreturn]] void Fail(std::string_view api, const std::string& what) {
-        op_->state->RequestAbort(::shardline::detail::FormatError(__FILE__, __LINE__, api, what));
+    [[noreturn]] void Fail(std::string_view api, const std::string& what, bool timed_out = false) {
+        std::string reason = ::shardline::detail::FormatError(__FILE__, __LINE__, api, what);
+        if (timed_out) {
+            op_->state->RequestTimeoutAbort(std::move(reason), op_->issued, CommTimeout());
+        } else {
+            op_->state->RequestAbort(std::move(reason));
+        }
         ThrowIfFailed(api);
         SHARDLINE_THROW(CommError, api, "{}", what); // the op finished just before the abort
     }

@@ -43,6 +43,17 @@ inline constexpr auto kWatchdogPoll = std::chrono::milliseconds(2);
 inline constexpr int kWatchdogIdlePolls = 50;
 // How long a destructor lets ncclCommFinalize run before it falls back to ncclCommAbort.
 inline constexpr auto kMaxFinalize = std::chrono::seconds(30);
+// How long after a collective's deadline a timed-out rank waits before it calls ncclCommAbort (the CommError itself is
+// raised at once). An aborted NCCL kernel does not stop: its waits give up and it runs to its end, storing whatever it
+// holds with valid flags into its peers' buffers (prims_ll.h: readLL breaks out of its wait on the abort flag and the
+// step's storeLL still posts). A peer still inside the same collective then sees it complete, with garbage. Deferring
+// the abort lets every healthy peer whose collective started within the grace reach its own deadline first and fail
+// the op (a completion after the deadline or after an abort request counts as a failure); a program that exits on the
+// CommError never sends the garbage at all. Seen on 4×H100 (2026-11-26, f176c25 with blocking communicators): without
+// it, a healthy rank of a job with a silent or stopped rank printed "all_reduce completed" (docs/comm.md).
+inline Clock::duration AbortGrace(Clock::duration timeout) {
+    return std::min<Clock::duration>(std::chrono::seconds(1), timeout / 4);
+}
 
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -209,6 +220,7 @@ struct NcclState {
     WatchdogWake wake{kWatchdogPoll, kWatchdogIdlePolls}; // the watchdog's waits; no notify per call
     std::string abort_reason;
     Clock::time_point abort_requested_at;
+    Clock::time_point abort_not_before; // a timeout's abort waits for the grace (AbortGrace); others are due at once
     std::deque<std::shared_ptr<NcclOp>> outstanding;
     std::vector<cudaEvent_t> event_pool;
     bool stop = false;
@@ -219,14 +231,16 @@ struct NcclState {
         return abort_reason;
     }
 
-    /// Records why (the first reason wins); whoever holds nccl_mutex next carries out the abort. For holders of
-    /// nccl_mutex (NcclLock aborts when it releases it).
-    void NoteAbort(std::string reason) noexcept {
+    /// Records why (the first reason wins); whoever holds nccl_mutex next carries out the abort, once it is due
+    /// (`not_before`: a timeout's deadline + AbortGrace; default: at once). For holders of nccl_mutex (NcclLock aborts
+    /// when it releases it).
+    void NoteAbort(std::string reason, Clock::time_point not_before = {}) noexcept {
         try {
             std::lock_guard lock(mutex);
             if (abort_reason.empty()) {
                 abort_reason = std::move(reason);
                 abort_requested_at = Clock::now();
+                abort_not_before = not_before;
             }
         } catch (...) {
             // a reason we could not store is still an abort
@@ -234,26 +248,44 @@ struct NcclState {
         abort_requested = true;
     }
 
-    /// NoteAbort, then aborts at once when nccl_mutex is free. Never blocks; never call it holding nccl_mutex.
-    void RequestAbort(std::string reason) noexcept {
-        NoteAbort(std::move(reason));
-        if (nccl_mutex.try_lock()) {
+    /// NoteAbort, then aborts at once when it is due and nccl_mutex is free (else the watchdog does, when due). Never
+    /// blocks; never call it holding nccl_mutex.
+    void RequestAbort(std::string reason, Clock::time_point not_before = {}) noexcept {
+        NoteAbort(std::move(reason), not_before);
+        if (AbortDue() && nccl_mutex.try_lock()) {
             AbortLocked();
             nccl_mutex.unlock();
         }
         wake.NotifyAll();
     }
 
-    /// nccl_mutex held. Work whose done-event already fired finished before the abort and stays valid; the rest fails.
+    /// A timed-out op's abort: due AbortGrace after its deadline (see AbortGrace for why it waits).
+    void RequestTimeoutAbort(std::string reason, Clock::time_point issued, Clock::duration timeout) noexcept {
+        RequestAbort(std::move(reason), issued + timeout + AbortGrace(timeout));
+    }
+
+    /// When the requested abort may be carried out (a default time point: at once).
+    Clock::time_point AbortNotBefore() noexcept {
+        std::lock_guard lock(mutex);
+        return abort_not_before;
+    }
+    /// An abort was requested and may be carried out now.
+    bool AbortDue() noexcept { return abort_requested && Clock::now() >= AbortNotBefore(); }
+
+    /// nccl_mutex held. After an immediate abort (Abort(), an NCCL or CUDA error), work whose done-event already fired
+    /// finished before it and stays valid; the rest fails. After a timeout's deferred abort every op still pending
+    /// fails: a done-event that fired during the grace may be a peer's aborted kernel running to its end (AbortGrace).
     void AbortLocked() noexcept {
         abort_requested = true;
         if (comm == nullptr) {
             return;
         }
         std::vector<std::shared_ptr<NcclOp>> ops;
+        bool deferred = false;
         try {
             std::lock_guard lock(mutex);
             ops.assign(outstanding.begin(), outstanding.end());
+            deferred = abort_not_before != Clock::time_point{};
         } catch (...) {
         }
         for (auto& op : ops) {
@@ -262,7 +294,8 @@ struct NcclState {
             if (q != cudaErrorNotReady) {
                 (void)cudaGetLastError();
             }
-            op->status.compare_exchange_strong(expected, q == cudaSuccess ? NcclOp::kDone : NcclOp::kFailed);
+            op->status.compare_exchange_strong(expected,
+                                               q == cudaSuccess && !deferred ? NcclOp::kDone : NcclOp::kFailed);
         }
         const ncclResult_t r = ncclCommAbort(comm);
         comm = nullptr;
@@ -319,15 +352,13 @@ struct NcclState {
     void WatchdogLoop() noexcept;
 };
 
-/// nccl_mutex for the scope; a requested abort is carried out before the mutex is released.
-
-/// nccl_mutex for the scope; a requested abort is carried out before the mutex is released.
+/// nccl_mutex for the scope; a requested abort that is due is carried out before the mutex is released.
 class NcclLock {
 public:
     explicit NcclLock(NcclState& state) : state_(state), lock_(state.nccl_mutex) {}
     ~NcclLock() {
-        if (state_.abort_requested && state_.comm != nullptr) {
-            state_.AbortLocked();
+        if (state_.abort_requested && state_.comm != nullptr && state_.AbortDue()) {
+            state_.AbortLocked(); // not yet due: the watchdog carries it out when it is
         }
     }
     NcclLock(const NcclLock&) = delete;

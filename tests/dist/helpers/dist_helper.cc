@@ -101,7 +101,10 @@ int Run(std::string_view scenario, Environment &env) {
     }
     if (scenario == "exit" || scenario == "skip" || scenario == "stop" || scenario == "kill") {
         world.AllReduce(x, ReduceOp::kSum)->Wait(/*host=*/true);
-        std::printf("[rank %d/%d] all_reduce completed\n", env.rank(), env.world_size());
+        // The value says whether it really ran (every rank adds 1) or a peer's aborted kernel completed it with
+        // garbage (docs/comm.md, "A timeout's abort waits for a grace").
+        std::printf("[rank %d/%d] all_reduce completed (x[0] = %g, expected %d)\n", env.rank(), env.world_size(),
+                    x.ToDoubleVector().front(), env.world_size());
         return 0;
     }
     std::fprintf(stderr, "shardline_dist_helper: unknown scenario '%.*s'\n", static_cast<int>(scenario.size()),

@@ -1,6 +1,13 @@
 // Embedding and EmbeddingBag ops: argument checks, the allocating wrapper, dispatch. The kernels live in cpu/ and
 // cuda/.
 
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <shardline/core/env.h>
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/embedding.h>
 
@@ -127,6 +134,116 @@ void EmbeddingBagBackward(const EmbeddingBagBackwardArgs& args) {
         return;
     }
     Dispatch<EmbeddingBagBackwardOp>(args.dweight.device().type, args);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The CUDA bag ops' implementation choice (host logic, no CUDA: testable anywhere).
+
+namespace {
+
+// The cost model's constants, in one place. Estimates for an H100 until measured (bench/embedding prints both paths'
+// times next to these): the gather's rate is the measured 1 GiB of L2 reads in 0.21 ms (the char-LM forward); the
+// GEMM rates are what cuBLASLt reaches on large bf16/fp16 problems (~60 % of the 989 TFLOP/s dense peak) and on true
+// fp32 (no tensor cores); writing the count matrix runs at about the HBM write rate.
+constexpr double kGatherBytesPerSecond = 5e12;
+constexpr double kHalfGemmFlopsPerSecond = 600e12;
+constexpr double kFloat32GemmFlopsPerSecond = 50e12;
+constexpr double kCountWriteBytesPerSecond = 3e12;
+
+/// The largest integer n such that every integer 0..n is exact in the dtype (2^(mantissa bits + 1)), 0 when CUDA does
+/// not take the dtype.
+std::int64_t ExactIntegerLimit(DType dtype) {
+    switch (dtype) {
+    case DType::kBFloat16:
+        return std::int64_t{1} << 8;
+    case DType::kFloat16:
+        return std::int64_t{1} << 11;
+    case DType::kFloat32:
+        return std::int64_t{1} << 24;
+    case DType::kFloat64:
+    case DType::kInt64:
+        break;
+    }
+    return 0;
+}
+
+EmbeddingBagImpl InitialEmbeddingBagImpl() {
+    const std::string impl = env::GetChoice("SHARDLINE_EMBEDDING_BAG", "auto", {"auto", "gemm", "gather"});
+    return impl == "gemm" ? EmbeddingBagImpl::kGemm
+                          : (impl == "gather" ? EmbeddingBagImpl::kGather : EmbeddingBagImpl::kAuto);
+}
+
+std::atomic<EmbeddingBagImpl>& ImplWord() {
+    static std::atomic<EmbeddingBagImpl> word{InitialEmbeddingBagImpl()};
+    return word;
+}
+
+std::string ProblemString(const EmbeddingBagProblem& p) {
+    return fmt::format("ids [T={}, N={}] over a [{}, {}] {} shard", p.bag, p.count, p.rows, p.hidden,
+                       DTypeName(p.dtype));
+}
+
+} // namespace
+
+std::string_view EmbeddingBagImplName(EmbeddingBagImpl impl) {
+    switch (impl) {
+    case EmbeddingBagImpl::kAuto:
+        return "auto";
+    case EmbeddingBagImpl::kGemm:
+        return "gemm";
+    case EmbeddingBagImpl::kGather:
+        return "gather";
+    }
+    return "unknown";
+}
+
+EmbeddingBagImpl GetEmbeddingBagImpl() { return ImplWord().load(std::memory_order_relaxed); }
+
+void SetEmbeddingBagImpl(EmbeddingBagImpl impl) { ImplWord().store(impl, std::memory_order_relaxed); }
+
+std::string CountGemmIneligibility(const EmbeddingBagProblem& problem) {
+    const std::int64_t limit = ExactIntegerLimit(problem.dtype);
+    if (limit == 0) {
+        return fmt::format("the CUDA kernels take float32, float16 or bfloat16, got {}", DTypeName(problem.dtype));
+    }
+    if (problem.bag > limit) {
+        return fmt::format("a count can reach T = {}, above {}, the largest integer up to which {} is exact",
+                           problem.bag, limit, DTypeName(problem.dtype));
+    }
+    if (problem.dtype == DType::kFloat32 && problem.tf32) {
+        return "float32 with TF32 allowed (SHARDLINE_ALLOW_TF32) would round the table or the gradient to TF32";
+    }
+    return {};
+}
+
+EmbeddingBagCostEstimate EstimateEmbeddingBagCost(const EmbeddingBagProblem& problem) {
+    const auto elem = static_cast<double>(ElementSize(problem.dtype));
+    const auto n = static_cast<double>(problem.count);
+    const auto h = static_cast<double>(problem.hidden);
+    const double flops = 2.0 * n * static_cast<double>(problem.rows) * h;
+    const double rate = problem.dtype == DType::kFloat32 ? kFloat32GemmFlopsPerSecond : kHalfGemmFlopsPerSecond;
+    return {.gather_s = static_cast<double>(problem.bag) * n * h * elem / kGatherBytesPerSecond,
+            .count_gemm_s = flops / rate + n * static_cast<double>(problem.rows) * elem / kCountWriteBytesPerSecond};
+}
+
+EmbeddingBagImpl ChooseEmbeddingBagImpl(const EmbeddingBagProblem& problem, EmbeddingBagImpl choice,
+                                        std::string_view op) {
+    if (choice == EmbeddingBagImpl::kGather || problem.rows == 0) {
+        return EmbeddingBagImpl::kGather;
+    }
+    const std::string why_not = CountGemmIneligibility(problem);
+    if (choice == EmbeddingBagImpl::kGemm) {
+        SHARDLINE_CHECK(why_not.empty(), op,
+                        "SHARDLINE_EMBEDDING_BAG=gemm (or SetEmbeddingBagImpl(kGemm)) needs counts exact in the "
+                        "dtype; {}: {} (use auto or gather)",
+                        ProblemString(problem), why_not);
+        return EmbeddingBagImpl::kGemm;
+    }
+    if (!why_not.empty()) {
+        return EmbeddingBagImpl::kGather;
+    }
+    const EmbeddingBagCostEstimate cost = EstimateEmbeddingBagCost(problem);
+    return cost.count_gemm_s < cost.gather_s ? EmbeddingBagImpl::kGemm : EmbeddingBagImpl::kGather;
 }
 
 } // namespace shardline::kernels

@@ -1,5 +1,6 @@
-// The dispatcher reads SHARDLINE_PROVIDER / SHARDLINE_LINEAR_IMPL at its first use. This file is its own executable
-// with one test, so that first use really happens inside the test.
+// The dispatcher reads SHARDLINE_PROVIDER / SHARDLINE_LINEAR_IMPL at its first use, the EmbeddingBag choice
+// SHARDLINE_EMBEDDING_BAG at its first read. This file is its own executable and CTest runs each test in its own
+// process, so that first use really happens inside the test.
 
 #include <cstdlib>
 #include <string>
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <shardline/core/error.h>
+#include <shardline/kernels/embedding.h>
 #include <shardline/kernels/ops.h>
 
 #include "helpers.h"
@@ -38,6 +40,25 @@ TEST(EnvironmentTest, BadLinearImplAtFirstUseIsReportedAndTheNextCallRecovers) {
     EXPECT_TRUE(ValuesMatch(LinearForward(x, w),
                             RefLinearForward(x.ToDoubleVector(), w.ToDoubleVector(), nullptr, 3, 2, 4),
                             DType::kFloat64));
+}
+
+TEST(EnvironmentTest, BadEmbeddingBagChoiceIsReportedAndAGoodOneIsReadOnce) {
+    setenv("SHARDLINE_EMBEDDING_BAG", "fused", 1);
+    try {
+        (void)GetEmbeddingBagImpl();
+        FAIL() << "SHARDLINE_EMBEDDING_BAG=fused was accepted";
+    } catch (const Error& e) {
+        EXPECT_THAT(std::string(e.what()), HasSubstr("SHARDLINE_EMBEDDING_BAG"));
+        EXPECT_THAT(std::string(e.what()), HasSubstr("expected one of auto, gemm, gather, got 'fused'"));
+    }
+    setenv("SHARDLINE_EMBEDDING_BAG", "gather", 1);
+    EXPECT_EQ(GetEmbeddingBagImpl(), EmbeddingBagImpl::kGather);
+    // Read once: a later change of the environment changes nothing; SetEmbeddingBagImpl does.
+    setenv("SHARDLINE_EMBEDDING_BAG", "gemm", 1);
+    EXPECT_EQ(GetEmbeddingBagImpl(), EmbeddingBagImpl::kGather);
+    unsetenv("SHARDLINE_EMBEDDING_BAG");
+    SetEmbeddingBagImpl(EmbeddingBagImpl::kGemm);
+    EXPECT_EQ(GetEmbeddingBagImpl(), EmbeddingBagImpl::kGemm);
 }
 
 } // namespace

@@ -2,7 +2,8 @@
 // scratch) grows with the number of ids and never with dout or the table's width; it comes from the device pool and
 // goes back to it when the kernels are queued. EmbeddingBag never makes the [T, N, H] lookup: at the README job's shape
 // (ids 32 x 8192, H 2048, bf16) the device pool's high-water mark rises by the output alone in the forward and by the
-// workspace alone in the backward. The numbers are printed for the record.
+// workspace alone in the backward; on the count-GEMM path by the count matrix alone in each. The numbers are printed
+// for the record.
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <shardline/core/tensor.h>
 #include <shardline/kernels/embedding.h>
 
+#include "embedding_bag_reference.h"
 #include "helpers.h"
 #include "kernels/cuda/embedding_kernels.h"
 
@@ -83,6 +85,8 @@ TEST_F(CudaEmbeddingMemoryTest, BackwardWorkspaceIsSizedByTheIdsOnly) {
 }
 
 TEST_F(CudaEmbeddingMemoryTest, BagSumNeverMakesTheLookup) {
+    // The gather path (the count-GEMM's count matrix is the next test's).
+    const ScopedEmbeddingBagImpl gather(kernels::EmbeddingBagImpl::kGather);
     const Device gpu = Gpu();
     const Tensor ids = RandomTensor({kContext, kBatch}, DType::kInt64, gpu, 7, "ids", RandomDistribution::kInteger, 0,
                                     static_cast<double>(kTableRows - 1));
@@ -115,6 +119,37 @@ TEST_F(CudaEmbeddingMemoryTest, BagSumNeverMakesTheLookup) {
     EXPECT_GE(backward_peak, workspace);
     EXPECT_LE(backward_peak, workspace + 2 * kMiB) << "more than the workspace (and the pool's rounding)";
     EXPECT_EQ(Attribute(cudaMemPoolAttrUsedMemCurrent), before) << "the workspace did not go back to the pool";
+}
+
+TEST_F(CudaEmbeddingMemoryTest, CountGemmTakesItsCountMatrixOnlyAndGivesItBack) {
+    // The count-GEMM path at the same shape: the pool rises by the [N, V_local] count matrix (bf16, rows padded to a
+    // multiple of 8) in each direction, 64 MiB here against the 1 GiB lookup, and gets it back once the GEMM is queued.
+    const ScopedEmbeddingBagImpl gemm(kernels::EmbeddingBagImpl::kGemm);
+    const Device gpu = Gpu();
+    const Tensor ids = RandomTensor({kContext, kBatch}, DType::kInt64, gpu, 8, "ids", RandomDistribution::kInteger, 0,
+                                    static_cast<double>(kTableRows - 1));
+    const Tensor table = RandomGpu({kTableRows, kHidden}, DType::kBFloat16, 8, "table");
+    const Tensor dout = RandomGpu({kBatch, kHidden}, DType::kBFloat16, 8, "dout");
+    Tensor main_grad = Tensor::Zeros({kTableRows, kHidden}, DType::kFloat32, gpu);
+    Tensor out = Tensor::Empty({kBatch, kHidden}, DType::kBFloat16, gpu);
+    auto forward = [&] { kernels::EmbeddingBagForward({.ids = ids, .weight = table, .out = out}); };
+    auto backward = [&] {
+        kernels::EmbeddingBagBackward({.ids = ids, .dout = dout, .dweight = main_grad, .accumulate = true});
+    };
+    forward(); // warm-up: the GEMM plans are tuned (their scratch allocated) at the first call
+    backward();
+    const std::uint64_t counts =
+        static_cast<std::uint64_t>(kBatch) * kernels::cuda::EmbeddingBagCountsLd(kTableRows) * 2;
+    for (const bool is_forward : {true, false}) {
+        const std::uint64_t before = ResetHighWater();
+        is_forward ? forward() : backward();
+        const std::uint64_t peak = RiseAbove(before);
+        std::cout << "[ memory   ] EmbeddingBag" << (is_forward ? "Forward" : "Backward")
+                  << " count-GEMM: pool high-water +" << peak << " bytes (count matrix " << counts << ")\n";
+        EXPECT_GE(peak, counts);
+        EXPECT_LE(peak, counts + 2 * kMiB) << "more than the count matrix (and the pool's rounding)";
+        EXPECT_EQ(Attribute(cudaMemPoolAttrUsedMemCurrent), before) << "the count matrix did not go back to the pool";
+    }
 }
 
 } // namespace

@@ -2,7 +2,9 @@
 // references, for the id distributions the char-LM and a vocab-parallel model give: few distinct ids in long runs, many
 // distinct ids over a 50k vocabulary, a vocab-parallel slice with ids partly outside it, empty bags and empty batches;
 // integer-valued data (exact in any summation order) bit for bit, real data within an accumulation bound; accumulation
-// into the gradient and into a float32 main grad; bitwise identical results from run to run; the error messages.
+// into the gradient and into a float32 main grad; bitwise identical results from run to run; the error messages. On
+// CUDA each case runs the implementation the default choice picks for its shape (several take the count-GEMM); the
+// count-GEMM and the gather forced one by one are tests/cuda/kernels_embedding_bag_count_gemm_test.cc.
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +17,7 @@
 #include <shardline/core/error.h>
 #include <shardline/kernels/embedding.h>
 
+#include "embedding_bag_reference.h"
 #include "helpers.h"
 
 namespace shardline::testing {
@@ -27,131 +30,12 @@ using kernels::EmbeddingBagForwardArgs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-/// A float64 reference and, per element, what bounds the error of summing it in fp32: the number of terms and Σ|term|.
-struct Reference {
-    Values value;
-    Values terms;
-    Values abs_sum;
-};
-
-/// The row of global id `id` in the shard [start, start + rows), or -1.
-std::int64_t LocalRow(double id, std::int64_t start, std::int64_t rows) {
-    const auto i = static_cast<std::int64_t>(id);
-    return i >= start && i - start < rows ? i - start : -1;
-}
-
-/// The bags and the rows of ids [T, ...]: T, and N = the product of the trailing dims.
-struct Bags {
-    std::int64_t bag;
-    std::int64_t count;
-};
-Bags BagsOf(const Shape &ids_shape) {
-    std::int64_t count = 1;
-    for (std::size_t d = 1; d < ids_shape.size(); ++d) {
-        count *= ids_shape[d];
-    }
-    return {ids_shape.at(0), count};
-}
-
-/// out[n, :] = Σ_t table[ids[t·N + n] - start, :] over the ids in the shard.
-Reference RefForward(const Values &ids, const Shape &ids_shape, const Values &table, std::int64_t rows,
-                     std::int64_t hidden, std::int64_t start) {
-    const auto [bag, count] = BagsOf(ids_shape);
-    Reference ref{Values(static_cast<std::size_t>(count * hidden), 0.0), {}, {}};
-    ref.terms = ref.abs_sum = ref.value;
-    for (std::int64_t t = 0; t < bag; ++t) {
-        for (std::int64_t n = 0; n < count; ++n) {
-            const std::int64_t r = LocalRow(ids[static_cast<std::size_t>(t * count + n)], start, rows);
-            for (std::int64_t h = 0; r >= 0 && h < hidden; ++h) {
-                const double x = table[static_cast<std::size_t>(r * hidden + h)];
-                const auto o = static_cast<std::size_t>(n * hidden + h);
-                ref.value[o] += x;
-                ref.terms[o] += 1.0;
-                ref.abs_sum[o] += std::abs(x);
-            }
-        }
-    }
-    return ref;
-}
-
-/// dweight[v, :] = Σ_{(t, n) : ids[t·N + n] - start == v} dout[n, :].
-Reference RefBackward(const Values &ids, const Shape &ids_shape, const Values &dout, std::int64_t rows,
-                      std::int64_t hidden, std::int64_t start) {
-    const auto [bag, count] = BagsOf(ids_shape);
-    Reference ref{Values(static_cast<std::size_t>(rows * hidden), 0.0), {}, {}};
-    ref.terms = ref.abs_sum = ref.value;
-    for (std::int64_t i = 0; i < bag * count; ++i) {
-        const std::int64_t r = LocalRow(ids[static_cast<std::size_t>(i)], start, rows);
-        for (std::int64_t h = 0; r >= 0 && h < hidden; ++h) {
-            const double x = dout[static_cast<std::size_t>((i % count) * hidden + h)];
-            const auto o = static_cast<std::size_t>(r * hidden + h);
-            ref.value[o] += x;
-            ref.terms[o] += 1.0;
-            ref.abs_sum[o] += std::abs(x);
-        }
-    }
-    return ref;
-}
-
-/// |got - want| <= rtol(dtype)·|want| (the one rounding into the output) + the fp32 summation's error, which for k
-/// terms in any order (a sequence, or partial sums added together) is at most k·2^-24·Σ|term| (rigorous, first order).
-/// The CPU sums in fp64: its budget is the output rounding alone. Loose for long runs of real values, which is why the
-/// long-run cases also run on integers, where every order is exact.
-::testing::AssertionResult WithinBound(const Values &got, const Reference &want, DType dtype, const Device &device) {
-    const bool fp32_sums = device.is_cuda();
-    const double rtol = RelativeTolerance(dtype);
-    std::size_t bad = 0;
-    std::size_t worst = 0;
-    double worst_ratio = 0.0;
-    if (got.size() != want.value.size()) {
-        return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.value.size();
-    }
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        double allowed = rtol * std::abs(want.value[i]) + SubnormalTolerance(dtype);
-        if (fp32_sums) {
-            allowed += want.terms[i] * std::ldexp(1.0, -24) * want.abs_sum[i];
-        }
-        const double err = std::abs(got[i] - want.value[i]);
-        if (!(err <= allowed)) {
-            ++bad;
-            if (!(err / allowed <= worst_ratio)) {
-                worst_ratio = err / allowed;
-                worst = i;
-            }
-        }
-    }
-    if (bad == 0) {
-        return ::testing::AssertionSuccess();
-    }
-    return ::testing::AssertionFailure() << bad << " of " << got.size() << " elements off; worst at " << worst
-                                         << ": got " << got[worst] << ", want " << want.value[worst] << " ("
-                                         << worst_ratio << "x the allowed error)";
-}
-
-/// ids' shape without the bag dim, + hidden.
-Shape OutShape(const Shape &ids_shape, std::int64_t hidden) {
-    Shape out(ids_shape.begin() + 1, ids_shape.end());
-    out.push_back(hidden);
-    return out;
-}
-
 /// Rows [start, start + rows) of a [V, H] table as their own tensor, on the table's device.
 Tensor RowSlice(const Tensor &table, std::int64_t start, std::int64_t rows) {
     const std::int64_t hidden = table.size(1);
     const Values all = table.ToDoubleVector();
     const Values part(all.begin() + start * hidden, all.begin() + (start + rows) * hidden);
     return Tensor::FromVector(part, {rows, hidden}, DType::kFloat64).To(table.dtype()).To(table.device());
-}
-
-/// Few distinct ids in long runs over [bag, count]: `offset` + 0..3, the first at half the positions (a run of ~131072
-/// at 32 x 8192), the next at a quarter, then an eighth each.
-Values FewDistinctIds(std::int64_t bag, std::int64_t count, std::int64_t offset) {
-    Values ids(static_cast<std::size_t>(bag * count));
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        const auto r = static_cast<unsigned>((i * 0x9E3779B97F4A7C15ULL) >> 61); // a fixed scatter: 0..7
-        ids[i] = static_cast<double>(offset + (r < 4 ? 0 : r < 6 ? 1 : r < 7 ? 2 : 3));
-    }
-    return ids;
 }
 
 struct Case {
@@ -175,6 +59,15 @@ protected:
     Tensor IntegerValues(const Shape &shape, std::uint64_t seed, std::string_view name) const {
         return RandomTensor(shape, dtype(), device(), seed, name, RandomDistribution::kInteger, -8, 8);
     }
+    /// The error budget of the implementation the device runs by default: on CUDA the choice's (gather or count-GEMM,
+    /// kernels::ChooseEmbeddingBagImpl), so the count-GEMM's (tensor-core sums; a half epilogue that adds beta·C may
+    /// round in the output precision); on the CPU one rounding of an fp64 sum.
+    BagBudget Budget(bool accumulate = false) const {
+        if (device().is_cpu()) {
+            return {};
+        }
+        return {.output_roundings = accumulate ? kEpilogueRoundings : 1.0, .sum_roundings = 2};
+    }
 };
 
 TEST_P(EmbeddingBagTest, ForwardOfIntegerTablesIsExact) {
@@ -183,16 +76,16 @@ TEST_P(EmbeddingBagTest, ForwardOfIntegerTablesIsExact) {
         SCOPED_TRACE(::testing::Message() << "ids " << ShapeToString(c.ids_shape) << ", V " << c.vocab);
         const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 60); // some ids outside the table
         const Tensor weight = IntegerValues({c.vocab, c.hidden}, 60, "weight");
-        Tensor out = Poison(OutShape(c.ids_shape, c.hidden), dtype());
+        Tensor out = Poison(BagOutShape(c.ids_shape, c.hidden), dtype());
         EmbeddingBagForward(EmbeddingBagForwardArgs{.ids = ids, .weight = weight, .out = out});
-        const Reference want =
-            RefForward(ids.ToDoubleVector(), c.ids_shape, weight.ToDoubleVector(), c.vocab, c.hidden, 0);
+        const BagReference want =
+            RefBagForward(ids.ToDoubleVector(), c.ids_shape, weight.ToDoubleVector(), c.vocab, c.hidden, 0);
         if (out.numel() > 0 && c.ids_shape[0] > 0) {
             ASSERT_GT(AbsSum(want.value), 0.0);
         }
         EXPECT_EQ(out.ToDoubleVector(), want.value);
         const Tensor alloc = EmbeddingBagForward(ids, weight);
-        EXPECT_EQ(alloc.shape(), OutShape(c.ids_shape, c.hidden));
+        EXPECT_EQ(alloc.shape(), BagOutShape(c.ids_shape, c.hidden));
         EXPECT_EQ(alloc.dtype(), dtype());
         EXPECT_EQ(alloc.ToDoubleVector(), want.value) << "allocating wrapper";
     }
@@ -203,13 +96,13 @@ TEST_P(EmbeddingBagTest, ForwardOfRealTablesMatchesFloat64AndRepeatsBitwise) {
         SCOPED_TRACE(::testing::Message() << "ids " << ShapeToString(c.ids_shape) << ", V " << c.vocab);
         const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 61);
         const Tensor weight = Random({c.vocab, c.hidden}, dtype(), 61, "weight");
-        Tensor first = Poison(OutShape(c.ids_shape, c.hidden), dtype(), "poison1");
-        Tensor second = Poison(OutShape(c.ids_shape, c.hidden), dtype(), "poison2");
+        Tensor first = Poison(BagOutShape(c.ids_shape, c.hidden), dtype(), "poison1");
+        Tensor second = Poison(BagOutShape(c.ids_shape, c.hidden), dtype(), "poison2");
         EmbeddingBagForward(EmbeddingBagForwardArgs{.ids = ids, .weight = weight, .out = first});
         EmbeddingBagForward(EmbeddingBagForwardArgs{.ids = ids, .weight = weight, .out = second});
-        const Reference want =
-            RefForward(ids.ToDoubleVector(), c.ids_shape, weight.ToDoubleVector(), c.vocab, c.hidden, 0);
-        EXPECT_TRUE(WithinBound(first.ToDoubleVector(), want, dtype(), device()));
+        const BagReference want =
+            RefBagForward(ids.ToDoubleVector(), c.ids_shape, weight.ToDoubleVector(), c.vocab, c.hidden, 0);
+        EXPECT_TRUE(WithinBound(first.ToDoubleVector(), want, dtype(), device(), Budget()));
         EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ";
     }
 }
@@ -221,7 +114,7 @@ TEST_P(EmbeddingBagTest, ForwardIntoAMisalignedOutput) {
     MisalignedTensor out = MisalignedCopy(Random({37, 24}, dtype(), 99, "poison"));
     EmbeddingBagForward(EmbeddingBagForwardArgs{.ids = ids, .weight = weight, .out = out.view});
     EXPECT_EQ(out.view.ToDoubleVector(),
-              RefForward(ids.ToDoubleVector(), ids.shape(), weight.ToDoubleVector(), 20, 24, 0).value);
+              RefBagForward(ids.ToDoubleVector(), ids.shape(), weight.ToDoubleVector(), 20, 24, 0).value);
 }
 
 TEST_P(EmbeddingBagTest, ForwardOfVocabShardsSumsToTheUnsplitBagSum) {
@@ -254,13 +147,13 @@ TEST_P(EmbeddingBagTest, BackwardMatchesFloat64ForEveryCaseWithAndWithoutAccumul
             SCOPED_TRACE(::testing::Message() << "ids " << ShapeToString(c.ids_shape) << ", V " << c.vocab
                                               << (accumulate ? ", accumulate" : ""));
             const Tensor ids = RandomIds(c.ids_shape, -2, c.vocab + 1, 64);
-            const Tensor dout = Random(OutShape(c.ids_shape, c.hidden), dtype(), 64, "dout");
+            const Tensor dout = Random(BagOutShape(c.ids_shape, c.hidden), dtype(), 64, "dout");
             Tensor dweight = Random({c.vocab, c.hidden}, dtype(), 64, "dweight"); // poison (=) or a previous grad (+=)
             const Values before = dweight.ToDoubleVector();
             EmbeddingBagBackward(
                 EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = dweight, .accumulate = accumulate});
-            Reference want =
-                RefBackward(ids.ToDoubleVector(), c.ids_shape, dout.ToDoubleVector(), c.vocab, c.hidden, 0);
+            BagReference want =
+                RefBagBackward(ids.ToDoubleVector(), c.ids_shape, dout.ToDoubleVector(), c.vocab, c.hidden, 0);
             if (accumulate) {
                 for (std::size_t i = 0; i < before.size(); ++i) {
                     want.value[i] += before[i];
@@ -271,7 +164,7 @@ TEST_P(EmbeddingBagTest, BackwardMatchesFloat64ForEveryCaseWithAndWithoutAccumul
             if (ids.numel() > 0) {
                 ASSERT_GT(AbsSum(want.value), 0.0);
             }
-            EXPECT_TRUE(WithinBound(dweight.ToDoubleVector(), want, dtype(), device()));
+            EXPECT_TRUE(WithinBound(dweight.ToDoubleVector(), want, dtype(), device(), Budget(accumulate)));
         }
     }
 }
@@ -291,7 +184,7 @@ TEST_P(EmbeddingBagTest, BackwardOfFewDistinctIdsInLongRunsIsExactAndDeterminist
         const Tensor dout = IntegerValues({count, hidden}, 65, "dout");
         Tensor dweight = Poison({vocab, hidden}, dtype());
         EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = dweight});
-        const Reference want = RefBackward(id_values, ids.shape(), dout.ToDoubleVector(), vocab, hidden, 0);
+        const BagReference want = RefBagBackward(id_values, ids.shape(), dout.ToDoubleVector(), vocab, hidden, 0);
         ASSERT_GT(AbsSum(want.value), 0.0);
         EXPECT_TRUE(ValuesMatch(dweight, want.value, dtype())) << "integer gradients";
     }
@@ -302,8 +195,8 @@ TEST_P(EmbeddingBagTest, BackwardOfFewDistinctIdsInLongRunsIsExactAndDeterminist
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = first});
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = second});
     EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ: the backward must be deterministic";
-    const Reference want = RefBackward(id_values, ids.shape(), dout.ToDoubleVector(), vocab, hidden, 0);
-    EXPECT_TRUE(WithinBound(first.ToDoubleVector(), want, dtype(), device()));
+    const BagReference want = RefBagBackward(id_values, ids.shape(), dout.ToDoubleVector(), vocab, hidden, 0);
+    EXPECT_TRUE(WithinBound(first.ToDoubleVector(), want, dtype(), device(), Budget()));
     const Values got = first.ToDoubleVector();
     for (std::int64_t h = 0; h < hidden; ++h) { // rows 0, 1 and 6 get no id: zeros, not poison
         EXPECT_EQ(got[static_cast<std::size_t>(h)], 0.0);
@@ -314,7 +207,8 @@ TEST_P(EmbeddingBagTest, BackwardOfFewDistinctIdsInLongRunsIsExactAndDeterminist
 TEST_P(EmbeddingBagTest, BackwardIsEmbeddingBackwardOfTheBroadcastGradientBitForBit) {
     // The composition the bag replaces: Sum's backward broadcasts dout [N, H] to [T, N, H], EmbeddingBackward sums it.
     // The bag backward runs the same kernels with position t·N + n reading dout row n: the same terms in the same
-    // order, so the same bits, on both devices.
+    // order, so the same bits, on both devices (CUDA: the gather path's promise; the count-GEMM's order is its own).
+    const ScopedEmbeddingBagImpl gather(kernels::EmbeddingBagImpl::kGather);
     const std::int64_t bag = 32;
     const std::int64_t count = 300;
     const std::int64_t hidden = 136;
@@ -344,7 +238,7 @@ TEST_P(EmbeddingBagTest, BackwardOfManyDistinctIdsIsExactOnIntegersAndDeterminis
         Tensor dweight = Poison({vocab, 40}, dtype());
         EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = dweight});
         EXPECT_EQ(dweight.ToDoubleVector(),
-                  RefBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), vocab, 40, 0).value);
+                  RefBagBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), vocab, 40, 0).value);
     }
     const Tensor dout = Random({1024, 40}, dtype(), 67, "dout");
     Tensor first = Tensor::Empty({vocab, 40}, dtype(), device());
@@ -352,13 +246,15 @@ TEST_P(EmbeddingBagTest, BackwardOfManyDistinctIdsIsExactOnIntegersAndDeterminis
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = first});
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = second});
     EXPECT_EQ(HostBytes(second), HostBytes(first)) << "two runs differ";
-    const Reference want = RefBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), vocab, 40, 0);
-    EXPECT_TRUE(WithinBound(first.ToDoubleVector(), want, dtype(), device()));
+    const BagReference want = RefBagBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), vocab, 40, 0);
+    EXPECT_TRUE(WithinBound(first.ToDoubleVector(), want, dtype(), device(), Budget()));
 }
 
 TEST_P(EmbeddingBagTest, BackwardOfAVocabSliceTakesOnlyItsIdsAndConcatenatesToTheUnsplitGradient) {
     // vocab_start > 0 and ids partly outside the slice on both sides; each row sums the same terms in the same order
-    // on every split, so the shards concatenate to the unsplit gradient bit for bit.
+    // on every split, so the shards concatenate to the unsplit gradient bit for bit (CUDA: the gather path's promise;
+    // the count-GEMM of another V_local is another GEMM).
+    const ScopedEmbeddingBagImpl gather(kernels::EmbeddingBagImpl::kGather);
     const std::int64_t vocab = 1001;
     const std::int64_t hidden = 24;
     const Tensor ids = RandomIds({8, 700}, -2, vocab + 2, 68);
@@ -367,7 +263,7 @@ TEST_P(EmbeddingBagTest, BackwardOfAVocabSliceTakesOnlyItsIdsAndConcatenatesToTh
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = full});
     const Values unsplit = full.ToDoubleVector();
     EXPECT_TRUE(WithinBound(unsplit,
-                            RefBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), vocab, hidden, 0),
+                            RefBagBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), vocab, hidden, 0),
                             dtype(), device()));
     for (std::int64_t tp : {2, 3, 8}) {
         SCOPED_TRACE(::testing::Message() << "tp " << tp);
@@ -389,7 +285,7 @@ TEST_P(EmbeddingBagTest, BackwardAccumulatesIntoAFloat32MainGrad) {
     const Tensor ids = RandomIds({32, 64}, 0, 199, 69);
     const Tensor dout = Random({64, 24}, dtype(), 69, "dout");
     Tensor main_grad = Random({200, 24}, DType::kFloat32, 69, "main_grad");
-    Reference want = RefBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), 200, 24, 0);
+    BagReference want = RefBagBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), 200, 24, 0);
     const Values before = main_grad.ToDoubleVector();
     for (std::size_t i = 0; i < before.size(); ++i) {
         want.value[i] += before[i];
@@ -397,7 +293,7 @@ TEST_P(EmbeddingBagTest, BackwardAccumulatesIntoAFloat32MainGrad) {
         want.abs_sum[i] += std::abs(before[i]);
     }
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = main_grad, .accumulate = true});
-    EXPECT_TRUE(WithinBound(main_grad.ToDoubleVector(), want, DType::kFloat32, device()));
+    EXPECT_TRUE(WithinBound(main_grad.ToDoubleVector(), want, DType::kFloat32, device(), Budget()));
 }
 
 TEST_P(EmbeddingBagTest, BackwardOverwritesAFloat32MainGrad) {
@@ -406,16 +302,16 @@ TEST_P(EmbeddingBagTest, BackwardOverwritesAFloat32MainGrad) {
     const Tensor ids = RandomIds({32, 64}, 0, 199, 71);
     const Tensor dout = Random({64, 24}, dtype(), 71, "dout");
     Tensor main_grad = Random({200, 24}, DType::kFloat32, 71, "stale");
-    const Reference want = RefBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), 200, 24, 0);
+    const BagReference want = RefBagBackward(ids.ToDoubleVector(), ids.shape(), dout.ToDoubleVector(), 200, 24, 0);
     EmbeddingBagBackward(EmbeddingBagBackwardArgs{.ids = ids, .dout = dout, .dweight = main_grad, .accumulate = false});
-    EXPECT_TRUE(WithinBound(main_grad.ToDoubleVector(), want, DType::kFloat32, device()));
+    EXPECT_TRUE(WithinBound(main_grad.ToDoubleVector(), want, DType::kFloat32, device(), Budget()));
 }
 
 TEST_P(EmbeddingBagTest, BackwardWithNoPositionsZeroesOrKeepsTheGradient) {
     for (const Shape &shape : {Shape{0, 5}, Shape{4, 0}}) {
         SCOPED_TRACE(ShapeToString(shape));
         const Tensor ids = Tensor::Empty(shape, DType::kInt64, device());
-        const Tensor dout = Random(OutShape(shape, 4), dtype(), 70, "dout");
+        const Tensor dout = Random(BagOutShape(shape, 4), dtype(), 70, "dout");
         Tensor dweight = Random({3, 4}, dtype(), 70, "dweight");
         const Values before = dweight.ToDoubleVector();
         ASSERT_GT(AbsSum(before), 0.0);

@@ -45,4 +45,17 @@ cudaError_t LaunchEmbeddingBackward(const std::int64_t *ids, std::int64_t n, std
                                     std::int64_t rows, std::int64_t hidden, bool accumulate, void *workspace,
                                     std::size_t workspace_bytes, cudaStream_t stream);
 
+/// The leading dimension (elements) of the count matrix of a `rows`-row shard: rows rounded up to a multiple of 8, so
+/// that every row of the matrix starts on a 16-byte boundary (vector stores, and cuBLASLt's aligned kernels).
+std::int64_t EmbeddingBagCountsLd(std::int64_t rows);
+
+/// counts[n, v] = #{t < bag : ids[t·count + n] - vocab_start == v} for v < rows, and 0 for rows <= v < ld
+/// (ld = EmbeddingBagCountsLd(rows)): the [count, ld] row-major matrix of EmbeddingBag's count-GEMM path, in `dtype`
+/// (float32/float16/bfloat16; the caller keeps every count exact in it). Zeroes and counts in one kernel: one block per
+/// bag row, a shared-memory int histogram of a tile of columns (several passes when rows exceed a tile), integer
+/// atomics (exact in any order), then 16-byte stores. `counts` must be 16-byte aligned.
+cudaError_t LaunchEmbeddingBagCounts(const std::int64_t *ids, std::int64_t bag, std::int64_t count,
+                                     std::int64_t vocab_start, std::int64_t rows, DType dtype, void *counts,
+                                     cudaStream_t stream);
+
 } // namespace shardline::kernels::cuda

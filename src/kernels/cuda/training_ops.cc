@@ -1,6 +1,7 @@
 // The default provider's CUDA ops for training beyond the Linear layers: embedding, cross-entropy stages, optimizer
 // steps. The op wrappers in src/kernels have validated shapes, dtypes, devices and contiguity (and settled the empty
-// cases); these pick a kernel and launch it on the context stream.
+// cases); these pick a kernel and launch it on the context stream. EmbeddingBag picks between its gather kernels and
+// the count matrix + one Gemm (ChooseEmbeddingBagImpl, include/shardline/kernels/embedding.h).
 
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,8 @@
 #include <shardline/core/context.h>
 #include <shardline/core/error.h>
 #include <shardline/core/tensor.h>
+#include <shardline/kernels/embedding.h>
+#include <shardline/kernels/gemm.h>
 
 #include "cross_entropy_kernels.h"
 #include "cuda_ops.h"
@@ -84,12 +87,63 @@ void CudaEmbeddingForward(const EmbeddingForwardArgs &args) {
                                                 args.out.data(), ctx.stream()));
 }
 
+namespace {
+
+/// The bag ops' problem for ChooseEmbeddingBagImpl: ids [T, N] over a [rows, hidden] shard, counts in `dtype`.
+EmbeddingBagProblem BagProblem(const Tensor &ids, std::int64_t rows, std::int64_t hidden, DType dtype,
+                               const CudaContext &ctx) {
+    const std::int64_t bag = ids.size(0);
+    return {.bag = bag,
+            .count = bag == 0 ? 0 : ids.numel() / bag,
+            .rows = rows,
+            .hidden = hidden,
+            .dtype = dtype,
+            .tf32 = ctx.allow_tf32()};
+}
+
+/// The count matrix C [N, ld] (row-major, ld = EmbeddingBagCountsLd(rows), columns rows..ld-1 zero) of the problem's
+/// ids, in its dtype: stream-ordered scratch from the device's pool, freed (stream-ordered) when the caller drops it
+/// after queuing the GEMM that reads it, so the pool hands the same bytes to the next step.
+std::shared_ptr<Storage> CountMatrix(const Tensor &ids, const EmbeddingBagProblem &p, std::int64_t vocab_start,
+                                     CudaContext &ctx) {
+    const std::int64_t ld = EmbeddingBagCountsLd(p.rows);
+    const std::shared_ptr<Storage> counts =
+        Storage::Allocate(static_cast<std::size_t>(p.count * ld) * ElementSize(p.dtype), ids.device());
+    SHARDLINE_CHECK_CUDA(
+        LaunchEmbeddingBagCounts(I64(ids), p.bag, p.count, vocab_start, p.rows, p.dtype, counts->data(), ctx.stream()));
+    return counts;
+}
+
+} // namespace
+
 void CudaEmbeddingBagForward(const EmbeddingBagForwardArgs &args) {
     CudaContext &ctx = CudaContext::Get(args.out.device().index);
-    const std::int64_t bag = args.ids.size(0);
-    SHARDLINE_CHECK_CUDA(LaunchEmbeddingBagForward(
-        I64(args.ids), bag, bag == 0 ? 0 : args.ids.numel() / bag, args.vocab_start, args.weight.data(),
-        args.weight.size(0), args.weight.size(1), args.weight.dtype(), args.out.data(), ctx.stream()));
+    const Tensor &weight = args.weight;
+    const EmbeddingBagProblem p = BagProblem(args.ids, weight.size(0), weight.size(1), weight.dtype(), ctx);
+    if (ChooseEmbeddingBagImpl(p, GetEmbeddingBagImpl(), EmbeddingBagForwardOp::kName) == EmbeddingBagImpl::kGather) {
+        SHARDLINE_CHECK_CUDA(LaunchEmbeddingBagForward(I64(args.ids), p.bag, p.count, args.vocab_start, weight.data(),
+                                                       p.rows, p.hidden, weight.dtype(), args.out.data(),
+                                                       ctx.stream()));
+        return;
+    }
+    const std::shared_ptr<Storage> counts = CountMatrix(args.ids, p, args.vocab_start, ctx);
+    // out [N, H] = C [N, V] · W [V, H] (row-major). Column-major: outᵀ (H×N, ld H) = Wᵀ (H×V: W row-major [V, H] with
+    // ld H) · Cᵀ (V×N: C row-major [N, ld] is column-major ld×N, whose first V rows are read), so m = H, n = N, k = V,
+    // no transposes. beta = 0: out is overwritten.
+    Gemm(GemmParams{.m = p.hidden,
+                    .n = p.count,
+                    .k = p.rows,
+                    .a = weight.data(),
+                    .lda = p.hidden,
+                    .a_type = weight.dtype(),
+                    .b = counts->data(),
+                    .ldb = EmbeddingBagCountsLd(p.rows),
+                    .b_type = weight.dtype(),
+                    .c = args.out.data(),
+                    .ldc = p.hidden,
+                    .c_type = args.out.dtype(),
+                    .beta = 0.0,
+                    .device = args.out.device()});
 }
 
 namespace {
@@ -125,8 +179,35 @@ void CudaEmbeddingBackward(const EmbeddingBackwardArgs &args) {
 
 void CudaEmbeddingBagBackward(const EmbeddingBagBackwardArgs &args) {
     // The wrapper has settled T = 0 and N = 0 (no ids): here every bag is non-empty and N = numel / T > 0.
-    SortedEmbeddingBackward(EmbeddingBagBackwardOp::kName, args.ids, args.dout, args.ids.numel() / args.ids.size(0),
-                            args.dweight, args.vocab_start, args.accumulate);
+    CudaContext &ctx = CudaContext::Get(args.dweight.device().index);
+    const Tensor &dout = args.dout;
+    Tensor &dweight = args.dweight;
+    const EmbeddingBagProblem p = BagProblem(args.ids, dweight.size(0), dweight.size(1), dout.dtype(), ctx);
+    if (ChooseEmbeddingBagImpl(p, GetEmbeddingBagImpl(), EmbeddingBagBackwardOp::kName) == EmbeddingBagImpl::kGather) {
+        SortedEmbeddingBackward(EmbeddingBagBackwardOp::kName, args.ids, dout, p.count, dweight, args.vocab_start,
+                                args.accumulate);
+        return;
+    }
+    const std::shared_ptr<Storage> counts = CountMatrix(args.ids, p, args.vocab_start, ctx);
+    // dW [V, H] (+)= Cᵀ [V, N] · dout [N, H] (row-major), i.e. dWᵀ = doutᵀ · C. Column-major: dWᵀ (H×V, ld H) =
+    // doutᵀ (H×N: dout row-major [N, H] with ld H) · op(B) (N×V), where B is the column-major V×N view of C
+    // (row-major [N, ld], its first V rows read) and op(B) = Bᵀ = C: m = H, n = V, k = N, trans_b. beta = 1 adds into
+    // dweight (its own dtype: a float32 main grad for half dout), beta = 0 overwrites it, rows no id hits included.
+    Gemm(GemmParams{.trans_b = true,
+                    .m = p.hidden,
+                    .n = p.rows,
+                    .k = p.count,
+                    .a = dout.data(),
+                    .lda = p.hidden,
+                    .a_type = dout.dtype(),
+                    .b = counts->data(),
+                    .ldb = EmbeddingBagCountsLd(p.rows),
+                    .b_type = dout.dtype(),
+                    .c = dweight.data(),
+                    .ldc = p.hidden,
+                    .c_type = dweight.dtype(),
+                    .beta = args.accumulate ? 1.0 : 0.0,
+                    .device = dweight.device()});
 }
 
 void CudaCrossEntropyRowMax(const CrossEntropyRowMaxArgs &args) {

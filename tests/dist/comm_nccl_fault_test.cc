@@ -62,20 +62,23 @@ protected:
     /// Healthy ranks: an all_reduce that the skipper never joins, as the communicator's first call, so that on a
     /// blocking communicator the issuing thread may block inside NCCL (its connection setup waits for the absent
     /// peer) and only the watchdog's ncclCommAbort releases it; else the enqueue returns and the kernel waits (phase
-    /// 2). Returns the CommError's text and its time from the call; prints which phase it was.
-    static std::string FirstCallOnAbsentPeer(comm::Communicator& c, double& elapsed) {
+    /// 2). Returns the CommError's text and its time from the call, and whether the enqueue returned; prints which
+    /// phase it was.
+    static std::string FirstCallOnAbsentPeer(comm::Communicator& c, double& elapsed, bool* enqueued_out = nullptr) {
         Tensor t = Tensor::Full({kFaultCount}, 1.0, DType::kFloat32, MyGpu());
         const auto start = Clock::now();
         bool enqueued = false;
+        bool& enqueued_ref = enqueued_out != nullptr ? *enqueued_out : enqueued;
+        enqueued_ref = false;
         try {
             comm::WorkHandle work = c.AllReduce(t, ReduceOp::kSum);
-            enqueued = true;
+            enqueued_ref = true;
             work->Wait(/*host=*/true);
             ADD_FAILURE() << "all_reduce with a rank missing completed";
         } catch (const CommError& e) {
             elapsed = SecondsSince(start);
             std::printf("[ measured ] rank %d: CommError %s after %.2f s: %s\n", c.rank(),
-                        enqueued ? "from the wait (the enqueue returned)" : "from the call (blocked inside NCCL)",
+                        enqueued_ref ? "from the wait (the enqueue returned)" : "from the call (blocked inside NCCL)",
                         elapsed, e.what());
             return e.what();
         }
@@ -165,9 +168,16 @@ TEST_F(NcclFaultTest, FirstCallOnAnAbsentPeerRaisesCommErrorAfterTheTimeout) {
     comm::Communicator& c = Fresh("fault first call", /*warm_up=*/false);
     if (c.rank() != Skipper()) {
         double elapsed = 0;
-        const std::string what = FirstCallOnAbsentPeer(c, elapsed);
+        bool enqueued = false;
+        const std::string what = FirstCallOnAbsentPeer(c, elapsed, &enqueued);
         EXPECT_GE(elapsed, std::chrono::duration<double>(kTimeout).count() - 0.1) << what;
         EXPECT_LE(elapsed, std::chrono::duration<double>(kTimeout + kSlack).count()) << what;
+        if (!enqueued) {
+            // Phase 1: only the abort releases the call, and a timeout's abort waits AbortGrace (1 s at a 5 s timeout)
+            // after the deadline: it also ends any earlier kernel still running (nccl_state.cc, WatchdogLoop).
+            EXPECT_THAT(what, HasSubstr("phase 1: enqueue, blocked inside NCCL"));
+            EXPECT_GE(elapsed, std::chrono::duration<double>(kTimeout).count() + 1.0 - 0.1) << what;
+        }
         EXPECT_THAT(what, HasSubstr("all_reduce(sum) #1"));
         EXPECT_THAT(what, HasSubstr("'fault first call'"));
         EXPECT_THAT(what, HasSubstr("elapsed"));

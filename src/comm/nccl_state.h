@@ -56,9 +56,9 @@ inline constexpr auto kMaxFinalize = std::chrono::seconds(30);
 inline Clock::duration AbortGrace(Clock::duration timeout) {
     return std::min<Clock::duration>(std::chrono::seconds(1), timeout / 4);
 }
-// An abort requested (Abort(), an asynchronous error, a kernel timeout) while the issuing thread has been inside NCCL
-// this long is carried out from the watchdog, concurrently (enqueue_watch.h): the thread is blocked there, not
-// enqueueing.
+// An abort requested (Abort(), an asynchronous error, a timeout) and due (a timeout's after AbortGrace) while the
+// issuing thread has been inside NCCL this long is carried out from the watchdog, concurrently (enqueue_watch.h): the
+// thread is blocked there, not enqueueing.
 inline constexpr auto kInsideNcclGrace = std::chrono::seconds(1);
 
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

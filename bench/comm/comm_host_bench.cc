@@ -8,10 +8,13 @@
 //                         too): record on compute, side waits, all_reduce, record done, compute waits
 //   nccl_nonblocking      bare ncclAllReduce on a non-blocking communicator, then ncclCommGetAsyncError polled until
 //                         it leaves ncclInProgress (what every non-blocking user must do before trusting the enqueue)
-//   shardline             world.AllReduce(t)->Wait(false): the non-blocking world communicator, as layers call it
+//   shardline             world.AllReduce(t)->Wait(false): the world communicator as layers call it, on the default
+//                         path (collectives on a blocking NCCL communicator; SHARDLINE_NCCL_BLOCKING=0 changes it)
 //   shardline_nowait      world.AllReduce(t), handle dropped (the watchdog retires it)
 //   shardline_hostwait    world.AllReduce(t)->Wait(true)
 //   shardline_blocking    Communicator::FromNcclComm(a blocking communicator)->AllReduce(t)->Wait(false)
+//   shardline_nonblocking a second world made with SHARDLINE_NCCL_BLOCKING=0 (collectives on the non-blocking
+//                         communicator, the default before issue 18 item 3)->AllReduce(t)->Wait(false)
 //
 // Three numbers per case, each the max over ranks, median over --rounds:
 //   host_us   host wall time per call of --iters back-to-back calls, before any synchronisation (the host path);
@@ -19,16 +22,19 @@
 //   event_us  CUDA-event time around each call (+ its wait) on the compute stream, median over --iters calls, with no
 //             host sync in between: what shardline-comm-bench and torch's bench/peers/comm_peer.py report as "us per
 //             call" (the GPU waits on the host between the events, so it is host path + kernel when host-bound).
-// Ratios printed last: shardline / nccl_nonblocking, shardline_blocking / nccl_blocking_events, and each against
-// nccl_blocking (the issue-18 target: the per-call host path within 1.2× a bare ncclAllReduce).
+// Ratios printed last: the default path (shardline) against bare blocking calls (nccl_blocking, the issue-18 target:
+// within 1.2x a bare ncclAllReduce; nccl_blocking_events, the same with a side stream's four event calls) and against
+// bare non-blocking calls (nccl_nonblocking), and the non-blocking path (shardline_nonblocking) against both.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +46,7 @@
 
 #include <shardline/comm/communicator.h>
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/random.h>
 #include <shardline/core/tensor.h>
@@ -60,7 +67,7 @@ struct Options {
     int iters = 2000;
     int rounds = 5;
     std::string cases_text = "nccl_blocking,nccl_blocking_group,nccl_blocking_events,nccl_nonblocking,shardline,"
-                             "shardline_nowait,shardline_hostwait,shardline_blocking";
+                             "shardline_nowait,shardline_hostwait,shardline_blocking,shardline_nonblocking";
     std::string dtype_text = "bf16";
     std::string json;
 };
@@ -80,7 +87,8 @@ int ParseCommandLine(int argc, char** argv, Options& o) {
     app.add_option("--cases", o.cases_text, "cases, comma-separated")
         ->type_name("LIST")
         ->check(bench::ListOf({"nccl_blocking", "nccl_blocking_group", "nccl_blocking_events", "nccl_nonblocking",
-                               "shardline", "shardline_nowait", "shardline_hostwait", "shardline_blocking"}));
+                               "shardline", "shardline_nowait", "shardline_hostwait", "shardline_blocking",
+                               "shardline_nonblocking"}));
     app.add_option("--dtype", o.dtype_text, "element type (bf16, fp16, fp32)")
         ->check(bench::AcceptedBy([](const std::string& text) { ParseDType(text); }, "DTYPE"));
     app.add_option("--json", o.json, "append one JSON line per case to PATH")->type_name("PATH");
@@ -201,6 +209,16 @@ int Run(launch::Environment& env, const Options& o) {
     // Borrowed: destroyed before `blocking` is.
     std::unique_ptr<comm::Communicator> over_blocking =
         comm::Communicator::FromNcclComm(blocking, {.name = "bench-blocking"});
+    // The non-blocking path: SHARDLINE_NCCL_BLOCKING is read when a communicator is created.
+    const std::optional<std::string> blocking_env = env::Get("SHARDLINE_NCCL_BLOCKING");
+    ::setenv("SHARDLINE_NCCL_BLOCKING", "0", 1);
+    std::unique_ptr<comm::Communicator> nonblocking_world =
+        comm::Communicator::CreateNcclWorld(env.host_world(), device, "bench-nonblocking-world");
+    if (blocking_env) {
+        ::setenv("SHARDLINE_NCCL_BLOCKING", blocking_env->c_str(), 1);
+    } else {
+        ::unsetenv("SHARDLINE_NCCL_BLOCKING");
+    }
 
     std::map<std::string, std::function<void()>> calls;
     calls["nccl_blocking"] = [&] {
@@ -230,6 +248,7 @@ int Run(launch::Environment& env, const Options& o) {
     calls["shardline_nowait"] = [&] { (void)world.AllReduce(t, comm::ReduceOp::kSum); };
     calls["shardline_hostwait"] = [&] { world.AllReduce(t, comm::ReduceOp::kSum)->Wait(true); };
     calls["shardline_blocking"] = [&] { over_blocking->AllReduce(t, comm::ReduceOp::kSum)->Wait(false); };
+    calls["shardline_nonblocking"] = [&] { nonblocking_world->AllReduce(t, comm::ReduceOp::kSum)->Wait(false); };
 
     const std::vector<std::string> cases = bench::SplitList(o.cases_text);
     std::map<std::string, std::vector<Sample>> samples;
@@ -257,9 +276,10 @@ int Run(launch::Environment& env, const Options& o) {
         const std::string commit = bench::Commit();
         const std::string date = bench::NowUtc();
         std::printf("# shardline-comm-host-bench: %d rank(s), %s, NCCL %d, %s, %lld bytes, commit %s, %s; "
-                    "max over ranks, median of %d rounds of %d calls\n",
+                    "max over ranks, median of %d rounds of %d calls; world: SHARDLINE_NCCL_BLOCKING=%s\n",
                     env.world_size(), prop.name, nccl_version, std::string(DTypeName(dtype)).c_str(),
-                    static_cast<long long>(o.bytes), commit.c_str(), date.c_str(), o.rounds, o.iters);
+                    static_cast<long long>(o.bytes), commit.c_str(), date.c_str(), o.rounds, o.iters,
+                    blocking_env.value_or("unset (1)").c_str());
         std::printf("%-22s %10s %10s %10s\n", "case", "host_us", "e2e_us", "event_us");
         std::ofstream json;
         if (!o.json.empty()) {
@@ -292,13 +312,17 @@ int Run(launch::Environment& env, const Options& o) {
                             median[a].event_us / median[b].event_us);
             }
         };
-        ratio("shardline", "nccl_nonblocking");
         ratio("shardline", "nccl_blocking");
-        ratio("shardline_blocking", "nccl_blocking_events");
+        ratio("shardline", "nccl_blocking_events");
+        ratio("shardline", "nccl_nonblocking");
+        ratio("shardline", "shardline_nonblocking");
         ratio("shardline_blocking", "nccl_blocking");
+        ratio("shardline_nonblocking", "nccl_nonblocking");
+        ratio("shardline_nonblocking", "nccl_blocking");
     }
 
     SHARDLINE_CHECK_CUDA(cudaDeviceSynchronize());
+    nonblocking_world.reset();
     over_blocking.reset();
     (void)ncclCommDestroy(blocking);
     ncclResult_t r = ncclCommFinalize(nonblocking);

@@ -46,11 +46,20 @@ void ExchangeRecords(NcclState& s, const std::int64_t* mine, std::int64_t words,
     // Pageable host → device: staged at once, no wait on the stream.
     SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(send, mine, static_cast<std::size_t>(words) * sizeof(std::int64_t),
                                          cudaMemcpyHostToDevice, s.stream));
+    const ncclComm_t comm = s.comm;
     const auto start = Clock::now();
     SHARDLINE_CHECK_NCCL(ncclGroupStart());
-    const ncclResult_t gather = ncclAllGather(send, recv, static_cast<std::size_t>(words), ncclInt64, s.comm, s.stream);
+    // As a collective's enqueue (nccl_collectives.cc): it may block inside NCCL, where the watchdog's abort releases
+    // it.
+    s.enqueue.Enter(start);
+    WakeWatchdog(s);
+    const ncclResult_t gather = ncclAllGather(send, recv, static_cast<std::size_t>(words), ncclInt64, comm, s.stream);
     const ncclResult_t end = ncclGroupEnd();
-    WaitLeftInProgress(s, {s.comm}, gather != ncclSuccess && gather != ncclInProgress ? gather : end, api, what, start);
+    s.enqueue.Leave();
+    if (s.abort_done) {
+        s.ThrowAborted(api);
+    }
+    WaitLeftInProgress(s, {comm}, gather != ncclSuccess && gather != ncclInProgress ? gather : end, api, what, start);
     SHARDLINE_CHECK_CUDA(cudaEventRecord(s.check_event, s.stream));
     const auto timeout = CommTimeout();
     Backoff backoff;
@@ -63,7 +72,7 @@ void ExchangeRecords(NcclState& s, const std::int64_t* mine, std::int64_t words,
             SHARDLINE_CHECK_CUDA(q);
         }
         ncclResult_t async = ncclSuccess;
-        SHARDLINE_CHECK_NCCL(ncclCommGetAsyncError(s.comm, &async));
+        SHARDLINE_CHECK_NCCL(ncclCommGetAsyncError(comm, &async));
         SHARDLINE_CHECK_AS(CommError, async == ncclSuccess || async == ncclInProgress, api,
                            "{} failed asynchronously: {}", what, ncclGetErrorString(async));
         if (s.abort_requested) {

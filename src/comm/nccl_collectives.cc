@@ -46,6 +46,7 @@ struct FirstError {
 
 /// Appends `op` to the watchdog's list, waking the watchdog only when it sleeps without a deadline (it has been idle
 /// for kWatchdogIdlePolls polls); otherwise it finds the op on its next poll. No notify per call: watchdog_wake.h.
+/// Ops are appended in issue order under nccl_mutex, so at most the last one is not yet recorded.
 void Track(NcclState& s, const std::shared_ptr<NcclOp>& op) {
     bool asleep = false;
     {
@@ -78,10 +79,12 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
     std::shared_ptr<NcclOp> op;
     {
         NcclLock lock(s);
-        if (s.comm == nullptr || s.abort_requested) {
+        const ncclComm_t comm = s.comm;
+        if (comm == nullptr || s.abort_requested) {
             s.ThrowAborted(issue.api);
         }
         const std::int64_t seq = ++s.seq;
+        bool tracked = false;
         try {
             op = std::make_shared<NcclOp>();
             op->state = state_;
@@ -102,45 +105,54 @@ template <class Enqueue> WorkHandle NcclCommunicator::Issue(const NcclIssue& iss
             // producers): one record + one stream wait, both asynchronous; torch's ProcessGroupNCCL pays the same.
             SHARDLINE_CHECK_CUDA(cudaEventRecord(s.ready_event, compute));
             SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(s.stream, s.ready_event, 0));
+            if (!captured) {
+                // Tracked before the enqueue, while nccl_mutex is held: the watchdog sees a call blocked inside NCCL
+                // (enqueue_watch.h), and an abort (NcclLock's destructor, the watchdog) fails this op instead of
+                // leaving it pending, to be reported done once the aborted kernel's event fires.
+                Track(s, op);
+                tracked = true;
+            } else {
+                WakeWatchdog(s); // not tracked, but a blocked enqueue is still the watchdog's to release
+            }
             if (enqueue.HasWork()) {
                 SHARDLINE_CHECK_NCCL(ncclGroupStart());
                 ncclResult_t first_error = ncclSuccess;
+                // On a blocking communicator ncclGroupEnd enqueues on this thread and may block inside NCCL (a
+                // connection to a peer that never comes): the watchdog aborts it after the timeout. Leave() waits for
+                // such an abort to be carried out.
+                s.enqueue.Enter(op->issued);
                 try {
-                    first_error = enqueue(s.comm, s.stream);
+                    first_error = enqueue(comm, s.stream);
                 } catch (...) {
                     (void)ncclGroupEnd();
+                    s.enqueue.Leave();
                     throw;
                 }
                 const ncclResult_t end = ncclGroupEnd();
+                s.enqueue.Leave();
+                if (s.abort_done) {
+                    s.ThrowAborted(issue.api); // released by the watchdog's abort: nothing more is called on it
+                }
                 const ncclResult_t returned = first_error != ncclSuccess ? first_error : end;
                 // ncclSuccess: NCCL launched the group on this thread (a blocking communicator, or a group with
                 // nothing to do): nothing is in progress, so phase 1 is over without a poll. Asynchronous errors
                 // of the running kernel are the watchdog's (phase 2). Otherwise (a non-blocking communicator's
                 // group runs on an NCCL thread and returns ncclInProgress) poll until it has left ncclInProgress.
                 if (returned != ncclSuccess) {
-                    try {
-                        WaitLeftInProgress(s, {s.comm}, returned, issue.api,
-                                           std::function<std::string()>([&op] { return op->Describe(); }), op->issued);
-                    } catch (...) {
-                        // Kernels may already be queued on s.stream and still touch the kept tensors: track the op
-                        // as failed so the watchdog releases them only once its done-event has fired (after the
-                        // abort this failure leads to).
-                        op->status = NcclOp::kFailed;
-                        if (!captured) {
-                            (void)cudaEventRecord(op->done, s.stream);
-                            Track(s, op);
-                        }
-                        throw;
-                    }
+                    WaitLeftInProgress(s, {comm}, returned, issue.api,
+                                       std::function<std::string()>([&op] { return op->Describe(); }), op->issued);
                 }
             }
             SHARDLINE_CHECK_CUDA(cudaEventRecord(op->done, s.stream));
-            if (!captured) {
-                // Registered before nccl_mutex is released: an abort carried out by NcclLock's destructor must see
-                // this op, or it would stay pending and be reported done once the aborted kernel's event fires.
-                Track(s, op);
-            }
+            op->recorded = true;
         } catch (...) {
+            if (tracked && !op->recorded) {
+                // Kernels may already be queued on s.stream and still touch the kept tensors: the op fails, and the
+                // watchdog releases them only once its done-event has fired (after the abort this failure leads to).
+                op->status = NcclOp::kFailed;
+                (void)cudaEventRecord(op->done, s.stream);
+                op->recorded = true;
+            }
             s.NoteAbortAndRethrow(issue, "issuing");
         }
     }

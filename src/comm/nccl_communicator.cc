@@ -1,20 +1,52 @@
 #include "comm/nccl_communicator.h"
 
+#include <algorithm>
+
 #include <shardline/core/context.h>
 
 // The NCCL communicator's life: creation (stream, events, watchdog), destruction (orderly finalize, or abort when
 // work is overdue; a borrowed communicator is left to its owner) and Abort.
 
 namespace shardline::comm::detail {
+namespace {
+
+/// ncclCommFinalize (polled on a non-blocking communicator until `deadline`), then ncclCommDestroy; ncclCommAbort if
+/// the finalize does not complete. The work in flight has finished, so a blocking communicator's finalize returns
+/// without waiting for peers.
+void FinalizeAndDestroy(ncclComm_t comm, const std::string& name, Clock::time_point deadline) noexcept {
+    ncclResult_t r = ncclCommFinalize(comm);
+    Backoff backoff;
+    while (r == ncclInProgress && Clock::now() < deadline) {
+        backoff.Pause();
+        ncclResult_t async = ncclInProgress;
+        if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) {
+            async = ncclInternalError;
+        }
+        r = async;
+    }
+    if (r == ncclSuccess) {
+        (void)ncclCommDestroy(comm);
+        return;
+    }
+    try {
+        SHARDLINE_LOG_WARN("NCCL communicator '{}': ncclCommFinalize did not complete ({}); aborting", name,
+                           ncclGetErrorString(r));
+    } catch (...) {
+    }
+    (void)ncclCommAbort(comm);
+}
+
+} // namespace
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Communicator
 
-NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::string name, bool owned)
+NcclCommunicator::NcclCommunicator(NcclComms comms, int device, int rank, int size, std::string name, bool owned)
     : state_(std::make_shared<NcclState>()), device_(device), rank_(rank), size_(size), name_(std::move(name)),
       owned_(owned) {
     NcclState& s = *state_;
-    s.comm = comm;
+    s.comm = comms.collectives;
+    s.control = comms.control;
     s.device = device;
     s.rank = rank;
     s.size = size;
@@ -38,9 +70,14 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int device, int rank, int si
         // The other ranks finished creating their side: leave the NCCL communicator in a state they can detect. A
         // borrowed one is the caller's to deal with.
         if (owned_) {
-            (void)ncclCommAbort(s.comm);
+            for (ncclComm_t c : {comms.collectives, comms.control}) {
+                if (c != nullptr) {
+                    (void)ncclCommAbort(c);
+                }
+            }
         }
         s.comm = nullptr;
+        s.control = nullptr;
         if (s.barrier_buffer != nullptr) {
             (void)cudaFreeAsync(s.barrier_buffer, s.stream);
         }
@@ -81,70 +118,111 @@ NcclCommunicator::~NcclCommunicator() {
         }
         {
             std::unique_lock lock(s.nccl_mutex);
-            // Work still running is the normal state after Wait(host=false): finalize lets it complete (bounded
-            // below). Only overdue work, or an abort already asked for, ends in ncclCommAbort.
-            bool overdue = false;
+            // Work still running is the normal state after Wait(host=false): it may complete (bounded below) before
+            // the communicators are finalized. Only overdue work, or an abort already asked for, ends in
+            // ncclCommAbort. (No op is mid-enqueue: the destructor does not run beside a call on this object.)
             const auto now = Clock::now();
-            for (auto& op : ops) {
-                const cudaError_t q = cudaEventQuery(op->done);
-                if (q == cudaSuccess) {
-                    // After an abort request a fired done-event proves nothing (the watchdog's rule, nccl_state.cc).
-                    int expected = NcclOp::kPending;
-                    op->status.compare_exchange_strong(expected, s.abort_requested ? NcclOp::kFailed : NcclOp::kDone);
-                } else {
-                    (void)cudaGetLastError();
-                    overdue = overdue || (op->status == NcclOp::kPending && now - op->issued > CommTimeout());
+            const auto timeout = CommTimeout();
+            bool late = false; // a done-event fired only after its op's deadline: a timeout (AbortGrace, nccl_state.h)
+            const auto overdue = [&] {
+                return std::any_of(ops.begin(), ops.end(), [&](const std::shared_ptr<NcclOp>& op) {
+                    return op->status == NcclOp::kPending && now - op->issued > timeout;
+                });
+            };
+            const auto drained = [&] {
+                bool all = true;
+                const auto t = Clock::now();
+                for (auto& op : ops) {
+                    if (!op->recorded) {
+                        all = false;
+                        continue;
+                    }
+                    const cudaError_t q = cudaEventQuery(op->done);
+                    if (q == cudaSuccess) {
+                        // After an abort request, or after the op's deadline, a fired done-event proves nothing (the
+                        // watchdog's rule, nccl_state.cc): a peer's aborted kernel may have completed it with garbage.
+                        const bool past_deadline = t - op->issued > timeout;
+                        int expected = NcclOp::kPending;
+                        if (op->status.compare_exchange_strong(
+                                expected, s.abort_requested || past_deadline ? NcclOp::kFailed : NcclOp::kDone)) {
+                            late = late || past_deadline;
+                        }
+                    } else {
+                        (void)cudaGetLastError();
+                        all = false;
+                    }
                 }
-            }
-            if (s.comm != nullptr) {
-                if ((overdue || s.abort_requested) && !owned_) {
+                return all;
+            };
+            // A timeout's abort of this work is due AbortGrace after the oldest unfinished op's deadline (the
+            // watchdog's rule), but at most AbortGrace from now: with a timeout longer than kMaxFinalize the drain
+            // gives up before that deadline, and a destructor does not wait out the timeout.
+            const auto timeout_abort_due = [&] {
+                for (auto& op : ops) {
+                    if (op->status != NcclOp::kDone) {
+                        return std::min(op->issued + timeout, Clock::now()) + AbortGrace(timeout);
+                    }
+                }
+                return Clock::time_point{};
+            };
+            bool done = drained();
+            const bool abort = overdue() || late || s.abort_requested;
+            if (s.comm != nullptr && !owned_) {
+                if (abort) {
                     // Borrowed: aborting frees the caller's communicator, and after this destructor nothing could
                     // tell the caller so; leave it to them, loudly.
                     SHARDLINE_LOG_ERROR("borrowed NCCL communicator '{}' released with {}: shardline does not abort "
                                         "a communicator it does not own; its owner should ncclCommAbort it",
-                                        s.name, overdue ? "overdue work in flight" : "an abort pending");
-                    s.comm = nullptr;
-                } else if (overdue || s.abort_requested) {
-                    s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name));
-                    // A timeout's abort waits out its grace (at most AbortGrace): aborting sooner could complete a
-                    // healthy peer's collective with garbage (nccl_state.h).
-                    std::this_thread::sleep_until(s.AbortNotBefore());
-                    s.AbortLocked();
-                } else if (!owned_) {
-                    // Borrowed (FromNcclComm): the caller finalizes and destroys it. Work still running stays ordered
-                    // before the compute stream (below).
-                    s.comm = nullptr;
+                                        s.name, s.abort_requested ? "an abort pending" : "overdue work in flight");
+                }
+                // Otherwise the caller finalizes and destroys it; work still running stays ordered before the compute
+                // stream (below).
+                s.comm = nullptr;
+                s.control = nullptr;
+            } else if (abort) {
+                s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with overdue work in flight", s.name),
+                            timeout_abort_due());
+                // A timeout's abort waits out its grace (at most AbortGrace): aborting sooner could complete a
+                // healthy peer's collective with garbage (nccl_state.h).
+                std::this_thread::sleep_until(s.AbortNotBefore());
+                s.AbortNow();
+            } else if (s.comm != nullptr) {
+                // Orderly: let the work in flight finish, then flush, quiesce and free each communicator. A blocking
+                // communicator's ncclCommFinalize waits for its kernels on this thread, hence the drain first; a peer
+                // that never arrives ends in abort.
+                const auto start = Clock::now();
+                const auto limit = std::min<Clock::duration>(timeout, kMaxFinalize);
+                Backoff backoff;
+                while (!done && !late && Clock::now() - start < limit) {
+                    backoff.Pause();
+                    done = drained();
+                }
+                if (!done || late) {
+                    SHARDLINE_LOG_WARN("NCCL communicator '{}': work {} after {:.1f} s; aborting", s.name,
+                                       late ? "finished past its deadline" : "still in flight",
+                                       Seconds(Clock::now() - start));
+                    s.NoteAbort(fmt::format("NCCL communicator '{}' destroyed with work that did not finish", s.name),
+                                timeout_abort_due());
+                    std::this_thread::sleep_until(s.AbortNotBefore()); // as above
+                    s.AbortNow();
                 } else {
-                    // Orderly: flush, wait (bounded) for NCCL to quiesce, free. A peer that never arrives ends in
-                    // abort.
-                    ncclResult_t r = ncclCommFinalize(s.comm);
-                    const auto start = Clock::now();
-                    const auto limit = std::min<Clock::duration>(CommTimeout(), kMaxFinalize);
-                    Backoff backoff;
-                    while (r == ncclInProgress && Clock::now() - start < limit) {
-                        backoff.Pause();
-                        ncclResult_t async = ncclInProgress;
-                        if (ncclCommGetAsyncError(s.comm, &async) != ncclSuccess) {
-                            async = ncclInternalError;
+                    for (std::atomic<ncclComm_t>* c : {&s.comm, &s.control}) {
+                        if (ncclComm_t handle = c->exchange(nullptr); handle != nullptr) {
+                            FinalizeAndDestroy(handle, s.name, start + limit);
                         }
-                        r = async;
                     }
-                    if (r == ncclSuccess) {
-                        (void)ncclCommDestroy(s.comm);
-                    } else {
-                        SHARDLINE_LOG_WARN("NCCL communicator '{}': ncclCommFinalize did not complete ({}); aborting",
-                                           s.name, ncclGetErrorString(r));
-                        (void)ncclCommAbort(s.comm);
-                    }
-                    s.comm = nullptr;
                 }
             }
             for (auto& op : ops) {
                 // After a finalize the work completed; after an abort whatever had not finished failed.
-                const cudaError_t q = cudaEventQuery(op->done);
-                (void)cudaGetLastError();
+                cudaError_t q = cudaErrorNotReady;
+                if (op->recorded) {
+                    q = cudaEventQuery(op->done);
+                    (void)cudaGetLastError();
+                }
                 int expected = NcclOp::kPending;
-                op->status.compare_exchange_strong(expected, q == cudaSuccess ? NcclOp::kDone : NcclOp::kFailed);
+                op->status.compare_exchange_strong(expected, q == cudaSuccess && !s.abort_requested ? NcclOp::kDone
+                                                                                                    : NcclOp::kFailed);
             }
         }
         s.NoteAbort(fmt::format("NCCL communicator '{}' was destroyed", s.name)); // for handles that outlive it

@@ -1,8 +1,13 @@
 #pragma once
 
-// The NCCL backend: CUDA tensors (float32, float16, bfloat16) over a non-blocking NCCL communicator. Private to the
-// library; programs get one through Communicator::CreateNcclWorld, Communicator::FromNcclComm and Split. Arguments
-// are validated by Communicator (communicator.cc) before any hook here runs. The files are listed in nccl_state.h.
+// The NCCL backend: CUDA tensors (float32, float16, bfloat16, float64, int64). Private to the library; programs get
+// one through Communicator::CreateNcclWorld, Communicator::FromNcclComm and Split. Arguments are validated by
+// Communicator (communicator.cc) before any hook here runs. The files are listed in nccl_state.h.
+//
+// Two NCCL communicators per group that shardline creates: a non-blocking one made under the timeout (init, Split) and
+// a blocking split of it that the collectives run on, because a non-blocking communicator's ncclGroupEnd hands every
+// group to a new NCCL thread (NCCL >= 2.23), which costs ~80 us per call. SHARDLINE_NCCL_BLOCKING=0 runs the
+// collectives on the non-blocking one instead. A borrowed communicator (FromNcclComm) is used as it is.
 //
 // Streams and events: every collective runs on a communication stream owned by the communicator. The issuing thread
 // records an event on the compute stream (CudaContext::Get(device).stream()), makes the communication stream wait on
@@ -11,7 +16,8 @@
 // stay referenced until it has completed (or until the compute stream is ordered after it), because tensors are
 // freed stream-ordered on the compute stream.
 //
-// Faults, in two phases: (1) on the issuing thread, until NCCL has left ncclInProgress (the enqueue is done);
+// Faults, in two phases: (1) until the enqueue is done: on the issuing thread, until NCCL has left ncclInProgress
+// (non-blocking), and by the watchdog, which aborts a call blocked inside NCCL (blocking; enqueue_watch.h);
 // (2) until the done-event has fired. Phase 2 is watched by Work::Wait(host=true)/Test and by a watchdog thread per
 // communicator that polls the outstanding done-events and ncclCommGetAsyncError, so a hung collective is detected
 // even when nobody waits on the host. On timeout or an asynchronous error the communicator is aborted
@@ -29,11 +35,18 @@
 
 namespace shardline::comm::detail {
 
+/// The NCCL communicators of one group.
+struct NcclComms {
+    ncclComm_t collectives = nullptr; ///< what the collectives run on
+    ncclComm_t control = nullptr;     ///< non-blocking, what Split splits; nullptr: `collectives` is split
+};
+
 class NcclCommunicator final : public Communicator {
 public:
-    /// Wraps `comm`, an initialised NCCL communicator on CUDA device `device`. `owned`: finalized and destroyed with
-    /// this object (the world, splits); else left to the caller (FromNcclComm). A fault aborts it either way.
-    NcclCommunicator(ncclComm_t comm, int device, int rank, int size, std::string name, bool owned);
+    /// Wraps `comms`, initialised NCCL communicators on CUDA device `device`. `owned`: finalized and destroyed with
+    /// this object (the world, splits); else left to the caller (FromNcclComm, whose `control` is nullptr). A fault
+    /// aborts them either way.
+    NcclCommunicator(NcclComms comms, int device, int rank, int size, std::string name, bool owned);
     ~NcclCommunicator() override;
     NcclCommunicator(const NcclCommunicator&) = delete;
     NcclCommunicator& operator=(const NcclCommunicator&) = delete;

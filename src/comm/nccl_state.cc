@@ -83,11 +83,24 @@ void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_t> comm
     }
 }
 
-ncclConfig_t NonBlockingConfig(const std::string& name) {
+ncclConfig_t NcclConfig(const std::string& name, bool blocking) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    config.blocking = blocking ? 1 : 0;
     config.commName = name.c_str();
     return config;
+}
+
+bool BlockingCollectives() { return env::GetBool("SHARDLINE_NCCL_BLOCKING", true); }
+
+void WakeWatchdog(NcclState& state) {
+    bool asleep = false;
+    {
+        std::lock_guard lock(state.mutex);
+        asleep = state.wake.Asleep();
+    }
+    if (asleep) {
+        state.wake.Notify();
+    }
 }
 
 /// NVLink multicast can put shared GPUs out of service: NCCL must never use NVLS, whatever the caller's environment.
@@ -112,8 +125,10 @@ void NcclState::WatchdogLoop() noexcept {
         while (true) {
             {
                 std::unique_lock lock(mutex);
-                // Nothing to watch: no work in flight and no requested abort left to carry out.
-                const auto idle = [&] { return outstanding.empty() && (!abort_requested || abort_done); };
+                // Nothing to watch: no work in flight, no thread inside NCCL and no requested abort left to carry out.
+                const auto idle = [&] {
+                    return outstanding.empty() && !enqueue.Inside() && (!abort_requested || abort_done);
+                };
                 wake.Wait(lock, stop, idle);
                 if (stop) {
                     return;
@@ -133,9 +148,14 @@ void NcclState::WatchdogLoop() noexcept {
             const auto now = Clock::now();
             const auto timeout = CommTimeout();
             std::shared_ptr<NcclOp> overdue;
+            // Tracked, not yet recorded: its enqueue is under way. Only the last op can be in that state.
+            std::shared_ptr<NcclOp> enqueuing = !ops.empty() && !ops.back()->recorded ? ops.back() : nullptr;
             std::string cuda_failure;
             std::size_t finished = 0;
             for (auto& op : ops) {
+                if (!op->recorded) {
+                    break; // its event still holds an earlier op's record
+                }
                 const cudaError_t q = cudaEventQuery(op->done);
                 if (q == cudaSuccess && !abort_requested && op->status == NcclOp::kPending &&
                     now - op->issued > timeout) {
@@ -171,7 +191,28 @@ void NcclState::WatchdogLoop() noexcept {
             ops.clear();
 
             if (!abort_requested) {
-                if (!cuda_failure.empty()) {
+                const auto inside = enqueue.InsideFor(now);
+                if (inside > timeout) {
+                    // Phase 1 on a blocking communicator: the issuing thread has been inside NCCL (ncclGroupEnd) for
+                    // the whole timeout, e.g. setting up a connection to a peer that never comes. Carried out below,
+                    // from this thread: ncclCommAbort is what releases it. No kernel of this call runs yet, but the
+                    // abort also ends every kernel still running on the communicator, and an earlier op's kernel can
+                    // be one (overdue in this same pass: phase 1 is reported first). So it is a timeout's abort like
+                    // any other, due AbortGrace after this call's deadline (Enter + timeout), which is after every
+                    // earlier op's deadline + grace too: a healthy peer still inside any of them fails it at its own
+                    // deadline rather than completing it with garbage. The thread is released at most AbortGrace
+                    // (<= 1 s) later than without it, well within timeout + 5 s.
+                    RequestTimeoutAbort(
+                        ::shardline::detail::FormatError(
+                            __FILE__, __LINE__, "NcclWatchdog",
+                            fmt::format("{} did not finish within {:.1f} s (phase 1: enqueue, blocked inside NCCL; "
+                                        "elapsed {:.1f} s); communicator aborted",
+                                        enqueuing != nullptr
+                                            ? enqueuing->Describe()
+                                            : fmt::format("a call on group '{}' (rank {} of {})", name, rank, size),
+                                        Seconds(timeout), Seconds(inside))),
+                        now - inside, timeout);
+                } else if (!cuda_failure.empty()) {
                     RequestAbort(::shardline::detail::FormatError(__FILE__, __LINE__, "NcclWatchdog", cuda_failure));
                 } else if (overdue != nullptr) {
                     RequestTimeoutAbort(
@@ -184,13 +225,13 @@ void NcclState::WatchdogLoop() noexcept {
                 } else if (nccl_mutex.try_lock()) {
                     // Asynchronous errors (a peer's connection dropped, ...) while work is in flight.
                     std::string failure;
-                    if (comm != nullptr) {
+                    if (ncclComm_t c = comm; c != nullptr) {
                         ncclResult_t async = ncclSuccess;
-                        const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+                        const ncclResult_t r = ncclCommGetAsyncError(c, &async);
                         if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
                             const ncclResult_t bad = r != ncclSuccess ? r : async;
                             failure = fmt::format("asynchronous NCCL error on group '{}' (rank {} of {}): {} ({})",
-                                                  name, rank, size, ncclGetErrorString(bad), ncclGetLastError(comm));
+                                                  name, rank, size, ncclGetErrorString(bad), ncclGetLastError(c));
                         }
                     }
                     nccl_mutex.unlock();
@@ -200,14 +241,23 @@ void NcclState::WatchdogLoop() noexcept {
                 }
             }
             overdue.reset();
+            enqueuing.reset();
 
             if (abort_requested && !abort_done && AbortDue()) {
                 // Carry out a requested abort once it is due (a timeout's waits for AbortGrace) and the mutex is free.
-                // A holder is inside a bounded poll that checks the request, or stuck inside NCCL itself (a full
-                // launch queue behind a hung kernel): give it another timeout, then end the process rather than hang.
+                // A holder is inside a bounded poll that checks the request, or blocked inside NCCL itself (a blocking
+                // communicator's enqueue: a connection to a peer that never comes, a full launch queue behind a hung
+                // kernel): NCCL's abort flag releases that one, so abort from here once it has been inside for
+                // kInsideNcclGrace (torch's watchdog does the same). Any other holder gets another two timeouts, then
+                // the process ends rather than hang.
                 if (nccl_mutex.try_lock()) {
-                    AbortLocked();
+                    AbortNow();
                     nccl_mutex.unlock();
+                } else if (enqueue.AbortIfStuck(Clock::now(), std::min<Clock::duration>(kInsideNcclGrace, timeout),
+                                                [this] { AbortNow(); })) {
+                    SHARDLINE_LOG_ERROR("NCCL communicator '{}': aborted from the watchdog to release a thread blocked "
+                                        "inside NCCL",
+                                        name);
                 } else {
                     Clock::time_point requested;
                     {
@@ -310,13 +360,12 @@ public:
         }
         if (state.nccl_mutex.try_lock()) {
             std::string failure;
-            if (state.comm != nullptr) {
+            if (ncclComm_t comm = state.comm; comm != nullptr) {
                 ncclResult_t async = ncclSuccess;
-                const ncclResult_t r = ncclCommGetAsyncError(state.comm, &async);
+                const ncclResult_t r = ncclCommGetAsyncError(comm, &async);
                 if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-                    failure =
-                        fmt::format("{}: asynchronous NCCL error: {} ({})", op_->Describe(),
-                                    ncclGetErrorString(r != ncclSuccess ? r : async), ncclGetLastError(state.comm));
+                    failure = fmt::format("{}: asynchronous NCCL error: {} ({})", op_->Describe(),
+                                          ncclGetErrorString(r != ncclSuccess ? r : async), ncclGetLastError(comm));
                 }
             }
             state.nccl_mutex.unlock();

@@ -5,7 +5,8 @@
 //
 // Files: nccl_state.cc (op descriptions, the phase-1 wait, the watchdog, work handles), nccl_check.cc (the debug
 // agreement check), nccl_collectives.cc (the issue engine and the collectives), nccl_communicator.cc (creation,
-// destruction, abort), nccl_world.cc (split, CreateNcclWorld, FromNcclComm, the NVLS guard).
+// destruction, abort), nccl_world.cc (split, CreateNcclWorld, FromNcclComm, the NVLS guard, the blocking split);
+// enqueue_watch.h (a thread blocked inside NCCL and the watchdog's abort that releases it).
 
 #include <algorithm>
 #include <array>
@@ -30,6 +31,7 @@
 #include <shardline/core/logging.h>
 #include <shardline/core/tensor.h>
 
+#include "comm/enqueue_watch.h"
 #include "comm/watchdog_wake.h"
 
 namespace shardline::comm::detail {
@@ -41,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 inline constexpr auto kWatchdogPoll = std::chrono::milliseconds(2);
 // Idle polls (100 ms) before the watchdog sleeps without a deadline and a call has to wake it (watchdog_wake.h).
 inline constexpr int kWatchdogIdlePolls = 50;
-// How long a destructor lets ncclCommFinalize run before it falls back to ncclCommAbort.
+// How long a destructor lets work in flight and ncclCommFinalize run before it falls back to ncclCommAbort.
 inline constexpr auto kMaxFinalize = std::chrono::seconds(30);
 // How long after a collective's deadline a timed-out rank waits before it calls ncclCommAbort (the CommError itself is
 // raised at once). An aborted NCCL kernel does not stop: its waits give up and it runs to its end, storing whatever it
@@ -54,6 +56,10 @@ inline constexpr auto kMaxFinalize = std::chrono::seconds(30);
 inline Clock::duration AbortGrace(Clock::duration timeout) {
     return std::min<Clock::duration>(std::chrono::seconds(1), timeout / 4);
 }
+// An abort requested (Abort(), an asynchronous error, a timeout) and due (a timeout's after AbortGrace) while the
+// issuing thread has been inside NCCL this long is carried out from the watchdog, concurrently (enqueue_watch.h): the
+// thread is blocked there, not enqueueing.
+inline constexpr auto kInsideNcclGrace = std::chrono::seconds(1);
 
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -173,6 +179,10 @@ struct NcclOp {
     DType dtype;
     Clock::time_point issued;
     cudaEvent_t done = nullptr;
+    /// The done-event has been recorded for this op (set once the enqueue has returned). The op is tracked before it
+    /// is enqueued, so that the watchdog sees a call blocked inside NCCL; until then its pooled event still holds an
+    /// earlier op's record and must not be queried.
+    std::atomic<bool> recorded{false};
     /// Issued while the compute stream was capturing a CUDA graph: it runs when the graph is launched, so the host
     /// neither tracks nor waits for it (the watchdog never sees it; its events belong to the capture).
     bool captured = false;
@@ -199,10 +209,19 @@ struct NcclState {
     int size = 1;
     std::string name;
 
-    // Every NCCL call on `comm` holds nccl_mutex (NCCL allows one thread at a time on a communicator, abort included).
-    // Holders never keep it longer than a bounded poll.
+    // Every NCCL call on `comm` and `control` holds nccl_mutex (NCCL allows one thread at a time on a communicator).
+    // Holders never keep it longer than a bounded poll or one call into NCCL; the one exception to the rule is the
+    // watchdog's ncclCommAbort of a call blocked inside NCCL (enqueue_watch.h), which takes abort_mutex instead.
     std::timed_mutex nccl_mutex;
-    ncclComm_t comm = nullptr;
+    // The communicator the collectives run on: blocking for the communicators shardline creates (a split of
+    // `control`, unless SHARDLINE_NCCL_BLOCKING=0), the caller's own for FromNcclComm.
+    std::atomic<ncclComm_t> comm{nullptr};
+    // Non-blocking, for Split (polled under the timeout); nullptr when `comm` itself is the one to split.
+    std::atomic<ncclComm_t> control{nullptr};
+    // Marks the calls into NCCL that may block on a blocking communicator (ncclGroupEnd), for the watchdog.
+    EnqueueWatch enqueue;
+    // Serialises the one ncclCommAbort (AbortNow), whoever carries it out.
+    std::mutex abort_mutex;
     std::int64_t seq = 0;
     cudaStream_t stream = nullptr;
     cudaEvent_t ready_event = nullptr; // re-recorded per call: a stream wait captures the record at call time
@@ -248,12 +267,12 @@ struct NcclState {
         abort_requested = true;
     }
 
-    /// NoteAbort, then aborts at once when it is due and nccl_mutex is free (else the watchdog does, when due). Never
-    /// blocks; never call it holding nccl_mutex.
+    /// NoteAbort, then aborts at once when it is due and nccl_mutex is free (else its holder, or the watchdog, does
+    /// when it is due). Never blocks; never call it holding nccl_mutex.
     void RequestAbort(std::string reason, Clock::time_point not_before = {}) noexcept {
         NoteAbort(std::move(reason), not_before);
         if (AbortDue() && nccl_mutex.try_lock()) {
-            AbortLocked();
+            AbortNow();
             nccl_mutex.unlock();
         }
         wake.NotifyAll();
@@ -272,12 +291,15 @@ struct NcclState {
     /// An abort was requested and may be carried out now.
     bool AbortDue() noexcept { return abort_requested && Clock::now() >= AbortNotBefore(); }
 
-    /// nccl_mutex held. After an immediate abort (Abort(), an NCCL or CUDA error), work whose done-event already fired
+    /// Aborts `comm` and `control` once. The caller holds nccl_mutex, or is the watchdog releasing a thread blocked
+    /// inside NCCL (EnqueueWatch::AbortIfStuck); either way only once the abort is due (AbortDue; the destructor sleeps
+    /// until then). After an immediate abort (Abort(), an NCCL or CUDA error), work whose done-event already fired
     /// finished before it and stays valid; the rest fails. After a timeout's deferred abort every op still pending
     /// fails: a done-event that fired during the grace may be a peer's aborted kernel running to its end (AbortGrace).
-    void AbortLocked() noexcept {
+    void AbortNow() noexcept {
         abort_requested = true;
-        if (comm == nullptr) {
+        std::lock_guard abort_lock(abort_mutex);
+        if (abort_done) {
             return;
         }
         std::vector<std::shared_ptr<NcclOp>> ops;
@@ -290,15 +312,23 @@ struct NcclState {
         }
         for (auto& op : ops) {
             int expected = NcclOp::kPending;
-            const cudaError_t q = cudaEventQuery(op->done);
-            if (q != cudaErrorNotReady) {
-                (void)cudaGetLastError();
+            cudaError_t q = cudaErrorNotReady;
+            if (op->recorded) {
+                q = cudaEventQuery(op->done);
+                if (q != cudaErrorNotReady) {
+                    (void)cudaGetLastError();
+                }
             }
             op->status.compare_exchange_strong(expected,
                                                q == cudaSuccess && !deferred ? NcclOp::kDone : NcclOp::kFailed);
         }
-        const ncclResult_t r = ncclCommAbort(comm);
-        comm = nullptr;
+        ncclResult_t r = ncclSuccess;
+        for (std::atomic<ncclComm_t>* c : {&comm, &control}) {
+            if (ncclComm_t handle = c->exchange(nullptr); handle != nullptr) {
+                const ncclResult_t ri = ncclCommAbort(handle);
+                r = r == ncclSuccess ? ri : r;
+            }
+        }
         abort_done = true;
         try {
             SHARDLINE_LOG_ERROR("NCCL communicator '{}' aborted ({}): {}", name,
@@ -357,8 +387,8 @@ class NcclLock {
 public:
     explicit NcclLock(NcclState& state) : state_(state), lock_(state.nccl_mutex) {}
     ~NcclLock() {
-        if (state_.abort_requested && state_.comm != nullptr && state_.AbortDue()) {
-            state_.AbortLocked(); // not yet due: the watchdog carries it out when it is
+        if (state_.abort_requested && !state_.abort_done && state_.AbortDue()) {
+            state_.AbortNow(); // not yet due: the watchdog carries it out when it is
         }
     }
     NcclLock(const NcclLock&) = delete;
@@ -381,8 +411,16 @@ inline void WaitLeftInProgress(NcclState& state, std::initializer_list<ncclComm_
     WaitLeftInProgress(state, comms, returned, api, std::function<std::string()>([&] { return what; }), start);
 }
 
-/// A non-blocking configuration named `name` (the string must outlive the config's use).
-ncclConfig_t NonBlockingConfig(const std::string& name);
+/// A configuration named `name` (the string must outlive the config's use), blocking or not.
+ncclConfig_t NcclConfig(const std::string& name, bool blocking);
+
+/// Whether the communicators shardline creates run their collectives on a blocking NCCL communicator
+/// (SHARDLINE_NCCL_BLOCKING, default 1; read at each creation).
+bool BlockingCollectives();
+
+/// The watchdog runs every `poll`; a thread that has entered NCCL (EnqueueWatch::Enter) on a communicator whose
+/// watchdog sleeps without a deadline wakes it (the collectives do this through Track; other callers here).
+void WakeWatchdog(NcclState& state);
 
 /// NVLink multicast can put shared GPUs out of service: NCCL must never use NVLS, whatever the caller's environment.
 void KeepMulticastOff();

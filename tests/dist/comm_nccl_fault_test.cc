@@ -1,9 +1,11 @@
 // Faults on the NCCL communicator, each asserting the observed outcome: a rank that skips a collective → the healthy
-// ranks raise CommError within timeout + 5 s, through a host wait and through the watchdog alone; a count mismatch
-// under SHARDLINE_COMM_CHECK → every rank raises before anything is issued. Each test makes its own communicator
-// (a fault aborts it) and restores the timeout and check settings.
+// ranks raise CommError within timeout + 5 s, through a host wait and through the watchdog alone, and also when it is
+// the communicator's first call (whose enqueue may block inside NCCL on the absent peer: released by the watchdog's
+// abort, or by Abort()); a count mismatch under SHARDLINE_COMM_CHECK → every rank raises before anything is issued.
+// Each test makes its own communicator (a fault aborts it) and restores the timeout and check settings.
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -45,13 +47,43 @@ protected:
         }
     }
 
-    comm::Communicator& Fresh(const std::string& name) {
+    /// `warm_up`: first use sets up the connections (lazily, per algorithm and protocol): a warm-up that every rank
+    /// joins, of the size the tests then fault, so the faulted call is enqueued at once and only its kernel waits.
+    /// Without it the first call sets up its connections, with the faulty peer absent.
+    comm::Communicator& Fresh(const std::string& name, bool warm_up = true) {
         comm_ = comm::Communicator::CreateNcclWorld(Env().host_world(), Env().local_rank(), name);
-        // First use sets up the connections (lazily, per algorithm and protocol): a warm-up that every rank joins, of
-        // the size the tests then fault, so the faulted call is enqueued at once and only its kernel waits.
-        Tensor t = Tensor::Full({kFaultCount}, 1.0, DType::kFloat32, MyGpu());
-        comm_->AllReduce(t, ReduceOp::kSum)->Wait(true);
+        if (warm_up) {
+            Tensor t = Tensor::Full({kFaultCount}, 1.0, DType::kFloat32, MyGpu());
+            comm_->AllReduce(t, ReduceOp::kSum)->Wait(true);
+        }
         return *comm_;
+    }
+
+    /// Healthy ranks: an all_reduce that the skipper never joins, as the communicator's first call, so that on a
+    /// blocking communicator the issuing thread may block inside NCCL (its connection setup waits for the absent
+    /// peer) and only the watchdog's ncclCommAbort releases it; else the enqueue returns and the kernel waits (phase
+    /// 2). Returns the CommError's text and its time from the call, and whether the enqueue returned; prints which
+    /// phase it was.
+    static std::string FirstCallOnAbsentPeer(comm::Communicator& c, double& elapsed, bool* enqueued_out = nullptr) {
+        Tensor t = Tensor::Full({kFaultCount}, 1.0, DType::kFloat32, MyGpu());
+        const auto start = Clock::now();
+        bool enqueued = false;
+        bool& enqueued_ref = enqueued_out != nullptr ? *enqueued_out : enqueued;
+        enqueued_ref = false;
+        try {
+            comm::WorkHandle work = c.AllReduce(t, ReduceOp::kSum);
+            enqueued_ref = true;
+            work->Wait(/*host=*/true);
+            ADD_FAILURE() << "all_reduce with a rank missing completed";
+        } catch (const CommError& e) {
+            elapsed = SecondsSince(start);
+            std::printf("[ measured ] rank %d: CommError %s after %.2f s: %s\n", c.rank(),
+                        enqueued_ref ? "from the wait (the enqueue returned)" : "from the call (blocked inside NCCL)",
+                        elapsed, e.what());
+            return e.what();
+        }
+        elapsed = SecondsSince(start);
+        return {};
     }
 
     static void HostBarrier() { Env().host_world().Barrier()->Wait(true); }
@@ -122,6 +154,61 @@ TEST_F(NcclFaultTest, WatchdogAbortsHungCollectiveWithoutHostWait) {
         EXPECT_THROW(work->Test(), CommError);
         EXPECT_THROW(work->Wait(/*host=*/true), CommError);
         // The aborted kernel exited: the compute stream, which waits on it, drains.
+        Synchronize(MyGpu());
+        HostBarrier();
+    } else {
+        SkipperHostBarrier();
+        c.Abort();
+    }
+}
+
+// Phase 1 on the default (blocking) communicator: a call blocked inside NCCL on a peer that never comes is released
+// by the watchdog's abort after the timeout and raises CommError naming the op and the group.
+TEST_F(NcclFaultTest, FirstCallOnAnAbsentPeerRaisesCommErrorAfterTheTimeout) {
+    comm::Communicator& c = Fresh("fault first call", /*warm_up=*/false);
+    if (c.rank() != Skipper()) {
+        double elapsed = 0;
+        bool enqueued = false;
+        const std::string what = FirstCallOnAbsentPeer(c, elapsed, &enqueued);
+        EXPECT_GE(elapsed, std::chrono::duration<double>(kTimeout).count() - 0.1) << what;
+        EXPECT_LE(elapsed, std::chrono::duration<double>(kTimeout + kSlack).count()) << what;
+        if (!enqueued) {
+            // Phase 1: only the abort releases the call, and a timeout's abort waits AbortGrace (1 s at a 5 s timeout)
+            // after the deadline: it also ends any earlier kernel still running (nccl_state.cc, WatchdogLoop).
+            EXPECT_THAT(what, HasSubstr("phase 1: enqueue, blocked inside NCCL"));
+            EXPECT_GE(elapsed, std::chrono::duration<double>(kTimeout).count() + 1.0 - 0.1) << what;
+        }
+        EXPECT_THAT(what, HasSubstr("all_reduce(sum) #1"));
+        EXPECT_THAT(what, HasSubstr("'fault first call'"));
+        EXPECT_THAT(what, HasSubstr("elapsed"));
+        EXPECT_TRUE(c.aborted());
+        Tensor t = Tensor::Full({16}, 1.0, DType::kFloat32, MyGpu());
+        EXPECT_THROW(c.AllReduce(t, ReduceOp::kSum), CommError);
+        Synchronize(MyGpu()); // whatever was enqueued exited with the abort
+        HostBarrier();
+    } else {
+        SkipperHostBarrier();
+        c.Abort();
+    }
+}
+
+// Abort() from another thread releases a call blocked inside NCCL (the watchdog carries it out once the call has been
+// inside for a second), long before the timeout would.
+TEST_F(NcclFaultTest, AbortReleasesAFirstCallBlockedOnAnAbsentPeer) {
+    comm::Communicator& c = Fresh("fault abort blocked", /*warm_up=*/false);
+    if (c.rank() != Skipper()) {
+        std::thread aborter([&c] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            c.Abort();
+        });
+        double elapsed = 0;
+        const std::string what = FirstCallOnAbsentPeer(c, elapsed);
+        aborter.join();
+        EXPECT_GE(elapsed, 1.4) << what;
+        EXPECT_LT(elapsed, 4.5) << "the abort did not release the call before the 5 s timeout: " << what;
+        EXPECT_THAT(what, HasSubstr("Abort() was called"));
+        EXPECT_THAT(what, HasSubstr("'fault abort blocked'"));
+        EXPECT_TRUE(c.aborted());
         Synchronize(MyGpu());
         HostBarrier();
     } else {

@@ -167,12 +167,14 @@ public:
 #endif
 #if SHARDLINE_WITH_NCCL
     /// Wraps `comm`, an initialised NCCL communicator the caller created (blocking or not), for CUDA tensors of its
-    /// device (ncclCommCuDevice). Not collective. A non-blocking communicator (config.blocking = 0) lets the timeout
-    /// interrupt the enqueue too; with a blocking one only the kernel phase is watched.
+    /// device (ncclCommCuDevice). Not collective. The collectives run on `comm` itself. The timeout covers the enqueue
+    /// either way: a non-blocking communicator's by polling, a blocking one's by the watchdog, whose ncclCommAbort
+    /// releases a call blocked inside NCCL (docs/comm.md).
     static std::unique_ptr<Communicator> FromNcclComm(ncclComm_t comm, NcclCommOptions options = {});
     /// Collective over `host_world` (a CPU communicator over the same ranks): rank 0 creates the ncclUniqueId and
     /// broadcasts it over host_world; every rank then creates a non-blocking NCCL communicator on CUDA device `device`
-    /// (owned). Forces NCCL_NVLS_ENABLE=0.
+    /// under the timeout, and a blocking split of it that the collectives run on (SHARDLINE_NCCL_BLOCKING=0: they run
+    /// on the non-blocking one). Both owned. Forces NCCL_NVLS_ENABLE=0.
     static std::unique_ptr<Communicator> CreateNcclWorld(Communicator& host_world, int device,
                                                          std::string name = "world");
 #endif

@@ -78,6 +78,21 @@ TEST(EmbeddingBagChoiceTest, ABagAboveTheExactLimitGathersUnderAutoAndIsRefusedW
                       HasSubstr("use auto or gather")));
 }
 
+TEST(EmbeddingBagChoiceTest, AccumulatingIntoAHalfGradientGathersUnderAutoAndIsRefusedWhenForced) {
+    for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+        SCOPED_TRACE(DTypeName(dtype));
+        EmbeddingBagProblem p = CharLm(dtype);
+        ASSERT_EQ(ChooseEmbeddingBagImpl(p, EmbeddingBagImpl::kAuto, "EmbeddingBagBackward"), EmbeddingBagImpl::kGemm);
+        p.half_accumulate = true;
+        EXPECT_EQ(ChooseEmbeddingBagImpl(p, EmbeddingBagImpl::kAuto, "EmbeddingBagBackward"),
+                  EmbeddingBagImpl::kGather);
+        EXPECT_THAT(
+            MessageOf<Error>([&] { ChooseEmbeddingBagImpl(p, EmbeddingBagImpl::kGemm, "EmbeddingBagBackward"); }),
+            AllOf(HasSubstr("EmbeddingBagBackward"), HasSubstr("SHARDLINE_EMBEDDING_BAG=gemm"),
+                  HasSubstr("accumulating into a float16/bfloat16 gradient"), HasSubstr("float32 main grad")));
+    }
+}
+
 TEST(EmbeddingBagChoiceTest, AShardWithoutRowsGathersEvenWhenTheGemmIsForced) {
     EmbeddingBagProblem p = CharLm();
     p.rows = 0;

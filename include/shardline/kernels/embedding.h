@@ -122,11 +122,17 @@ struct EmbeddingBagProblem {
     std::int64_t hidden = 0;
     DType dtype = DType::kBFloat16;
     bool tf32 = false; ///< the device's context lets fp32 GEMMs use TF32 (SHARDLINE_ALLOW_TF32)
+    /// The backward adds into a float16/bfloat16 dweight (accumulate, beta = 1). The count-GEMM is not taken there:
+    /// on an H100 (2026-11-26, 830006f) it lost up to 30 ulps against float64 where the previous gradient and the sum
+    /// nearly cancel (one bfloat16 element 0 instead of 0.0073), while a float32 main grad or an overwrite stays within
+    /// the fp32-sum budget. Suspected cause, not yet confirmed: cuBLASLt split-K reductions in the output type.
+    bool half_accumulate = false;
 };
 
 /// Why the count-GEMM would not compute the gather's sums exactly, or "" when it would: counts above the dtype's
 /// exact integers (T > 256 in bf16, > 2048 in fp16, > 2^24 in fp32), fp32 with TF32 allowed (the table would be
-/// rounded to TF32), or a dtype CUDA does not take.
+/// rounded to TF32), a dtype CUDA does not take, or a backward accumulating into a half-precision dweight
+/// (EmbeddingBagProblem::half_accumulate).
 std::string CountGemmIneligibility(const EmbeddingBagProblem& problem);
 
 /// Estimated seconds of each implementation on an H100 (constants in src/kernels/embedding.cc; estimates until

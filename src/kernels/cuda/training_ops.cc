@@ -91,14 +91,15 @@ namespace {
 
 /// The bag ops' problem for ChooseEmbeddingBagImpl: ids [T, N] over a [rows, hidden] shard, counts in `dtype`.
 EmbeddingBagProblem BagProblem(const Tensor &ids, std::int64_t rows, std::int64_t hidden, DType dtype,
-                               const CudaContext &ctx) {
+                               const CudaContext &ctx, bool half_accumulate = false) {
     const std::int64_t bag = ids.size(0);
     return {.bag = bag,
             .count = bag == 0 ? 0 : ids.numel() / bag,
             .rows = rows,
             .hidden = hidden,
             .dtype = dtype,
-            .tf32 = ctx.allow_tf32()};
+            .tf32 = ctx.allow_tf32(),
+            .half_accumulate = half_accumulate};
 }
 
 /// The count matrix C [N, ld] (row-major, ld = EmbeddingBagCountsLd(rows), columns rows..ld-1 zero) of the problem's
@@ -182,7 +183,8 @@ void CudaEmbeddingBagBackward(const EmbeddingBagBackwardArgs &args) {
     CudaContext &ctx = CudaContext::Get(args.dweight.device().index);
     const Tensor &dout = args.dout;
     Tensor &dweight = args.dweight;
-    const EmbeddingBagProblem p = BagProblem(args.ids, dweight.size(0), dweight.size(1), dout.dtype(), ctx);
+    const EmbeddingBagProblem p = BagProblem(args.ids, dweight.size(0), dweight.size(1), dout.dtype(), ctx,
+                                             args.accumulate && dweight.dtype() != DType::kFloat32);
     if (ChooseEmbeddingBagImpl(p, GetEmbeddingBagImpl(), EmbeddingBagBackwardOp::kName) == EmbeddingBagImpl::kGather) {
         SortedEmbeddingBackward(EmbeddingBagBackwardOp::kName, args.ids, dout, p.count, dweight, args.vocab_start,
                                 args.accumulate);

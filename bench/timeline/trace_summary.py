@@ -14,6 +14,7 @@ GEMM = re.compile(r"gemm|nvjet|xmma|GemmUniversal", re.IGNORECASE)
 
 
 def short(name, n=70):
+    name = name.replace("(anonymous namespace)::", "").replace("void ", "", 1)
     return name.split("(")[0][:n]
 
 

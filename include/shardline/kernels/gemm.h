@@ -33,6 +33,10 @@ enum class GemmCompute : std::uint8_t { kDefault, kFloat32, kFloat64 };
 /// output (beta = 1). A separate C takes the epilogues none and bias only, never overlaps D (the same pointer with the
 /// same layout means in place) and has D's dtype; where the bias and C are added in one pass, the order of the two
 /// roundings is the provider's (the CPU adds C last, cuBLASLt in its epilogue).
+/// Precision with beta != 0 into a float16/bfloat16 D: with a separate C, the fp32 sum of C and the product is rounded
+/// once. Written over C (in place), cuBLASLt rounds the product to D's dtype before adding C on the shapes measured
+/// (tests/cuda/kernels_gemm_accumulate_precision_test.cc): the precision of an unfused GEMM + Add, not of a fused one.
+/// Accumulate into an fp32 D (a main grad) where that matters; the CPU provider rounds once either way.
 /// Row-major callers derive the operands in a comment at every call site (a row-major R×C matrix is a
 /// column-major C×R matrix with the same leading dimension).
 struct GemmParams {

@@ -7,18 +7,46 @@
 namespace shardline::kernels::cuda {
 namespace {
 
-template <class T, bool kErf>
+// kVec elements per 16-byte access where every pointer is 16-byte aligned (the last n % kVec one by one), as AddKernel:
+// the scalar kernels ran at about half the memory bandwidth on an H100 (an MoE layer's [49152, 1408] bf16 GELU: 165 µs
+// forward, 200 µs backward, against 82 / 124 µs of DRAM traffic). The same float math per element either way.
+template <class T, bool kErf, int kVec>
 __global__ void GeluForwardKernel(const T *__restrict__ x, T *__restrict__ y, std::int64_t n) {
-    for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    using Vec = AlignedVector<T, kVec>;
+    const std::int64_t nv = n / kVec;
+    for (std::int64_t i = GlobalThread(); i < nv; i += GridThreads()) {
+        const Vec xv = reinterpret_cast<const Vec *>(x)[i];
+        Vec yv;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+            const float v = ToFloat(xv.val[k]);
+            yv.val[k] = FromFloat<T>(kErf ? GeluErf(v) : GeluTanh(v));
+        }
+        reinterpret_cast<Vec *>(y)[i] = yv;
+    }
+    for (std::int64_t i = nv * kVec + GlobalThread(); i < n; i += GridThreads()) {
         const float v = ToFloat(x[i]);
         y[i] = FromFloat<T>(kErf ? GeluErf(v) : GeluTanh(v));
     }
 }
 
-template <class T, bool kErf>
+template <class T, bool kErf, int kVec>
 __global__ void GeluBackwardKernel(const T *__restrict__ dy, const T *__restrict__ x, T *__restrict__ dx,
                                    std::int64_t n) {
-    for (std::int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    using Vec = AlignedVector<T, kVec>;
+    const std::int64_t nv = n / kVec;
+    for (std::int64_t i = GlobalThread(); i < nv; i += GridThreads()) {
+        const Vec xv = reinterpret_cast<const Vec *>(x)[i];
+        const Vec dyv = reinterpret_cast<const Vec *>(dy)[i];
+        Vec dxv;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+            const float v = ToFloat(xv.val[k]);
+            dxv.val[k] = FromFloat<T>(ToFloat(dyv.val[k]) * (kErf ? GeluErfGrad(v) : GeluTanhGrad(v)));
+        }
+        reinterpret_cast<Vec *>(dx)[i] = dxv;
+    }
+    for (std::int64_t i = nv * kVec + GlobalThread(); i < n; i += GridThreads()) {
         const float v = ToFloat(x[i]);
         dx[i] = FromFloat<T>(ToFloat(dy[i]) * (kErf ? GeluErfGrad(v) : GeluTanhGrad(v)));
     }
@@ -128,12 +156,17 @@ cudaError_t LaunchGeluForward(const void *x, void *y, DType dtype, std::int64_t 
     }
     return WithFloatType(dtype, [&](auto tag) {
         using T = decltype(tag);
-        if (erf) {
-            GeluForwardKernel<T, true>
-                <<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(x), static_cast<T *>(y), n);
+        constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+        const auto *in = static_cast<const T *>(x);
+        auto *out = static_cast<T *>(y);
+        const bool vec = IsAligned(x, 16) && IsAligned(y, 16);
+        const std::int64_t blocks = BlocksFor(vec ? (n + kVec - 1) / kVec : n);
+        if (vec) {
+            erf ? GeluForwardKernel<T, true, kVec><<<blocks, kThreads, 0, stream>>>(in, out, n)
+                : GeluForwardKernel<T, false, kVec><<<blocks, kThreads, 0, stream>>>(in, out, n);
         } else {
-            GeluForwardKernel<T, false>
-                <<<BlocksFor(n), kThreads, 0, stream>>>(static_cast<const T *>(x), static_cast<T *>(y), n);
+            erf ? GeluForwardKernel<T, true, 1><<<blocks, kThreads, 0, stream>>>(in, out, n)
+                : GeluForwardKernel<T, false, 1><<<blocks, kThreads, 0, stream>>>(in, out, n);
         }
         return cudaGetLastError();
     });
@@ -146,12 +179,18 @@ cudaError_t LaunchGeluBackward(const void *dy, const void *x, void *dx, DType dt
     }
     return WithFloatType(dtype, [&](auto tag) {
         using T = decltype(tag);
-        if (erf) {
-            GeluBackwardKernel<T, true><<<BlocksFor(n), kThreads, 0, stream>>>(
-                static_cast<const T *>(dy), static_cast<const T *>(x), static_cast<T *>(dx), n);
+        constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+        const auto *g = static_cast<const T *>(dy);
+        const auto *in = static_cast<const T *>(x);
+        auto *out = static_cast<T *>(dx);
+        const bool vec = IsAligned(dy, 16) && IsAligned(x, 16) && IsAligned(dx, 16);
+        const std::int64_t blocks = BlocksFor(vec ? (n + kVec - 1) / kVec : n);
+        if (vec) {
+            erf ? GeluBackwardKernel<T, true, kVec><<<blocks, kThreads, 0, stream>>>(g, in, out, n)
+                : GeluBackwardKernel<T, false, kVec><<<blocks, kThreads, 0, stream>>>(g, in, out, n);
         } else {
-            GeluBackwardKernel<T, false><<<BlocksFor(n), kThreads, 0, stream>>>(
-                static_cast<const T *>(dy), static_cast<const T *>(x), static_cast<T *>(dx), n);
+            erf ? GeluBackwardKernel<T, true, 1><<<blocks, kThreads, 0, stream>>>(g, in, out, n)
+                : GeluBackwardKernel<T, false, 1><<<blocks, kThreads, 0, stream>>>(g, in, out, n);
         }
         return cudaGetLastError();
     });

@@ -1,6 +1,7 @@
 // Mixture-of-experts permutation kernels: the map, the gather, the combine and the combine's weight gradient (see
 // moe_kernels.h). No fmt/spdlog here: launchers return a cudaError_t.
 
+#include <algorithm>
 #include <climits>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -118,28 +119,33 @@ cudaError_t SortTempBytes(std::int64_t copies, int experts, std::size_t *bytes) 
 
 // ---- the gather, the combine and the combine's weight gradient ---------------------------------------------------
 
+// One block per row (block-stride over rows), its threads across the row's vectors: the row map, the weight and the
+// source row are read once per row, and no 64-bit division runs per element (the flat grid-stride form divided every
+// vector index by the row length and by topk: 104 µs per deepseek-64e permutation on an H100 against ~70 µs of
+// bytes). The same float math per element, so the same bits.
 template <class T, class W, int kVec>
 __global__ void PermuteRowsKernel(const T *__restrict__ x, std::int64_t copies, int topk, std::int64_t vecs_per_row,
                                   const std::int64_t *__restrict__ row_map, const W *__restrict__ weights,
                                   T *__restrict__ out) {
     using V = AlignedVector<T, kVec>;
-    const std::int64_t total = copies * vecs_per_row;
-    for (std::int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
-        const std::int64_t i = idx / vecs_per_row;
-        const std::int64_t v = idx - i * vecs_per_row;
+    for (std::int64_t i = blockIdx.x; i < copies; i += gridDim.x) {
         const std::int64_t r = row_map[i];
         if (r < 0) {
             continue;
         }
-        V val = reinterpret_cast<const V *>(x)[(i / topk) * vecs_per_row + v];
-        if (weights != nullptr) {
-            const float w = ToFloat(weights[i]);
+        const V *src = reinterpret_cast<const V *>(x) + (i / topk) * vecs_per_row;
+        V *dst = reinterpret_cast<V *>(out) + r * vecs_per_row;
+        const float w = weights != nullptr ? ToFloat(weights[i]) : 1.0f;
+        for (std::int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
+            V val = src[v];
+            if (weights != nullptr) {
 #pragma unroll
-            for (int q = 0; q < kVec; ++q) {
-                val.val[q] = FromFloat<T>(w * ToFloat(val.val[q]));
+                for (int q = 0; q < kVec; ++q) {
+                    val.val[q] = FromFloat<T>(w * ToFloat(val.val[q]));
+                }
             }
+            dst[v] = val;
         }
-        reinterpret_cast<V *>(out)[r * vecs_per_row + v] = val;
     }
 }
 
@@ -148,34 +154,46 @@ __global__ void UnpermuteRowsKernel(const T *__restrict__ tokens, std::int64_t v
                                     const std::int64_t *__restrict__ row_map, std::int64_t num_tokens, int topk,
                                     const W *__restrict__ weights, T *__restrict__ y) {
     using V = AlignedVector<T, kVec>;
-    const std::int64_t total = num_tokens * vecs_per_row;
-    for (std::int64_t idx = GlobalThread(); idx < total; idx += GridThreads()) {
-        const std::int64_t t = idx / vecs_per_row;
-        const std::int64_t v = idx - t * vecs_per_row;
-        float acc[kVec];
-#pragma unroll
-        for (int q = 0; q < kVec; ++q) {
-            acc[q] = 0.0f;
-        }
-        for (int j = 0; j < topk; ++j) { // slot order: fixed
-            const std::int64_t r = row_map[t * topk + j];
-            if (r < 0) {
-                continue;
-            }
-            const float w = weights != nullptr ? ToFloat(weights[t * topk + j]) : 1.0f;
-            const V val = reinterpret_cast<const V *>(tokens)[r * vecs_per_row + v];
+    for (std::int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+        for (std::int64_t v = threadIdx.x; v < vecs_per_row; v += blockDim.x) {
+            float acc[kVec];
 #pragma unroll
             for (int q = 0; q < kVec; ++q) {
-                acc[q] += w * ToFloat(val.val[q]);
+                acc[q] = 0.0f;
             }
-        }
-        V out;
+            for (int j = 0; j < topk; ++j) { // slot order: fixed
+                const std::int64_t r = row_map[t * topk + j];
+                if (r < 0) {
+                    continue;
+                }
+                const float w = weights != nullptr ? ToFloat(weights[t * topk + j]) : 1.0f;
+                const V val = reinterpret_cast<const V *>(tokens)[r * vecs_per_row + v];
 #pragma unroll
-        for (int q = 0; q < kVec; ++q) {
-            out.val[q] = FromFloat<T>(acc[q]);
+                for (int q = 0; q < kVec; ++q) {
+                    acc[q] += w * ToFloat(val.val[q]);
+                }
+            }
+            V out;
+#pragma unroll
+            for (int q = 0; q < kVec; ++q) {
+                out.val[q] = FromFloat<T>(acc[q]);
+            }
+            reinterpret_cast<V *>(y)[t * vecs_per_row + v] = out;
         }
-        reinterpret_cast<V *>(y)[idx] = out;
     }
+}
+
+/// The launch shape of the row kernels above: one block per row up to a cap (block-stride beyond), a warp multiple of
+/// threads up to 256 across the row's vectors.
+struct RowLaunch {
+    unsigned blocks;
+    unsigned threads;
+};
+RowLaunch RowLaunchFor(std::int64_t rows, std::int64_t vecs_per_row) {
+    constexpr std::int64_t kMaxRowBlocks = 1 << 20;
+    const std::int64_t threads =
+        std::min<std::int64_t>(kThreads, std::max<std::int64_t>(32, (vecs_per_row + 31) / 32 * 32));
+    return {static_cast<unsigned>(std::clamp<std::int64_t>(rows, 1, kMaxRowBlocks)), static_cast<unsigned>(threads)};
 }
 
 constexpr int kDotWarps = 8;
@@ -281,11 +299,13 @@ cudaError_t LaunchMoEPermuteRows(const void *x, std::int64_t tokens, int topk, s
         if (VectorWidth<T>(hidden, x, out) > 1) {
             constexpr int kVec = 16 / sizeof(T);
             const std::int64_t vecs = hidden / kVec;
-            PermuteRowsKernel<T, W, kVec><<<BlocksFor(copies * vecs), kThreads, 0, stream>>>(
-                static_cast<const T *>(x), copies, topk, vecs, row_map, w, static_cast<T *>(out));
+            const RowLaunch l = RowLaunchFor(copies, vecs);
+            PermuteRowsKernel<T, W, kVec><<<l.blocks, l.threads, 0, stream>>>(static_cast<const T *>(x), copies, topk,
+                                                                              vecs, row_map, w, static_cast<T *>(out));
         } else {
-            PermuteRowsKernel<T, W, 1><<<BlocksFor(copies * hidden), kThreads, 0, stream>>>(
-                static_cast<const T *>(x), copies, topk, hidden, row_map, w, static_cast<T *>(out));
+            const RowLaunch l = RowLaunchFor(copies, hidden);
+            PermuteRowsKernel<T, W, 1><<<l.blocks, l.threads, 0, stream>>>(static_cast<const T *>(x), copies, topk,
+                                                                           hidden, row_map, w, static_cast<T *>(out));
         }
         return cudaGetLastError();
     });
@@ -301,10 +321,12 @@ cudaError_t LaunchMoEUnpermuteRows(const void *tokens, std::int64_t hidden, DTyp
         if (VectorWidth<T>(hidden, tokens, y) > 1) {
             constexpr int kVec = 16 / sizeof(T);
             const std::int64_t vecs = hidden / kVec;
-            UnpermuteRowsKernel<T, W, kVec><<<BlocksFor(num_tokens * vecs), kThreads, 0, stream>>>(
+            const RowLaunch l = RowLaunchFor(num_tokens, vecs);
+            UnpermuteRowsKernel<T, W, kVec><<<l.blocks, l.threads, 0, stream>>>(
                 static_cast<const T *>(tokens), vecs, row_map, num_tokens, topk, w, static_cast<T *>(y));
         } else {
-            UnpermuteRowsKernel<T, W, 1><<<BlocksFor(num_tokens * hidden), kThreads, 0, stream>>>(
+            const RowLaunch l = RowLaunchFor(num_tokens, hidden);
+            UnpermuteRowsKernel<T, W, 1><<<l.blocks, l.threads, 0, stream>>>(
                 static_cast<const T *>(tokens), hidden, row_map, num_tokens, topk, w, static_cast<T *>(y));
         }
         return cudaGetLastError();

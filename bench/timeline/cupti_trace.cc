@@ -47,20 +47,14 @@ void CUPTIAPI Completed(CUcontext, uint32_t, uint8_t *buffer, size_t, size_t val
                     m->streamId, (unsigned long long)m->bytes);
             break;
         }
-        case CUPTI_ACTIVITY_KIND_RUNTIME: {
-            auto *a = reinterpret_cast<CUpti_ActivityAPI *>(r);
-            const char *name = nullptr;
-            cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name);
-            fprintf(out, "R,%llu,%llu,%u,\"%s\"\n", (unsigned long long)a->start, (unsigned long long)a->end,
-                    a->threadId, name != nullptr ? name : "?");
-            break;
-        }
+        case CUPTI_ACTIVITY_KIND_RUNTIME:
         case CUPTI_ACTIVITY_KIND_DRIVER: {
+            const bool runtime = r->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
             auto *a = reinterpret_cast<CUpti_ActivityAPI *>(r);
             const char *name = nullptr;
-            cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name);
-            fprintf(out, "D,%llu,%llu,%u,\"%s\"\n", (unsigned long long)a->start, (unsigned long long)a->end,
-                    a->threadId, name != nullptr ? name : "?");
+            cuptiGetCallbackName(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name);
+            fprintf(out, "%c,%llu,%llu,%u,\"%s\"\n", runtime ? 'R' : 'D', (unsigned long long)a->start,
+                    (unsigned long long)a->end, a->threadId, name != nullptr ? name : "?");
             break;
         }
         default:

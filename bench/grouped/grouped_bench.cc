@@ -6,9 +6,12 @@
 //   2. Cases: Mixtral-, DeepSeek-, OLMoE-, Qwen-MoE-like experts with Zipf-skewed routing (count_e = ⌊T·topk·w_e/Σw⌋
 //      rounded down to 16, w_e = 1/(e+1)^s, the last `zero` experts empty). Y_e = X_e·W_eᵀ, W [E, N, K], bf16.
 //      Phases: fwd (GroupedLinearForward), dgrad (GroupedLinearBackwardInput), wgrad (GroupedLinearBackwardWeight),
-//      fwd+bwd (the three in one timed region; 6·M·K·N flops). Variants: the provider's auto choice (per-shape
-//      tuning: each phase's first call times the candidates and keeps the fastest), the CUTLASS grouped kernel with
-//      each config forced, and the loop of cached cuBLASLt GEMMs; sizes on the host and on the device. Each variant
+//      fwd+bwd (GroupedLinearForward then GroupedLinearBackward for dx and dW — what the GroupedLinear autograd
+//      Function runs — in one timed region; 6·M·K·N flops). Variants: the provider's auto choice (per-shape tuning:
+//      each phase's first call times the candidates and keeps the fastest), the CUTLASS grouped kernel with each
+//      config forced, and the loop of cached cuBLASLt GEMMs; sizes on the host and on the device; the backward's wgrad
+//      beside its dgrad on the side stream (SHARDLINE_GROUPED_CONCURRENT_BWD, on by default) or, in the `-serial`
+//      variants, after it ("concurrent_runs": how many timed backwards really ran concurrently). Each variant
 //      passes a correctness gate (its forward against the loop's, which the kernel tests hold to float64) first.
 //      Every record says what ran ("config": GroupedGemm's path per phase); "tuning" records give each tuned shape
 //      class's candidates (µs) and winner.
@@ -84,11 +87,14 @@ struct Variant {
     std::string name;
     GroupedGemmChoice choice;
     bool device_sizes;
+    bool concurrent = true; ///< SetGroupedConcurrentBackward for the fwd+bwd's backward
 };
 
 const std::vector<Variant> kVariants = {
     {"auto-device", {}, true},
+    {"auto-device-serial", {}, true, false},
     {"auto-host", {}, false},
+    {"auto-host-serial", {}, false, false},
     {"cutlass256-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k256x128}, true},
     {"cutlass128-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k128x128}, true},
     {"cutlass-pp128x128-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::kPingpong128x128}, true},
@@ -151,6 +157,17 @@ void Dgrad(const Operands &o, const Tensor &sizes) {
 void Wgrad(const Operands &o, const Tensor &sizes) {
     Tensor dw = o.dw;
     GroupedLinearBackwardWeight({.dy = o.dy, .x = o.x, .group_sizes = sizes, .dweight = dw});
+}
+/// The backward as the GroupedLinear autograd Function runs it: dx and dW in one GroupedLinearBackward.
+void Backward(const Operands &o, const Tensor &sizes) {
+    Tensor dx = o.dx;
+    Tensor dw = o.dw;
+    GroupedLinearBackward({.dy = o.dy, .x = &o.x, .weight = &o.w, .group_sizes = sizes, .dx = &dx, .dweight = &dw});
+}
+/// The variant's choice and backward schedule.
+void Select(const Variant &v) {
+    SetGroupedGemmChoice(v.choice);
+    SetGroupedConcurrentBackward(v.concurrent);
 }
 
 } // namespace
@@ -232,7 +249,7 @@ int main(int argc, char **argv) try {
             if (!opt.variants.empty() && opt.variants.count(v.name) == 0) {
                 continue;
             }
-            SetGroupedGemmChoice(v.choice);
+            Select(v);
             const Tensor &sizes = v.device_sizes ? o.sizes_device : o.sizes_host;
             o.y.Fill(0.0);
             Forward(o, sizes);
@@ -250,28 +267,31 @@ int main(int argc, char **argv) try {
                 Forward(o, sizes);
                 Dgrad(o, sizes);
                 Wgrad(o, sizes);
+                Backward(o, sizes);
             }
             variants.push_back(&v);
         }
+        std::map<std::string, std::uint64_t> concurrent_runs;
         for (int round = 0; round < opt.rounds; ++round) {
             for (const Variant *v : variants) {
-                SetGroupedGemmChoice(v->choice);
+                Select(*v);
                 const Tensor &sizes = v->device_sizes ? o.sizes_device : o.sizes_host;
                 auto &s = samples[v->name];
+                const std::uint64_t runs_before = GroupedConcurrentBackwardRuns();
                 for (int i = 0; i < opt.iters; ++i) {
                     s["fwd"].push_back(timer.Microseconds([&] { Forward(o, sizes); }));
                     s["dgrad"].push_back(timer.Microseconds([&] { Dgrad(o, sizes); }));
                     s["wgrad"].push_back(timer.Microseconds([&] { Wgrad(o, sizes); }));
                     s["fwdbwd"].push_back(timer.Microseconds([&] {
                         Forward(o, sizes);
-                        Dgrad(o, sizes);
-                        Wgrad(o, sizes);
+                        Backward(o, sizes);
                     }));
                 }
+                concurrent_runs[v->name] += GroupedConcurrentBackwardRuns() - runs_before;
             }
         }
         for (const Variant *v : variants) {
-            SetGroupedGemmChoice(v->choice);
+            Select(*v);
             const Tensor &sizes = v->device_sizes ? o.sizes_device : o.sizes_host;
             SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
             const auto t0 = std::chrono::steady_clock::now();
@@ -308,11 +328,14 @@ int main(int argc, char **argv) try {
                       {"tflops", phase_flops / med * 1e-6},
                       {"frac_ceiling", phase_flops / med * 1e-6 / ceiling.tflops},
                       {"host_us_per_fwd", host_us},
+                      {"concurrent_bwd", v->concurrent},
+                      {"concurrent_runs", concurrent_runs[v->name]},
                       {"config", config[phase]}});
             }
-            std::printf("%-18s %-18s %10.1f %10.1f %10.1f %10.1f %8.1f %8.2f  %s\n", c.name.c_str(), v->name.c_str(),
-                        median["fwd"], median["dgrad"], median["wgrad"], median["fwdbwd"],
-                        3 * flops / median["fwdbwd"] * 1e-6, host_us, config["fwdbwd"].c_str());
+            std::printf("%-18s %-18s %10.1f %10.1f %10.1f %10.1f %8.1f %8.2f  %s (concurrent bwd: %llu of %zu)\n",
+                        c.name.c_str(), v->name.c_str(), median["fwd"], median["dgrad"], median["wgrad"],
+                        median["fwdbwd"], 3 * flops / median["fwdbwd"] * 1e-6, host_us, config["fwdbwd"].c_str(),
+                        static_cast<unsigned long long>(concurrent_runs[v->name]), s["fwdbwd"].size());
         }
         // The per-shape tuning of this case: every timed class, its candidates' µs and the winner.
         for (const GroupedGemmTuningInfo &info : GroupedGemmTuningInfos()) {
@@ -330,6 +353,7 @@ int main(int argc, char **argv) try {
         ClearGroupedGemmTuning();
     }
     SetGroupedGemmChoice({});
+    SetGroupedConcurrentBackward(true);
     return 0;
 } catch (const std::exception &e) {
     std::fprintf(stderr, "shardline-grouped-bench: %s\n", e.what());

@@ -18,9 +18,9 @@ using dist::DistTensor;
 using dist::Grad;
 
 /// The Function of autograd::GroupedLinear. Strided inputs are made contiguous for the kernels (so a transposed view
-/// gets its correct gradient, in its own shape); the backward runs exactly the kernels of the gradients needed:
-/// GroupedLinearBackwardInput for x, GroupedLinearBackwardWeight for W (with b's grad when both are in one dtype),
-/// GroupedLinearBackwardBias for b alone. Saves x only for W's grad and W only for x's.
+/// gets its correct gradient, in its own shape); the backward asks GroupedLinearBackward for exactly the gradients
+/// needed (the dgrad for x, the wgrad for W, the bias grad for b; on CUDA the parameter grads run beside the dgrad).
+/// Saves x only for W's grad and W only for x's.
 class GroupedLinearFunction final : public Function {
 public:
     explicit GroupedLinearFunction(Tensor group_sizes) : group_sizes_(std::move(group_sizes)) {}
@@ -59,23 +59,18 @@ protected:
         detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, {wreq, breq}, dy.dtype(), dy.device());
         Tensor &dweight = params.grads[0];
         Tensor &dbias = params.grads[1];
-        if (needs_input_grad(0)) {
-            Tensor dx = Tensor::Empty(x_shape_, dy.dtype(), dy.device());
-            kernels::GroupedLinearBackwardInput({.dy = dy, .weight = weight_, .group_sizes = group_sizes_, .dx = dx});
+        // One call for the wanted grads: on CUDA the wgrad and bias grad run beside the dgrad (GroupedLinearBackward).
+        Tensor dx = needs_input_grad(0) ? Tensor::Empty(x_shape_, dy.dtype(), dy.device()) : Tensor();
+        kernels::GroupedLinearBackward({.dy = dy,
+                                        .x = dweight.defined() ? &x_ : nullptr,
+                                        .weight = dx.defined() ? &weight_ : nullptr,
+                                        .group_sizes = group_sizes_,
+                                        .dx = dx.defined() ? &dx : nullptr,
+                                        .dweight = dweight.defined() ? &dweight : nullptr,
+                                        .dbias = dbias.defined() ? &dbias : nullptr,
+                                        .accumulate = params.accumulate});
+        if (dx.defined()) {
             grads[0].value = DistTensor::Local(std::move(dx));
-        }
-        const bool bias_with_weight = dweight.defined() && dbias.defined() && dweight.dtype() == dbias.dtype();
-        if (dweight.defined()) {
-            kernels::GroupedLinearBackwardWeight({.dy = dy,
-                                                  .x = x_,
-                                                  .group_sizes = group_sizes_,
-                                                  .dweight = dweight,
-                                                  .dbias = bias_with_weight ? &dbias : nullptr,
-                                                  .accumulate = params.accumulate});
-        }
-        if (dbias.defined() && !bias_with_weight) {
-            kernels::GroupedLinearBackwardBias(
-                {.dy = dy, .group_sizes = group_sizes_, .dbias = dbias, .accumulate = params.accumulate});
         }
         grads[1] = params.GradOf(0, nullptr, wreq, {});
         grads[2] = params.GradOf(1, nullptr, breq, {});

@@ -243,6 +243,22 @@ void RunGroupedParamKernels(const BackwardTensors &t, const Tensor &dy, const Te
     }
 }
 
+/// A grouped layer's wanted gradients in one GroupedLinearBackward (the plain order: nothing runs between the dgrad
+/// and the parameter grads, so on CUDA the parameter grads run beside the dgrad).
+void RunGroupedKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, Tensor &dx, bool accumulate) {
+    Tensor dweight = t.dweight;
+    Tensor dbias = t.dbias;
+    kernels::GroupedLinearBackward(
+        kernels::GroupedLinearBackwardArgs{.dy = dy,
+                                           .x = t.dweight.defined() ? &x : nullptr,
+                                           .weight = t.dx.defined() ? &t.weight : nullptr,
+                                           .group_sizes = t.group_sizes,
+                                           .dx = t.dx.defined() ? &dx : nullptr,
+                                           .dweight = t.dweight.defined() ? &dweight : nullptr,
+                                           .dbias = t.dbias.defined() ? &dbias : nullptr,
+                                           .accumulate = accumulate});
+}
+
 /// The local kernels of a backward for the gradients given (nullptr: not computed now): one LinearBackward, so the
 /// kernels decide per shape whether the bias grad rides in the wgrad GEMM or runs beside it; dbias apart (its own
 /// column sum) when its dtype differs from dweight's (a float32 main grad for one and not the other), as the kernel
@@ -415,8 +431,7 @@ BackwardInfo RunBackward(Call &call, const LinearPlan &plan, const BackwardTenso
     }
 
     if (grouped) {
-        RunGroupedInputKernel(t, dy_used, dx_local);
-        RunGroupedParamKernels(t, dy_used, x_used, accumulate);
+        RunGroupedKernels(t, dy_used, x_used, dx_local, accumulate);
     } else {
         RunLinearKernels(t, dy_used, &x_used, want_dx ? &dx_local : nullptr, want_dw ? &dweight : nullptr,
                          want_db ? &dbias : nullptr, want_pre_db ? &pre_dbias : nullptr,

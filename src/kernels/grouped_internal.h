@@ -23,6 +23,17 @@ void LoopGroupedGemm(const GroupedGemmParams& params);
 /// under a graph capture with host sizes.
 void DefaultGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args);
 
+/// The GroupedGemm problems of GroupedLinearBackwardInput (dx_e = dy_e·W_e) and GroupedLinearBackwardWeight's GEMM
+/// (dW_e (+)= dy_eᵀ·x_e; its dbias is not part of it), as the default kernels run them.
+GroupedGemmParams GroupedDgradProblem(const GroupedLinearBackwardInputArgs& args);
+GroupedGemmParams GroupedWgradProblem(const GroupedLinearBackwardWeightArgs& args);
+
+/// GroupedLinearBackward as the split ops one after another (dbias with dweight when they share a dtype): the default
+/// on every device, and the CUDA provider's serial path.
+void CompositeGroupedLinearBackward(const GroupedLinearBackwardArgs& args);
+/// Counts a GroupedLinearBackward whose parameter grads ran beside the dgrad (GroupedConcurrentBackwardRuns).
+void CountGroupedConcurrentBackward();
+
 /// Registers GroupedGemm's loop provider and the GroupedLinear* compositions as "default" for every device type.
 void RegisterGroupedCompositions();
 

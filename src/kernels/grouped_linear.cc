@@ -1,6 +1,9 @@
 // Grouped Linear ops: argument checks and the default kernels, compositions over GroupedGemm (and LinearBackwardBias /
 // BiasAdd per group for the bias), so they serve every device type and every provider that supplies GroupedGemm.
 
+#include <atomic>
+
+#include <shardline/core/env.h>
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/grouped_gemm.h>
@@ -74,6 +77,51 @@ GroupedGemmParams Problem(const Tensor& sizes, std::int64_t total, Device device
     return p;
 }
 
+} // namespace
+
+namespace detail {
+GroupedGemmParams GroupedDgradProblem(const GroupedLinearBackwardInputArgs& args) {
+    const std::int64_t out = args.weight.size(1);
+    const std::int64_t in = args.weight.size(2);
+    // Row-major dX_e[M_e,in] = dY_e[M_e,out]·W_e[out,in]. Column-major dX_eᶜ[in,M_e] = W_eᶜ[in,out]·dY_eᶜ[out,M_e]:
+    // W_e viewed [in,out] (ld in), dY_e viewed [out,M_e] (ld out), no transposes.
+    GroupedGemmParams p = Problem(args.group_sizes, args.dy.size(0), args.dx.device());
+    p.grouped_dim = GroupedDim::kN;
+    p.m = in;
+    p.k = out;
+    p.a = {.data = args.weight.data(), .ld = in, .group_stride = out * in};
+    p.a_type = args.weight.dtype();
+    p.b = {.data = args.dy.data(), .ld = out, .row_stride = out};
+    p.b_type = args.dy.dtype();
+    p.c = {.data = args.dx.data(), .ld = in, .row_stride = in};
+    p.c_type = args.dx.dtype();
+    return p;
+}
+
+GroupedGemmParams GroupedWgradProblem(const GroupedLinearBackwardWeightArgs& args) {
+    const std::int64_t out = args.dy.size(1);
+    const std::int64_t in = args.x.size(1);
+    // Row-major dW_e[out,in] = dY_e[M_e,out]ᵀ·X_e[M_e,in]. Column-major dW_eᶜ[in,out] = X_eᶜ[in,M_e]·dY_eᶜ[out,M_e]ᵀ:
+    // X_e viewed [in,M_e] (ld in), dY_e viewed [out,M_e] (ld out) and transposed; the reduction k = M_e is the
+    // group's rows (k = 0: dW_e = beta·dW_e, zero or untouched). accumulate: beta = 1 (e.g. an fp32 main grad).
+    GroupedGemmParams p = Problem(args.group_sizes, args.dy.size(0), args.dweight.device());
+    p.trans_b = true;
+    p.grouped_dim = GroupedDim::kK;
+    p.m = in;
+    p.n = out;
+    p.a = {.data = args.x.data(), .ld = in, .row_stride = in};
+    p.a_type = args.x.dtype();
+    p.b = {.data = args.dy.data(), .ld = out, .row_stride = out};
+    p.b_type = args.dy.dtype();
+    p.c = {.data = args.dweight.data(), .ld = in, .group_stride = out * in};
+    p.c_type = args.dweight.dtype();
+    p.beta = args.accumulate ? 1.0 : 0.0;
+    return p;
+}
+} // namespace detail
+
+namespace {
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Default kernels.
 
@@ -104,42 +152,11 @@ void DefaultGroupedLinearForward(const GroupedLinearForwardArgs& args) {
 }
 
 void DefaultGroupedLinearBackwardInput(const GroupedLinearBackwardInputArgs& args) {
-    const std::int64_t out = args.weight.size(1);
-    const std::int64_t in = args.weight.size(2);
-    // Row-major dX_e[M_e,in] = dY_e[M_e,out]·W_e[out,in]. Column-major dX_eᶜ[in,M_e] = W_eᶜ[in,out]·dY_eᶜ[out,M_e]:
-    // W_e viewed [in,out] (ld in), dY_e viewed [out,M_e] (ld out), no transposes.
-    GroupedGemmParams p = Problem(args.group_sizes, args.dy.size(0), args.dx.device());
-    p.grouped_dim = GroupedDim::kN;
-    p.m = in;
-    p.k = out;
-    p.a = {.data = args.weight.data(), .ld = in, .group_stride = out * in};
-    p.a_type = args.weight.dtype();
-    p.b = {.data = args.dy.data(), .ld = out, .row_stride = out};
-    p.b_type = args.dy.dtype();
-    p.c = {.data = args.dx.data(), .ld = in, .row_stride = in};
-    p.c_type = args.dx.dtype();
-    GroupedGemm(p);
+    GroupedGemm(detail::GroupedDgradProblem(args));
 }
 
 void DefaultGroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& args) {
-    const std::int64_t out = args.dy.size(1);
-    const std::int64_t in = args.x.size(1);
-    // Row-major dW_e[out,in] = dY_e[M_e,out]ᵀ·X_e[M_e,in]. Column-major dW_eᶜ[in,out] = X_eᶜ[in,M_e]·dY_eᶜ[out,M_e]ᵀ:
-    // X_e viewed [in,M_e] (ld in), dY_e viewed [out,M_e] (ld out) and transposed; the reduction k = M_e is the
-    // group's rows (k = 0: dW_e = beta·dW_e, zero or untouched). accumulate: beta = 1 (e.g. an fp32 main grad).
-    GroupedGemmParams p = Problem(args.group_sizes, args.dy.size(0), args.dweight.device());
-    p.trans_b = true;
-    p.grouped_dim = GroupedDim::kK;
-    p.m = in;
-    p.n = out;
-    p.a = {.data = args.x.data(), .ld = in, .row_stride = in};
-    p.a_type = args.x.dtype();
-    p.b = {.data = args.dy.data(), .ld = out, .row_stride = out};
-    p.b_type = args.dy.dtype();
-    p.c = {.data = args.dweight.data(), .ld = in, .group_stride = out * in};
-    p.c_type = args.dweight.dtype();
-    p.beta = args.accumulate ? 1.0 : 0.0;
-    GroupedGemm(p);
+    GroupedGemm(detail::GroupedWgradProblem(args));
     if (args.dbias != nullptr) {
         GroupedLinearBackwardBias(GroupedLinearBackwardBiasArgs{
             .dy = args.dy, .group_sizes = args.group_sizes, .dbias = *args.dbias, .accumulate = args.accumulate});
@@ -180,8 +197,8 @@ Tensor GroupedLinearForward(const Tensor& x, const Tensor& weight, const Tensor*
     return y;
 }
 
-void GroupedLinearBackwardInput(const GroupedLinearBackwardInputArgs& args) {
-    constexpr std::string_view kOp = GroupedLinearBackwardInputOp::kName;
+namespace {
+void CheckBackwardInput(const GroupedLinearBackwardInputArgs& args, std::string_view kOp) {
     CheckGroupedWeight(args.weight, kOp, "weight");
     CheckRows(args.dy, args.weight.size(1), args.weight, kOp, "dy");
     CheckRows(args.dx, args.weight.size(2), args.weight, kOp, "dx");
@@ -189,14 +206,9 @@ void GroupedLinearBackwardInput(const GroupedLinearBackwardInputArgs& args) {
                        "dx must have dy's {} rows, got dy {} and dx {}", args.dy.size(0), args.dy.ToString(),
                        args.dx.ToString());
     CheckGroupSizes(args.group_sizes, args.weight.size(0), args.dy.size(0), args.weight.device(), kOp);
-    if (args.dx.numel() == 0) {
-        return;
-    }
-    Dispatch<GroupedLinearBackwardInputOp>(args.dx.device().type, args);
 }
 
-void GroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& args) {
-    constexpr std::string_view kOp = GroupedLinearBackwardWeightOp::kName;
+void CheckBackwardWeight(const GroupedLinearBackwardWeightArgs& args, std::string_view kOp) {
     CheckTensor(args.dweight, kOp, "dweight");
     SHARDLINE_CHECK_AS(ShapeError, args.dweight.rank() == 3 && args.dweight.numel() > 0, kOp,
                        "dweight must be [experts, out_features, in_features] with sizes > 0, got {}",
@@ -218,11 +230,9 @@ void GroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& args) {
         CheckShape(*args.dbias, Shape{experts, out}, kOp, "dbias");
     }
     CheckGroupSizes(args.group_sizes, experts, args.x.size(0), args.x.device(), kOp);
-    Dispatch<GroupedLinearBackwardWeightOp>(args.dweight.device().type, args);
 }
 
-void GroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
-    constexpr std::string_view kOp = GroupedLinearBackwardBiasOp::kName;
+void CheckBackwardBias(const GroupedLinearBackwardBiasArgs& args, std::string_view kOp) {
     CheckTensor(args.dy, kOp, "dy");
     CheckDeviceDType(args.dy, kOp, "dy");
     CheckTensor(args.dbias, kOp, "dbias");
@@ -236,8 +246,65 @@ void GroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
                        kOp, "dy must be [tokens, out] and dbias [experts, out], got dy {} and dbias {}",
                        args.dy.ToString(), args.dbias.ToString());
     CheckGroupSizes(args.group_sizes, args.dbias.size(0), args.dy.size(0), args.dy.device(), kOp);
+}
+
+std::atomic<std::uint64_t>& ConcurrentBackwardRuns() {
+    static std::atomic<std::uint64_t> runs{0};
+    return runs;
+}
+
+std::atomic<bool>& ConcurrentBackwardFlag() {
+    static std::atomic<bool> flag{env::GetBool("SHARDLINE_GROUPED_CONCURRENT_BWD", true)};
+    return flag;
+}
+} // namespace
+
+void GroupedLinearBackwardInput(const GroupedLinearBackwardInputArgs& args) {
+    CheckBackwardInput(args, GroupedLinearBackwardInputOp::kName);
+    if (args.dx.numel() == 0) {
+        return;
+    }
+    Dispatch<GroupedLinearBackwardInputOp>(args.dx.device().type, args);
+}
+
+void GroupedLinearBackwardWeight(const GroupedLinearBackwardWeightArgs& args) {
+    CheckBackwardWeight(args, GroupedLinearBackwardWeightOp::kName);
+    Dispatch<GroupedLinearBackwardWeightOp>(args.dweight.device().type, args);
+}
+
+void GroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
+    CheckBackwardBias(args, GroupedLinearBackwardBiasOp::kName);
     Dispatch<GroupedLinearBackwardBiasOp>(args.dbias.device().type, args);
 }
+
+void GroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
+    constexpr std::string_view kOp = GroupedLinearBackwardOp::kName;
+    CheckTensor(args.dy, kOp, "dy");
+    SHARDLINE_CHECK(args.dx == nullptr || args.weight != nullptr, kOp, "dx needs the weight, got dx {} and no weight",
+                    args.dx->ToString());
+    SHARDLINE_CHECK(args.dweight == nullptr || args.x != nullptr, kOp, "dweight needs x, got dweight {} and no x",
+                    args.dweight->ToString());
+    if (args.dx != nullptr) {
+        CheckBackwardInput({.dy = args.dy, .weight = *args.weight, .group_sizes = args.group_sizes, .dx = *args.dx},
+                           kOp);
+    }
+    if (args.dweight != nullptr) {
+        // dbias apart: it may be float32 while dweight is not (or the reverse).
+        CheckBackwardWeight({.dy = args.dy, .x = *args.x, .group_sizes = args.group_sizes, .dweight = *args.dweight},
+                            kOp);
+    }
+    if (args.dbias != nullptr) {
+        CheckBackwardBias({.dy = args.dy, .group_sizes = args.group_sizes, .dbias = *args.dbias}, kOp);
+    }
+    if (args.dx == nullptr && args.dweight == nullptr && args.dbias == nullptr) {
+        return;
+    }
+    Dispatch<GroupedLinearBackwardOp>(args.dy.device().type, args);
+}
+
+bool GetGroupedConcurrentBackward() { return ConcurrentBackwardFlag().load(std::memory_order_relaxed); }
+void SetGroupedConcurrentBackward(bool on) { ConcurrentBackwardFlag().store(on, std::memory_order_relaxed); }
+std::uint64_t GroupedConcurrentBackwardRuns() { return ConcurrentBackwardRuns().load(std::memory_order_relaxed); }
 
 void GroupedBiasAdd(const Tensor& y, const Tensor& bias, const Tensor& group_sizes) {
     constexpr std::string_view kOp = "GroupedBiasAdd";
@@ -277,12 +344,37 @@ void DefaultGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args)
     }
 }
 
+void CountGroupedConcurrentBackward() { ConcurrentBackwardRuns().fetch_add(1, std::memory_order_relaxed); }
+
+void CompositeGroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
+    if (args.dx != nullptr) {
+        GroupedLinearBackwardInput(
+            {.dy = args.dy, .weight = *args.weight, .group_sizes = args.group_sizes, .dx = *args.dx});
+    }
+    // The bias grad rides with the weight grad when both are in one dtype (GroupedLinearBackwardWeight's dbias).
+    const bool bias_with_weight =
+        args.dweight != nullptr && args.dbias != nullptr && args.dbias->dtype() == args.dweight->dtype();
+    if (args.dweight != nullptr) {
+        GroupedLinearBackwardWeight({.dy = args.dy,
+                                     .x = *args.x,
+                                     .group_sizes = args.group_sizes,
+                                     .dweight = *args.dweight,
+                                     .dbias = bias_with_weight ? args.dbias : nullptr,
+                                     .accumulate = args.accumulate});
+    }
+    if (args.dbias != nullptr && !bias_with_weight) {
+        GroupedLinearBackwardBias(
+            {.dy = args.dy, .group_sizes = args.group_sizes, .dbias = *args.dbias, .accumulate = args.accumulate});
+    }
+}
+
 void RegisterGroupedLinearCompositions() {
     for (DeviceType d : kBuiltDeviceTypes) {
         Register<GroupedLinearForwardOp>(d, kDefaultProvider, &DefaultGroupedLinearForward);
         Register<GroupedLinearBackwardInputOp>(d, kDefaultProvider, &DefaultGroupedLinearBackwardInput);
         Register<GroupedLinearBackwardWeightOp>(d, kDefaultProvider, &DefaultGroupedLinearBackwardWeight);
         Register<GroupedLinearBackwardBiasOp>(d, kDefaultProvider, &DefaultGroupedLinearBackwardBias);
+        Register<GroupedLinearBackwardOp>(d, kDefaultProvider, &CompositeGroupedLinearBackward);
     }
 }
 } // namespace detail

@@ -22,6 +22,7 @@
 namespace shardline::testing {
 namespace {
 
+using kernels::GroupedLinearBackward;
 using kernels::GroupedLinearBackwardBias;
 using kernels::GroupedLinearBackwardBiasArgs;
 using kernels::GroupedLinearBackwardInput;
@@ -225,6 +226,46 @@ TEST_P(GroupedLinearTest, BackwardBiasIsEachGroupsColumnSum) {
     EXPECT_TRUE(ValuesMatch(acc, want, dtype()));
 }
 
+TEST_P(GroupedLinearTest, BackwardInOneCallIsTheSplitOps) {
+    // GroupedLinearBackward for dx, dW and db (on CUDA the parameter grads may run beside the dgrad): the float64
+    // reference, and bitwise what the split ops give.
+    Tensor dx = Poison({rows_, kIn}, dtype());
+    Tensor dw = Poison({experts_, kOut, kIn}, dtype());
+    Tensor db = Poison({experts_, kOut}, dtype());
+    GroupedLinearBackward(
+        {.dy = dy_, .x = &x_, .weight = &w_, .group_sizes = group_sizes_, .dx = &dx, .dweight = &dw, .dbias = &db});
+    EXPECT_TRUE(ValuesMatch(dx, RefDx(), dtype()));
+    EXPECT_TRUE(ValuesMatch(dw, RefDw(), dtype()));
+    EXPECT_TRUE(ValuesMatch(db, RefDb(), dtype()));
+    Tensor dx_split = Poison({rows_, kIn}, dtype());
+    Tensor dw_split = Poison({experts_, kOut, kIn}, dtype());
+    Tensor db_split = Poison({experts_, kOut}, dtype());
+    GroupedLinearBackwardInput(
+        GroupedLinearBackwardInputArgs{.dy = dy_, .weight = w_, .group_sizes = group_sizes_, .dx = dx_split});
+    GroupedLinearBackwardWeight(GroupedLinearBackwardWeightArgs{
+        .dy = dy_, .x = x_, .group_sizes = group_sizes_, .dweight = dw_split, .dbias = &db_split});
+    EXPECT_EQ(dx.ToDoubleVector(), dx_split.ToDoubleVector()) << "dx";
+    EXPECT_EQ(dw.ToDoubleVector(), dw_split.ToDoubleVector()) << "dW";
+    EXPECT_EQ(db.ToDoubleVector(), db_split.ToDoubleVector()) << "db";
+}
+
+TEST_P(GroupedLinearTest, BackwardInOneCallAccumulatesEachGradItAsksFor) {
+    // Only the parameter grads, into main grads, and db in another dtype than dW where the device has one; then dx
+    // alone. Empty experts keep their old grads.
+    const DType main_dtype = MainGradDType(device(), dtype());
+    Tensor dw = Random({experts_, kOut, kIn}, main_dtype, 7, "main_dw", 2.0);
+    Tensor db = Random({experts_, kOut}, dtype(), 7, "main_db", 2.0);
+    const Values want_dw = AddScaled(dw.ToDoubleVector(), RefDw());
+    const Values want_db = AddScaled(db.ToDoubleVector(), RefDb());
+    GroupedLinearBackward(
+        {.dy = dy_, .x = &x_, .group_sizes = group_sizes_, .dweight = &dw, .dbias = &db, .accumulate = true});
+    EXPECT_TRUE(ValuesMatch(dw, want_dw, main_dtype, OnCuda(kEpilogueRoundings)));
+    EXPECT_TRUE(ValuesMatch(db, want_db, dtype(), OnCuda(kEpilogueRoundings)));
+    Tensor dx = Poison({rows_, kIn}, dtype());
+    GroupedLinearBackward({.dy = dy_, .weight = &w_, .group_sizes = group_sizes_, .dx = &dx});
+    EXPECT_TRUE(ValuesMatch(dx, RefDx(), dtype()));
+}
+
 TEST_P(GroupedLinearTest, GroupedBiasAddAddsEachExpertsBiasToItsRows) {
     Tensor y = Random({rows_, kOut}, dtype(), 3, "y");
     Values want = y.ToDoubleVector();
@@ -301,6 +342,21 @@ TEST(GroupedLinearErrorsTest, BadArgumentsNameTheOpAndTheExpectation) {
                         .dy = y, .x = x, .group_sizes = sizes({2, 2, 2}), .dweight = dw_half});
                 }),
                 HasSubstr("GroupedLinearBackwardWeight: dweight must have x's dtype float32"));
+    // The one-call backward names itself and checks every grad it is asked for before running any.
+    Tensor dx = Tensor::Zeros({6, 4}, DType::kFloat32);
+    EXPECT_THAT(MessageOf<Error>([&] { GroupedLinearBackward({.dy = y, .group_sizes = sizes({2, 2, 2}), .dx = &dx}); }),
+                HasSubstr("GroupedLinearBackward: dx needs the weight, got dx"));
+    EXPECT_THAT(MessageOf<Error>(
+                    [&] { GroupedLinearBackward({.dy = y, .group_sizes = sizes({2, 2, 2}), .dweight = &dw_half}); }),
+                HasSubstr("GroupedLinearBackward: dweight needs x, got dweight"));
+    dx.Fill(7.0);
+    EXPECT_THAT(
+        MessageOf<Error>([&] {
+            GroupedLinearBackward(
+                {.dy = y, .x = &x, .weight = &w, .group_sizes = sizes({2, 2, 2}), .dx = &dx, .dweight = &dw_half});
+        }),
+        HasSubstr("GroupedLinearBackward: dweight must have x's dtype float32"));
+    EXPECT_EQ(dx.ToDoubleVector(), std::vector<double>(24, 7.0)) << "dx was written before the checks of dweight";
 }
 
 } // namespace

@@ -6,6 +6,7 @@
 // (routing produces them): they launch nothing, their dweight/dbias are zero (untouched when accumulating).
 // No kernel takes autograd flags: the caller decides which of them to run.
 
+#include <cstdint>
 #include <string_view>
 
 #include <shardline/core/tensor.h>
@@ -67,6 +68,41 @@ struct GroupedLinearBackwardBiasOp {
 };
 /// db_e (+)= Σ_rows dy_e, accumulated in fp32 (fp64 for fp64).
 void GroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args);
+
+/// The backward of a grouped Linear in one call, for exactly the gradients given (nullptr: not wanted), as
+/// LinearBackward is for Linear: dx_e = dy_e·W_e, dW_e (+)= dy_eᵀ·x_e, db_e (+)= Σ_rows dy_e. dbias may be dy's dtype
+/// or float32 whatever dweight's is. Each result equals the split op's (GroupedLinearBackwardInput / Weight / Bias).
+/// The CUDA default provider runs the wgrad and bias grad on the device's side stream beside the dgrad when both dx and
+/// a parameter grad are wanted (GetGroupedConcurrentBackward); the caller still sees one stream.
+struct GroupedLinearBackwardArgs {
+    const Tensor& dy;               ///< [T, out]
+    const Tensor* x = nullptr;      ///< [T, in]; needed for dweight
+    const Tensor* weight = nullptr; ///< [E, out, in]; needed for dx
+    const Tensor& group_sizes;      ///< [E] int64, host or dy's device
+    Tensor* dx = nullptr;           ///< [T, in], overwritten
+    Tensor* dweight = nullptr;      ///< [E, out, in]; x's dtype, or float32 (a main grad) when accumulating
+    Tensor* dbias = nullptr;        ///< [E, out]; dy's dtype or float32
+    bool accumulate = false;        ///< dweight and dbias += instead of =
+};
+struct GroupedLinearBackwardOp {
+    static constexpr std::string_view kName = "GroupedLinearBackward";
+    using Fn = void (*)(const GroupedLinearBackwardArgs&);
+};
+/// dx_e = dy_e·W_e; dW_e (+)= dy_eᵀ·x_e; db_e (+)= Σ_rows dy_e — those of dx, dweight, dbias that are given. Every
+/// argument is checked before any kernel runs.
+void GroupedLinearBackward(const GroupedLinearBackwardArgs& args);
+
+/// Whether the CUDA default provider of GroupedLinearBackward runs the wgrad (and the bias grad) on the device's side
+/// stream, forked from the compute stream after everything queued so far and joined back before the call returns,
+/// while the dgrad runs on the compute stream: the tail of one persistent grouped kernel then overlaps the other. The
+/// results are bitwise the same either way. It applies where the two would not otherwise wait on the host or time
+/// candidates: the wgrad takes the CUTLASS path and neither GEMM's shape class is still to be tuned (a first call runs
+/// one after the other and tunes). Start: SHARDLINE_GROUPED_CONCURRENT_BWD (1, the default; 0 off).
+bool GetGroupedConcurrentBackward();
+void SetGroupedConcurrentBackward(bool on);
+/// How many GroupedLinearBackward calls since the start ran their parameter grads beside the dgrad (tests and benches
+/// check which path ran).
+std::uint64_t GroupedConcurrentBackwardRuns();
 
 /// y_e += b_e on every group's rows: the bias a row-parallel grouped layer adds once, after the reduction. A
 /// composition over BiasAdd (reads device-resident sizes on the host).

@@ -6,6 +6,7 @@
 #include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/embedding.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/grouped_linear.h>
 #include <shardline/kernels/linear.h>
 #include <shardline/kernels/optim.h>
 
@@ -43,6 +44,8 @@ bool EpilogueRunsFused(const GemmParams &params);
 // grouped_gemm.cc: GroupedGemm (CUTLASS or the cuBLASLt loop, per shape), the device-size grouped bias grad, and the
 // legacy provider's GroupedGemm loop
 void RegisterCudaGroupedKernels();
+// grouped_linear_backward.cc: GroupedLinearBackward with the wgrad and bias grad on the side stream beside the dgrad
+void CudaGroupedLinearBackward(const GroupedLinearBackwardArgs &args);
 // moe_ops.cc: the mixture-of-experts router, permutation map, gather, combine and the combine's weight grad
 void RegisterCudaMoEKernels();
 

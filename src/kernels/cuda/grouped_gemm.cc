@@ -33,6 +33,7 @@
 #include "candidate_timer.h"
 #include "cuda_ops.h"
 #include "cutlass/grouped_cutlass.h"
+#include "grouped_gemm_cuda.h"
 #include "grouped_kernels.h"
 #include "kernels/grouped_internal.h"
 #include "kernels/grouped_tuning.h"
@@ -161,18 +162,20 @@ Tensor DeviceSizes(const GroupedGemmParams& p) {
     return p.sizes_device.is_cpu() ? view.To(p.device) : view;
 }
 
-/// Runs the CUTLASS grouped GEMM; false when CUTLASS refuses the arguments (only the setup kernel, which writes the
-/// scratch, has run then).
-bool RunCutlass(const GroupedGemmParams& p, cg::Args args) {
+/// Makes the CUTLASS grouped GEMM ready on the compute stream: host sizes checked and uploaded, the scratch allocated
+/// from the stream-ordered pool (a graph capture records it as a memory node); false when CUTLASS sizes no scratch.
+bool PrepareCutlass(const GroupedGemmParams& p, PreparedGroupedGemm& call) {
     CudaContext& ctx = CudaContext::Get(p.device.index);
     if (p.sizes_device.is_cpu()) {
         // Host sizes are checked (each >= 0, Σ = total) as the loop checks them; device sizes are clamped on the
         // device.
         HostGroupSizes(p.sizes, p.group_count, p.sizes_device, p.total, GroupedGemmOp::kName);
     }
-    const Tensor sizes = DeviceSizes(p);
+    call.params = p;
+    call.sizes = DeviceSizes(p);
+    cg::Args& args = call.args;
     args.groups = static_cast<int>(p.group_count);
-    args.sizes = sizes.data_as<std::int64_t>();
+    args.sizes = call.sizes.data_as<std::int64_t>();
     args.grouped_k = p.grouped_dim == GroupedDim::kK;
     args.m = p.m;
     args.n = p.n;
@@ -184,27 +187,22 @@ bool RunCutlass(const GroupedGemmParams& p, cg::Args args) {
     args.beta = static_cast<float>(p.beta);
     args.device = p.device.index;
     args.sm_count = ctx.multiprocessors();
-    args.stream = ctx.stream();
-    std::size_t bytes = 0;
-    if (cg::ScratchBytes(args, &bytes) != cg::kOk) {
+    if (cg::ScratchBytes(args, &call.bytes) != cg::kOk) {
         return false;
     }
-    // Stream-ordered scratch from the device pool (a graph capture records it as a memory node).
-    const Tensor scratch = Tensor::Empty(Shape{static_cast<std::int64_t>((bytes + 7) / 8)}, DType::kInt64, p.device);
-    const int status = cg::Run(args, scratch.data(), bytes);
-    if (status == cg::kCannotImplement) {
-        return false;
-    }
-    SHARDLINE_CHECK(status == cg::kOk, GroupedGemmOp::kName,
-                    "the CUTLASS grouped GEMM failed (status {}: {}), groups={} m={} n={} k={} total={}", status,
-                    cudaGetErrorString(cudaGetLastError()), p.group_count, p.m, p.n, p.k, p.total);
-    if (p.epilogue == GemmEpilogue::kBias) {
-        // D (column-major m × total, ld m) is the row-major [total, m] output: each group's bias on its rows.
-        SHARDLINE_CHECK_CUDA(LaunchGroupedBiasAdd(const_cast<void*>(p.c.data), p.c_type, p.total, p.m, p.c.ld, p.bias,
-                                                  p.bias_type, p.bias_group_stride, sizes.data_as<std::int64_t>(),
-                                                  args.groups, args.stream));
-    }
+    call.scratch = Tensor::Empty(Shape{static_cast<std::int64_t>((call.bytes + 7) / 8)}, DType::kInt64, p.device);
     return true;
+}
+
+/// Runs the CUTLASS grouped GEMM; false when CUTLASS refuses the arguments (only the setup kernel, which writes the
+/// scratch, has run then).
+bool RunCutlass(const GroupedGemmParams& p, const cg::Args& args) {
+    PreparedGroupedGemm call;
+    call.args = args;
+    if (!PrepareCutlass(p, call)) {
+        return false;
+    }
+    return LaunchPreparedGroupedGemm(call, CudaContext::Get(p.device.index).stream());
 }
 
 /// Runs one candidate on p: the loop, or the CUTLASS config (false when CUTLASS refuses the arguments).
@@ -355,6 +353,68 @@ void CudaGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
 
 } // namespace
 
+bool LaunchPreparedGroupedGemm(const PreparedGroupedGemm& call, cudaStream_t stream) {
+    const GroupedGemmParams& p = call.params;
+    cg::Args args = call.args;
+    args.stream = stream;
+    const int status = cg::Run(args, call.scratch.data(), call.bytes);
+    if (status == cg::kCannotImplement) {
+        return false;
+    }
+    SHARDLINE_CHECK(status == cg::kOk, GroupedGemmOp::kName,
+                    "the CUTLASS grouped GEMM failed (status {}: {}), groups={} m={} n={} k={} total={}", status,
+                    cudaGetErrorString(cudaGetLastError()), p.group_count, p.m, p.n, p.k, p.total);
+    if (p.epilogue == GemmEpilogue::kBias) {
+        // D (column-major m × total, ld m) is the row-major [total, m] output: each group's bias on its rows.
+        SHARDLINE_CHECK_CUDA(LaunchGroupedBiasAdd(const_cast<void*>(p.c.data), p.c_type, p.total, p.m, p.c.ld, p.bias,
+                                                  p.bias_type, p.bias_group_stride, args.sizes, args.groups, stream));
+    }
+    return true;
+}
+
+bool GroupedGemmWouldTune(const GroupedGemmParams& p) {
+    cg::Args args;
+    if (CutlassIneligible(p, args) != nullptr) {
+        return false; // the loop, untimed
+    }
+    const bool capturing = detail::ComputeStreamCapturing(p.device);
+    if (p.sizes_device.is_cpu() && capturing) {
+        return false;
+    }
+    const GroupedGemmChoice choice = GetGroupedGemmChoice();
+    if (choice.impl != GroupedGemmImpl::kAuto || choice.tile != GroupedGemmTile::kAuto) {
+        return false;
+    }
+    if (detail::FindGroupedWinner(detail::MakeGroupedTuningKey(p), /*count_hit=*/false)) {
+        return false;
+    }
+    if (p.total == 0 || (p.grouped_dim == GroupedDim::kK && p.n == 0)) {
+        return false;
+    }
+    return detail::GroupedTuningAllowed(capturing);
+}
+
+std::optional<PreparedGroupedGemm> PrepareCutlassGroupedGemm(const GroupedGemmParams& p) {
+    PreparedGroupedGemm call;
+    if (CutlassIneligible(p, call.args) != nullptr || GroupedGemmWouldTune(p)) {
+        return std::nullopt;
+    }
+    const bool capturing = detail::ComputeStreamCapturing(p.device);
+    if (p.sizes_device.is_cpu() && capturing) {
+        return std::nullopt;
+    }
+    const Pick pick = Choose(p, call.args, capturing, /*may_tune=*/true); // times nothing: GroupedGemmWouldTune
+    if (pick.candidate == detail::kLoopCandidate) {
+        return std::nullopt;
+    }
+    call.args.config = ConfigOf(pick.candidate);
+    call.path = PathText(pick);
+    if (!PrepareCutlass(p, call)) {
+        return std::nullopt;
+    }
+    return call;
+}
+
 } // namespace shardline::kernels::cuda
 
 namespace shardline::kernels {
@@ -377,6 +437,7 @@ namespace shardline::kernels::cuda {
 void RegisterCudaGroupedKernels() {
     Register<GroupedGemmOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedGemm);
     Register<GroupedLinearBackwardBiasOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedLinearBackwardBias);
+    Register<GroupedLinearBackwardOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedLinearBackward);
     // legacy: the loop, each group's Gemm from cublasGemmEx (the rollback path).
     Register<GroupedGemmOp>(DeviceType::kCUDA, kLegacyProvider, &detail::LoopGroupedGemm);
 }

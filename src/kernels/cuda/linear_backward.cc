@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include <cuda_runtime_api.h>
 
@@ -28,34 +27,10 @@
 #include "epilogue_kernels.h"
 #include "gemm_common.h"
 #include "kernels/linear_gemm.h"
+#include "side_stream.h"
 
 namespace shardline::kernels::cuda {
 namespace {
-
-/// A device's side stream (highest priority, so the short reduction is scheduled as soon as SMs free up) and the two
-/// events that fork it from and join it to the compute stream. Created on first use, never destroyed.
-struct SideStream {
-    std::mutex mutex; ///< one fork/join at a time per device: the events are reused
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr;
-    cudaEvent_t join = nullptr;
-};
-
-SideStream &SideStreamOf(int device) {
-    static std::mutex mutex;
-    static auto *sides = new std::unordered_map<int, SideStream>();
-    std::lock_guard lock(mutex);
-    SideStream &side = (*sides)[device];
-    if (side.stream == nullptr) {
-        int least = 0;
-        int greatest = 0;
-        SHARDLINE_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-        SHARDLINE_CHECK_CUDA(cudaStreamCreateWithPriority(&side.stream, cudaStreamNonBlocking, greatest));
-        SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&side.fork, cudaEventDisableTiming));
-        SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&side.join, cudaEventDisableTiming));
-    }
-    return side;
-}
 
 /// True when the ops this kernel would otherwise reach through the dispatcher are served by the default provider
 /// for the provider chosen for LinearBackward: then calling them directly (and the column sum on a side stream)

@@ -5,6 +5,8 @@
 
 #include "grouped_cutlass.h"
 
+#include <atomic>
+
 #include <shardline/config.h>
 
 namespace shardline::kernels::cuda::cutlass_grouped {
@@ -22,6 +24,29 @@ const char *ConfigName(Config config) {
     }
     return "unknown";
 }
+
+namespace {
+std::atomic<std::uint64_t> &Generation() {
+    static std::atomic<std::uint64_t> generation{0};
+    return generation;
+}
+std::atomic<std::uint64_t> &Hits() {
+    static std::atomic<std::uint64_t> hits{0};
+    return hits;
+}
+std::atomic<std::uint64_t> &Misses() {
+    static std::atomic<std::uint64_t> misses{0};
+    return misses;
+}
+} // namespace
+
+CachedParamsStats GetCachedParamsStats() {
+    return {.hits = Hits().load(std::memory_order_relaxed), .misses = Misses().load(std::memory_order_relaxed)};
+}
+void CountCachedParams(bool hit) { (hit ? Hits() : Misses()).fetch_add(1, std::memory_order_relaxed); }
+
+void ForgetCachedParams() { Generation().fetch_add(1, std::memory_order_relaxed); }
+std::uint64_t CachedParamsGeneration() { return Generation().load(std::memory_order_relaxed); }
 
 #if SHARDLINE_HAVE_CUTLASS
 namespace detail {

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
+#include <cub/block/block_scan.cuh>
 #include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -113,7 +115,7 @@ template <class Stride> Stride LeadingStride(std::int64_t ld) {
 /// The per-group arrays in the scratch, each 256-byte aligned, then CUTLASS's workspace.
 template <class G> struct ScratchLayout {
     std::size_t shapes = 0, ptr_a = 0, ptr_b = 0, ptr_c = 0, ptr_d = 0, stride_a = 0, stride_b = 0, stride_c = 0,
-                stride_d = 0, sizes = 0, workspace = 0, end = 0;
+                stride_d = 0, workspace = 0;
 
     explicit ScratchLayout(int groups) {
         std::size_t at = 0;
@@ -132,7 +134,6 @@ template <class G> struct ScratchLayout {
         stride_b = take(e * sizeof(typename G::StrideB));
         stride_c = take(e * sizeof(typename G::StrideC));
         stride_d = take(e * sizeof(typename G::StrideD));
-        sizes = take(e * sizeof(std::int64_t));
         workspace = at;
     }
     template <class T> T *At(void *scratch, std::size_t offset) const {
@@ -151,73 +152,95 @@ struct SetupParams {
 
 constexpr int kSetupThreads = 256;
 
-/// One block: each group's clamped size and row offset (a block-wide exclusive scan of the sizes), then its problem
-/// shape, operand pointers and strides. A kK group of size 0 gets m = 0: no tile of it runs (its D is zeroed apart).
+/// D_e = 0 (all bytes zero: 0.0 in every float type) for a group's m×n column-major D with ld m (the eligibility asks
+/// for packed leading dims: m·n contiguous elements), spread over `threads` threads of which this is `thread`.
+__device__ inline void ZeroGroup(char *d, std::int64_t bytes, std::int64_t thread, std::int64_t threads) {
+    std::int64_t done = 0;
+    if (reinterpret_cast<std::uintptr_t>(d) % 16 == 0) {
+        const std::int64_t vectors = bytes / 16;
+        uint4 *v = reinterpret_cast<uint4 *>(d);
+        for (std::int64_t i = thread; i < vectors; i += threads) {
+            v[i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        done = vectors * 16;
+    }
+    for (std::int64_t i = done + thread; i < bytes; i += threads) {
+        d[i] = 0;
+    }
+}
+
+/// The grouped kernel's arguments from the sizes on the device. Every block computes each group's clamped size and
+/// row offset (a block-wide exclusive scan of the sizes, kSetupThreads groups per round); block 0 writes each group's
+/// problem shape, operand pointers and strides; with `zero_empty` (a kK GEMM with beta = 0) the other blocks zero the
+/// D of every group of size 0, which gets m = 0 so that no tile of it runs (a tile with k = 0 would store accumulators
+/// that no MMA cleared). One launch instead of a setup and a zeroing kernel: the zeroing blocks fill the SMs that the
+/// one setup block leaves idle, and the GEMM after waits for both anyway.
 template <class G>
 __global__ void __launch_bounds__(kSetupThreads)
     SetupKernel(SetupParams p, GroupShape *shapes, const void **ptr_a, const void **ptr_b, const void **ptr_c,
                 void **ptr_d, typename G::StrideA *stride_a, typename G::StrideB *stride_b,
-                typename G::StrideC *stride_c, typename G::StrideD *stride_d, std::int64_t *clamped,
-                typename G::StrideA sa, typename G::StrideB sb, typename G::StrideC sc) {
-    __shared__ std::int64_t partial[kSetupThreads];
+                typename G::StrideC *stride_c, typename G::StrideD *stride_d, typename G::StrideA sa,
+                typename G::StrideB sb, typename G::StrideC sc) {
+    using Scan = cub::BlockScan<std::int64_t, kSetupThreads>;
+    __shared__ typename Scan::TempStorage scan;
+    __shared__ int empty_count;
+    __shared__ int empty_group[kSetupThreads];
+    __shared__ std::int64_t empty_first[kSetupThreads];
     const int t = static_cast<int>(threadIdx.x);
-    const int per = (p.groups + kSetupThreads - 1) / kSetupThreads;
-    const int begin = min(p.groups, t * per);
-    const int end = min(p.groups, begin + per);
-    std::int64_t local = 0;
-    for (int e = begin; e < end; ++e) {
-        local += max(p.sizes[e], std::int64_t{0});
-    }
-    partial[t] = local;
-    __syncthreads();
-    if (t == 0) {
-        std::int64_t run = 0;
-        for (int i = 0; i < kSetupThreads; ++i) {
-            const std::int64_t v = partial[i];
-            partial[i] = run;
-            run += v;
-        }
-    }
-    __syncthreads();
-    std::int64_t offset = partial[t];
-    for (int e = begin; e < end; ++e) {
-        const std::int64_t raw = max(p.sizes[e], std::int64_t{0});
+    const bool writer = blockIdx.x == 0;
+    std::int64_t carry = 0; // Σ sizes of the groups of the rounds before
+    for (int base = 0; base < p.groups; base += kSetupThreads) {
+        const int e = base + t;
+        const std::int64_t raw = e < p.groups ? max(p.sizes[e], std::int64_t{0}) : std::int64_t{0};
+        std::int64_t before = 0;
+        std::int64_t round = 0;
+        Scan(scan).ExclusiveSum(raw, before, round);
+        const std::int64_t offset = carry + before;
+        carry += round;
         // Rows beyond `total` belong to no group: nothing reads or writes past the packed operands.
         const std::int64_t first = min(offset, p.total);
         const std::int64_t size = min(offset + raw, p.total) - first;
-        offset += raw;
-        clamped[e] = size;
-        const int s = static_cast<int>(size);
-        shapes[e] = p.grouped_k ? cute::make_shape(size > 0 ? static_cast<int>(p.m) : 0, static_cast<int>(p.n), s)
-                                : cute::make_shape(static_cast<int>(p.m), s, static_cast<int>(p.k));
-        auto at = [&](const Operand &o, int bytes) {
-            return static_cast<const char *>(o.data) + (e * o.group_stride + first * o.row_stride) * bytes;
+        auto at = [&](const Operand &o, int bytes, int group, std::int64_t row) {
+            return static_cast<const char *>(o.data) + (group * o.group_stride + row * o.row_stride) * bytes;
         };
-        ptr_a[e] = at(p.a, p.ab_bytes);
-        ptr_b[e] = at(p.b, p.ab_bytes);
-        ptr_c[e] = at(p.c, p.cd_bytes);
-        ptr_d[e] = const_cast<char *>(at(p.c, p.cd_bytes));
-        stride_a[e] = sa;
-        stride_b[e] = sb;
-        stride_c[e] = sc;
-        stride_d[e] = sc;
+        if (writer) {
+            if (e < p.groups) {
+                const int s = static_cast<int>(size);
+                shapes[e] = p.grouped_k
+                                ? cute::make_shape(size > 0 ? static_cast<int>(p.m) : 0, static_cast<int>(p.n), s)
+                                : cute::make_shape(static_cast<int>(p.m), s, static_cast<int>(p.k));
+                ptr_a[e] = at(p.a, p.ab_bytes, e, first);
+                ptr_b[e] = at(p.b, p.ab_bytes, e, first);
+                ptr_c[e] = at(p.c, p.cd_bytes, e, first);
+                ptr_d[e] = const_cast<char *>(at(p.c, p.cd_bytes, e, first));
+                stride_a[e] = sa;
+                stride_b[e] = sb;
+                stride_c[e] = sc;
+                stride_d[e] = sc;
+            }
+        } else {
+            // This round's empty groups, then each zeroed by all the zeroing blocks together.
+            if (t == 0) {
+                empty_count = 0;
+            }
+            __syncthreads();
+            if (e < p.groups && size == 0) {
+                const int slot = atomicAdd(&empty_count, 1);
+                empty_group[slot] = e;
+                empty_first[slot] = first;
+            }
+            __syncthreads();
+            const int count = empty_count;
+            const std::int64_t threads = static_cast<std::int64_t>(gridDim.x - 1) * kSetupThreads;
+            const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x - 1) * kSetupThreads + t;
+            for (int i = 0; i < count; ++i) {
+                ZeroGroup(const_cast<char *>(at(p.c, p.cd_bytes, empty_group[i], empty_first[i])),
+                          p.m * p.n * p.cd_bytes, thread, threads);
+            }
+        }
+        __syncthreads(); // the scan's storage and the empty list are reused by the next round
     }
 }
-
-/// D_e = 0 for the kK groups of size 0 (D_e is m×n column-major with ld m: m·n contiguous elements).
-template <class CD>
-__global__ void ZeroEmptyGroupsKernel(const std::int64_t *clamped, void **ptr_d, std::int64_t elements) {
-    const int e = static_cast<int>(blockIdx.y);
-    if (clamped[e] != 0) {
-        return;
-    }
-    CD *d = static_cast<CD *>(ptr_d[e]);
-    for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < elements;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-        d[i] = CD(0.0f);
-    }
-}
-
 template <class G, class CD> typename G::Device::Arguments MakeArguments(const Args &args, void *scratch) {
     const ScratchLayout<G> s(args.groups);
     using ElementAB = typename G::Mainloop::ElementA;
@@ -243,6 +266,71 @@ template <class G, class CD> typename G::Device::Arguments MakeArguments(const A
          s.template At<CD *>(scratch, s.ptr_d), s.template At<typename G::StrideD>(scratch, s.stride_d)},
         hw};
     return arguments;
+}
+
+/// The kernel Params of one GEMM type, kept for the arguments they were built from. GemmUniversalAdapter::initialize
+/// rebuilds them on every call (host work: the TMA descriptors, the scheduler's grid, and a cudaFuncSetAttribute), yet
+/// they depend only on where the scratch is (the per-group arrays and the workspace are at fixed offsets in it), the
+/// group count, beta and the device: the problem shapes and operand pointers are read on the device, from the arrays
+/// the setup kernel writes. Nothing in the workspace needs initialising for these kernels (initialize_workspace is a
+/// no-op for the grouped scheduler, the pointer-array collectives and LinearCombination), so a hit launches the cached
+/// Params directly. The scratch comes from the stream-ordered pool, which hands the same address back to a steady
+/// stream of same-sized calls; a few entries cover the forward, dgrad and wgrad of a layer sharing one kernel type.
+template <class G> class ParamsCache {
+public:
+    using Params = typename G::Device::Params;
+    struct Key {
+        const void *scratch = nullptr;
+        int groups = 0;
+        float beta = 0.0f;
+        int device = -1;
+        int sm_count = 0;
+        std::uint64_t generation = 0; ///< CachedParamsGeneration() when built
+        bool operator==(const Key &o) const {
+            return scratch == o.scratch && groups == o.groups && beta == o.beta && device == o.device &&
+                   sm_count == o.sm_count && generation == o.generation;
+        }
+    };
+    static ParamsCache &Get() {
+        static auto *cache = new ParamsCache(); // never destroyed (static teardown vs the CUDA runtime)
+        return *cache;
+    }
+    bool Find(const Key &key, Params *params) {
+        std::lock_guard lock(mutex_);
+        for (const Entry &e : entries_) {
+            if (e.used && e.key == key) {
+                *params = e.params;
+                return true;
+            }
+        }
+        return false;
+    }
+    void Store(const Key &key, const Params &params) {
+        std::lock_guard lock(mutex_);
+        Entry &e = entries_[next_];
+        next_ = (next_ + 1) % kEntries;
+        e.used = true;
+        e.key = key;
+        e.params = params;
+    }
+
+private:
+    static constexpr int kEntries = 8;
+    struct Entry {
+        bool used = false;
+        Key key{};
+        Params params{};
+    };
+    std::mutex mutex_;
+    Entry entries_[kEntries];
+    int next_ = 0;
+};
+
+/// The zeroing blocks of the setup kernel for a D of `bytes` per group: about eight 16-byte stores per thread for one
+/// empty group, at most one block per SM.
+inline int ZeroBlocks(std::int64_t bytes, int sm_count) {
+    const std::int64_t per_block = std::int64_t{kSetupThreads} * 16 * 8;
+    return static_cast<int>(std::clamp<std::int64_t>((bytes + per_block - 1) / per_block, 1, std::max(sm_count, 1)));
 }
 
 /// ScratchBytes (scratch == nullptr: *needed) or Run for one kernel.
@@ -273,7 +361,11 @@ int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::s
                         .c = args.c,
                         .ab_bytes = static_cast<int>(sizeof(AB)),
                         .cd_bytes = static_cast<int>(sizeof(CD))};
-    SetupKernel<G><<<1, kSetupThreads, 0, args.stream>>>(
+    // beta = 0 zeroes the empty groups' D; beta = 1 leaves it (D = C).
+    const bool zero_empty = args.grouped_k && args.beta == 0.0f;
+    const int blocks =
+        zero_empty ? 1 + ZeroBlocks(args.m * args.n * static_cast<std::int64_t>(sizeof(CD)), args.sm_count) : 1;
+    SetupKernel<G><<<blocks, kSetupThreads, 0, args.stream>>>(
         p, layout.template At<GroupShape>(scratch, layout.shapes),
         layout.template At<const void *>(scratch, layout.ptr_a),
         layout.template At<const void *>(scratch, layout.ptr_b),
@@ -282,29 +374,35 @@ int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::s
         layout.template At<typename G::StrideB>(scratch, layout.stride_b),
         layout.template At<typename G::StrideC>(scratch, layout.stride_c),
         layout.template At<typename G::StrideD>(scratch, layout.stride_d),
-        layout.template At<std::int64_t>(scratch, layout.sizes), LeadingStride<typename G::StrideA>(args.a.ld),
-        LeadingStride<typename G::StrideB>(args.b.ld), LeadingStride<typename G::StrideC>(args.c.ld));
+        LeadingStride<typename G::StrideA>(args.a.ld), LeadingStride<typename G::StrideB>(args.b.ld),
+        LeadingStride<typename G::StrideC>(args.c.ld));
     if (cudaGetLastError() != cudaSuccess) {
         return kRunFailed;
     }
-    typename G::Device gemm;
-    if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
-        return kCannotImplement;
+    const typename ParamsCache<G>::Key key{.scratch = scratch,
+                                           .groups = args.groups,
+                                           .beta = args.beta,
+                                           .device = args.device,
+                                           .sm_count = args.sm_count,
+                                           .generation = CachedParamsGeneration()};
+    typename ParamsCache<G>::Params params;
+    const bool hit = ParamsCache<G>::Get().Find(key, &params);
+    CountCachedParams(hit);
+    if (!hit) {
+        typename G::Device gemm;
+        if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
+            return kCannotImplement;
+        }
+        // initialize also sets the kernel's shared-memory attribute (on this device: the key names it).
+        if (gemm.initialize(arguments, static_cast<char *>(scratch) + layout.workspace, args.stream) !=
+            cutlass::Status::kSuccess) {
+            return kInitFailed;
+        }
+        params = gemm.params();
+        ParamsCache<G>::Get().Store(key, params);
     }
-    if (gemm.initialize(arguments, static_cast<char *>(scratch) + layout.workspace, args.stream) !=
-        cutlass::Status::kSuccess) {
-        return kInitFailed;
-    }
-    if (gemm.run(args.stream) != cutlass::Status::kSuccess) {
+    if (G::Device::run(params, args.stream) != cutlass::Status::kSuccess) {
         return kRunFailed;
-    }
-    if (args.grouped_k && args.beta == 0.0f) {
-        const std::int64_t elements = args.m * args.n;
-        const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((elements + 255) / 256, std::int64_t{64})),
-                        static_cast<unsigned>(args.groups));
-        ZeroEmptyGroupsKernel<CD>
-            <<<grid, 256, 0, args.stream>>>(layout.template At<std::int64_t>(scratch, layout.sizes),
-                                            layout.template At<void *>(scratch, layout.ptr_d), elements);
     }
     return cudaGetLastError() == cudaSuccess ? kOk : kRunFailed;
 }

@@ -74,8 +74,23 @@ bool Built();
 bool Built(Element ab, Config config);
 /// The device scratch `Run` needs for `args` (the per-group arrays and CUTLASS's workspace), in `*bytes`.
 int ScratchBytes(const Args& args, std::size_t* bytes);
-/// Enqueues the grouped GEMM on args.stream; `scratch` is device memory of at least ScratchBytes. For grouped_k with
-/// beta = 0 the groups of size 0 get D = 0 (a second small kernel); with beta = 1 they are left untouched.
+/// Enqueues the grouped GEMM on args.stream: the setup kernel, then the grouped kernel (two launches). `scratch` is
+/// device memory of at least ScratchBytes, used by nothing else until both have run (stream order). For grouped_k with
+/// beta = 0 the setup kernel also zeroes D of the groups of size 0; with beta = 1 they are left untouched. The kernel's
+/// Params are built once per (scratch address, groups, beta, device) and reused: no per-call host initialisation.
 int Run(const Args& args, void* scratch, std::size_t scratch_bytes);
+
+/// Drops every cached kernel Params (Run's per-call host work is then done again once per key): tests compare a
+/// freshly initialised call with a cached one.
+void ForgetCachedParams();
+/// The generation ForgetCachedParams advances (a cached entry of an older one is not used).
+std::uint64_t CachedParamsGeneration();
+/// Run's launches since the start: with cached Params (hits) and after building them (misses).
+struct CachedParamsStats {
+    std::uint64_t hits = 0;
+    std::uint64_t misses = 0;
+};
+CachedParamsStats GetCachedParamsStats();
+void CountCachedParams(bool hit);
 
 } // namespace shardline::kernels::cuda::cutlass_grouped

@@ -7,6 +7,7 @@
 #   bench/grouped/run_grouped_bench.sh [OUT_DIR]        e.g. bench/grouped/run_grouped_bench.sh results/grouped-h100
 #
 # Environment: BUILD (build), ROUNDS (1), BENCH_ARGS (extra options for both sides, e.g. "--iters 10 --rounds 3"),
+# SHARDLINE_ARGS (extra options for the shardline bench only, e.g. "--variants auto-device,auto-device-serial"),
 # SHARDLINE_COMMIT (default: git rev-parse).
 set -euo pipefail
 
@@ -29,7 +30,7 @@ status=0
 for ((round = 1; round <= ROUNDS; ++round)); do
   echo "== round $round/$ROUNDS: shardline" >&2
   # shellcheck disable=SC2086
-  "$EXE" --json "$OUT/grouped_shardline.jsonl" $BENCH_ARGS 2>&1 | tee -a "$OUT/grouped_shardline.log" || status=1
+  "$EXE" --json "$OUT/grouped_shardline.jsonl" $BENCH_ARGS ${SHARDLINE_ARGS:-} 2>&1 | tee -a "$OUT/grouped_shardline.log" || status=1
   echo "== round $round/$ROUNDS: torch" >&2
   # shellcheck disable=SC2086
   python3 "$PEER" --cases "$OUT/cases.json" --json "$OUT/grouped_torch.jsonl" $BENCH_ARGS 2>&1 \

@@ -35,6 +35,8 @@ struct MoeCase {
     std::int64_t etp = 0; ///< expert tensor parallelism: 0 (= tp) or 1 (whole experts, the tp ranks split the tokens)
     double capacity_factor = -1.0;
     Routing routing = Routing::kRouter;
+    /// x sharded over tp as well (sequence parallel; etp 1 below tp only): the layer then moves no token over tp.
+    bool x_over_tp = false;
 };
 
 /// etp 1 below tp: the tp ranks split the tokens.
@@ -51,8 +53,8 @@ inline std::int64_t ChunkOf(const MoeCase &c, const DeviceMesh &mesh) {
 
 inline std::string CaseName(const MoeCase &c) {
     const char *routing = c.routing == Routing::kRouter ? "router" : c.routing == Routing::kOneExpert ? "one" : "given";
-    return fmt::format("ep{}_tp{}{}_top{}_{}_{}", c.ep, c.tp, SplitTokens(c) ? "_etp1" : "", c.topk,
-                       c.capacity_factor < 0 ? "dropless" : "capacity", routing);
+    return fmt::format("ep{}_tp{}{}{}_top{}_{}_{}", c.ep, c.tp, SplitTokens(c) ? "_etp1" : "",
+                       c.x_over_tp ? "_xtp" : "", c.topk, c.capacity_factor < 0 ? "dropless" : "capacity", routing);
 }
 
 /// The problem's full tensors (the same on every rank) and the layer set to them.
@@ -155,7 +157,9 @@ inline LayerRun RunLayer(const MoeCase &c, DeviceMesh &mesh, const MoeSetup &s, 
     for (Variable *p : {&layer.fc1_weight, &layer.fc1_bias, &layer.fc2_weight, &layer.fc2_bias}) {
         p->set_deferred_partial(split ? std::vector<int>{dp, tp} : std::vector<int>{dp});
     }
-    Variable x(DistTensor::Sharded(s.x, mesh, {{.dim = 0, .over = {"dp", "ep"}}}), true);
+    const std::vector<std::string> x_over =
+        c.x_over_tp ? std::vector<std::string>{"dp", "ep", "tp"} : std::vector<std::string>{"dp", "ep"};
+    Variable x(DistTensor::Sharded(s.x, mesh, {{.dim = 0, .over = x_over}}), true);
 
     // This rank's tokens of a given routing.
     const std::int64_t chunk = ChunkOf(c, mesh);
@@ -176,7 +180,7 @@ inline LayerRun RunLayer(const MoeCase &c, DeviceMesh &mesh, const MoeSetup &s, 
     // etp = tp: fc2's all-reduce over tp forward, fc1's dx all-reduce backward. etp 1 < tp: the output's all-gather
     // over tp forward (the slice of x is free), dx's all-gather backward (the slice of dy is free).
     const std::int64_t tp_reduce = c.tp > 1 && !split ? 1 : 0;
-    const std::int64_t tp_gather = split ? 1 : 0;
+    const std::int64_t tp_gather = split && !c.x_over_tp ? 1 : 0;
     ExpectAllToAll(mesh, c.ep > 1 ? 3 : 0, tp_reduce, "forward: counts, rows, rows back; fc2's all-reduce", tp_gather);
     ResetCounts(mesh);
     const DistTensor dy = DistTensor::FromFull(s.dy, out.output.value().layout(), mesh);

@@ -3,7 +3,6 @@
 // source-rank-major order the all-to-all-v delivers and the expert-major order the grouped GEMMs need is a fixed copy
 // of row blocks whose offsets are host-known from the plan.
 
-#include <map>
 #include <memory>
 #include <numeric>
 #include <utility>
@@ -154,8 +153,7 @@ void CheckRows(const char *op, const Variable &x, std::int64_t rows) {
 /// LocalPart: a mesh Variable's local shard as a local Variable (viewed as `shape`); backward the reverse.
 class LocalPartFunction final : public Function {
 public:
-    LocalPartFunction(Shape shape, std::vector<int> grad_partial)
-        : shape_(std::move(shape)), grad_partial_(std::move(grad_partial)) {}
+    explicit LocalPartFunction(Shape shape) : shape_(std::move(shape)) {}
     std::string name() const override { return "LocalPartBackward"; }
 
 protected:
@@ -167,12 +165,7 @@ protected:
         std::vector<Grad> grads(1);
         if (g[0].defined()) {
             const Tensor d = g[0].local().Contiguous().View(like_.local().shape());
-            std::map<int, spmd::ReduceOp> partial;
-            for (int dim : grad_partial_) {
-                partial[dim] = spmd::ReduceOp::kSum;
-            }
-            grads[0].value = DistTensor::FromTrustedShard(
-                d, like_.global_shape(), like_.layout().WithPartial(std::move(partial)), like_.mesh_ptr());
+            grads[0].value = DistTensor::FromTrustedShard(d, like_.global_shape(), like_.layout(), like_.mesh_ptr());
         }
         return grads;
     }
@@ -180,8 +173,7 @@ protected:
 
 private:
     Shape shape_;
-    std::vector<int> grad_partial_; ///< the mesh dims the gradient is Partial(sum) over
-    DistTensor like_;               ///< the input's shape and layout (its local values are not read)
+    DistTensor like_; ///< the input's shape and layout (its local values are not read)
 };
 
 /// AsShard: a local Variable as a mesh DistTensor's shard; backward the reverse.
@@ -292,7 +284,7 @@ Variable ExpertCombine(const Variable &expert_rows, const ExpertExchangePlan &pl
     return Function::Apply(std::make_shared<ExpertExchangeFunction>(plan, ep, true), {expert_rows}).at(0);
 }
 
-Variable LocalPart(const Variable &x, const Shape &local_shape, const std::vector<int> &grad_partial) {
+Variable LocalPart(const Variable &x, const Shape &local_shape) {
     SHARDLINE_CHECK(x.defined() && !x.value().is_local(), "LocalPart", "takes a Variable on a mesh, got {}",
                     x.defined() ? x.value().ToString() : std::string("undefined"));
     SHARDLINE_CHECK(!x.value().layout().IsPartial(), "LocalPart", "x must not be Partial, got {}",
@@ -300,12 +292,7 @@ Variable LocalPart(const Variable &x, const Shape &local_shape, const std::vecto
     SHARDLINE_CHECK_AS(ShapeError, Numel(local_shape) == x.local().numel(), "LocalPart",
                        "the local shape {} must hold x's local {} elements ({})", ShapeToString(local_shape),
                        x.local().numel(), x.value().ToString());
-    for (int d : grad_partial) {
-        SHARDLINE_CHECK(d >= 0 && d < x.value().mesh().ndim() && x.value().layout().TensorDimOf(d) < 0, "LocalPart",
-                        "the gradient's Partial mesh dims [{}] must be dims of the mesh that do not shard x, got {}",
-                        fmt::join(grad_partial, ", "), x.value().ToString());
-    }
-    return Function::Apply(std::make_shared<LocalPartFunction>(local_shape, grad_partial), {x}).at(0);
+    return Function::Apply(std::make_shared<LocalPartFunction>(local_shape), {x}).at(0);
 }
 
 Variable AsShard(const Variable &local, const Shape &local_shape, const Shape &global_shape, const spmd::Layout &layout,

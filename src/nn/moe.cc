@@ -3,7 +3,7 @@
 // grouped column → GELU → row layers over tp, on the mesh, so that their parameter gradients carry the right layouts
 // (sharded over ep, Partial over the expert-data-parallel dims) for GradSync. With etp 1 below tp the tp ranks split
 // the tokens instead (a free Replicate → Shard redistribute in, an all-gather out) and run whole experts on their
-// slice as local grouped layers, whose parameter gradients are Partial over the expert-data-parallel dims, tp included.
+// slice: the same grouped layers with a group of one rank, whose parameter gradients are then Partial over tp too.
 
 #include <algorithm>
 #include <cmath>
@@ -268,7 +268,8 @@ MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Var
 
     // The local experts' rows on the mesh: the moe_dispatch rule's expert rows (ep the major shard, then the other
     // token dims) without ep, which the local experts' grouped layers do not see: sharded over the expert-data-parallel
-    // dims (over which the experts' gradients are Partial), replicated over tp. The global row count is nominal: each
+    // dims (over which the experts' gradients are Partial; tp among them at etp 1 < tp, where the tp ranks hold
+    // different tokens), else replicated over tp. The global row count is nominal: each
     // rank holds a different number of rows, and only the local shards are ever read.
     const std::shared_ptr<const spmd::CachedRule> exchange = ExchangeRule(x, Capacity(tokens));
     std::vector<int> expert_data_dims = exchange->info.outputs.at(0).layout.MeshDims(0);
@@ -281,40 +282,26 @@ MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Var
     const std::vector<std::int64_t> group_sizes = plan.expert_group_sizes();
     const std::vector<double> sizes_values(group_sizes.begin(), group_sizes.end());
     const Tensor sizes = Tensor::FromVector(sizes_values, Shape{plan.local_experts}, DType::kInt64);
-    Variable y_local;
-    if (split_tokens_) {
-        // etp 1: whole experts on this rank's rows, as local grouped layers. Each parameter's gradient is this rank's
-        // term of a sum over the expert-data-parallel dims (tp among them): Partial(sum) over them, as the grouped
-        // layers on the mesh give it.
-        const auto local = [&](const Variable &p) {
-            return p.defined() ? autograd::LocalPart(p, p.local().shape(), expert_data_dims) : Variable();
-        };
-        Variable hidden = autograd::GroupedLinear(rows, local(fc1_weight), local(fc1_bias), sizes);
-        if (options_.activation) {
-            hidden = autograd::Gelu(hidden, options_.approximation);
-        }
-        y_local = autograd::GroupedLinear(hidden, local(fc2_weight), local(fc2_bias), sizes);
-    } else {
-        const Variable rows_on_mesh = autograd::AsShard(
-            rows, {r, h}, {r * parts, h}, spmd::Layout(std::vector<std::vector<int>>{expert_data_dims, {}}), mesh_);
-        const functional::TensorParallelGroup tp{.mesh = &mesh_, .tp_dim = tp_dim_};
-        Variable hidden = autograd::ColumnParallelGroupedLinear(
-            rows_on_mesh, fc1_weight, fc1_bias, sizes,
-            {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = plan.local_experts},
-            tp);
-        if (options_.activation) {
-            hidden = autograd::Gelu(hidden, options_.approximation);
-        }
-        const Variable y = autograd::RowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes,
-                                                              {.in_features = options_.ffn,
-                                                               .out_features = h,
-                                                               .bias = options_.bias,
-                                                               .input_is_parallel = true,
-                                                               .num_experts = plan.local_experts},
-                                                              tp);
-        y_local = autograd::LocalPart(y, {r, h});
+    const Variable rows_on_mesh = autograd::AsShard(
+        rows, {r, h}, {r * parts, h}, spmd::Layout(std::vector<std::vector<int>>{expert_data_dims, {}}), mesh_);
+    // etp = tp: fc1 column- and fc2 row-parallel over tp. etp 1 < tp: whole experts, a group of one rank (the rows are
+    // sharded over tp like over dp, so the parameter gradients come out Partial over tp as well).
+    const functional::TensorParallelGroup tp{
+        .mesh = &mesh_, .tp_dim = split_tokens_ ? functional::TensorParallelGroup::kNoTensorParallel : tp_dim_};
+    Variable hidden = autograd::ColumnParallelGroupedLinear(
+        rows_on_mesh, fc1_weight, fc1_bias, sizes,
+        {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = plan.local_experts}, tp);
+    if (options_.activation) {
+        hidden = autograd::Gelu(hidden, options_.approximation);
     }
-    const Variable back = autograd::ExpertCombine(y_local, plan, ep);
+    const Variable y = autograd::RowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes,
+                                                          {.in_features = options_.ffn,
+                                                           .out_features = h,
+                                                           .bias = options_.bias,
+                                                           .input_is_parallel = true,
+                                                           .num_experts = plan.local_experts},
+                                                          tp);
+    const Variable back = autograd::ExpertCombine(autograd::LocalPart(y, {r, h}), plan, ep);
     const Variable combined = autograd::Unpermute(back, perm.row_map, weights);
 
     MoEOutput out;

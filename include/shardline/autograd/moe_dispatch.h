@@ -66,10 +66,8 @@ Variable ExpertDispatch(const Variable& tokens, const ExpertExchangePlan& plan, 
 Variable ExpertCombine(const Variable& expert_rows, const ExpertExchangePlan& plan, comm::Communicator* ep);
 
 /// x's local shard as a local Variable of shape `local_shape` (same elements, e.g. [..., H] flattened to [T, H]; x's
-/// local must be contiguous). The gradient goes back as x's local shard in x's layout (which must have no Partial),
-/// Partial(sum) over the mesh dims `grad_partial` (none of which may shard x): those whose ranks each used x on their
-/// own data, so that each local gradient is one term of the sum (a MoE layer's replicated experts on a rank's tokens).
-Variable LocalPart(const Variable& x, const Shape& local_shape, const std::vector<int>& grad_partial = {});
+/// local must be contiguous). The gradient goes back as x's local shard in x's layout (which must have no Partial).
+Variable LocalPart(const Variable& x, const Shape& local_shape);
 /// The local Variable `local` viewed as `local_shape` and taken as this rank's shard of a DistTensor of `global_shape`
 /// in `layout` on `mesh` (no data moves; the caller vouches for the shard). The gradient is moved to `layout` without
 /// its Partials and its local shard goes back, in `local`'s shape.

@@ -104,6 +104,18 @@ MoEMLP::MoEMLP(const MoEMLPOptions &options, comm::DeviceMesh &mesh, const Param
     }
 }
 
+std::vector<std::pair<Variable, std::vector<std::string>>> MoEMLP::ExtraDataParallelDims() const {
+    std::vector<std::pair<Variable, std::vector<std::string>>> dims;
+    if (split_tokens_) {
+        for (const Variable *p : {&router_weight, &fc1_weight, &fc1_bias, &fc2_weight, &fc2_bias}) {
+            if (p->defined()) {
+                dims.emplace_back(*p, std::vector<std::string>{options_.tp_dim});
+            }
+        }
+    }
+    return dims;
+}
+
 std::int64_t MoEMLP::Capacity(std::int64_t tokens) const {
     if (options_.capacity_factor < 0) {
         return -1;

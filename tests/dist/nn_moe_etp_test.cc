@@ -75,60 +75,78 @@ TEST(MoELayerEtpTest, InputShardedOverTpMovesNoTokenOverTpAndMatchesTheReference
     }
 }
 
-// Megatron's reduction with tp as a data-parallel dim of the MoE layer: GradSync (dp_dims {dp, ep}) buckets the
-// router over dp and ep and the experts over dp; the router's and the replicated experts' gradients are Partial over tp
-// as well, which backward all-reduces over tp as each completes (one per parameter: router, fc1 W and b, fc2 W and b).
+// Megatron's reduction with tp as a data-parallel dim of the MoE layer. GradSync (dp_dims {dp, ep}) buckets the router
+// over dp and ep and the experts over dp; their gradients are Partial over tp as well. Given the layer's
+// ExtraDataParallelDims, GradSync reduces tp inside the same buckets (router {dp, ep, tp}, experts {dp, tp}: Megatron's
+// expert-data-parallel group); without them backward all-reduces each parameter's tp part as it completes (5: router,
+// fc1 W and b, fc2 W and b). Either way every gradient ends reduced and equal to the reference.
 TEST(MoELayerEtpTest, GradSyncReducesTheRouterAndTheExpertsOverTpAsWell) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     if (World().size() < 2) {
         GTEST_SKIP() << "needs tp 2";
     }
-    for (const MoeCase &c : EtpOneCases(Routing::kRouter, false)) {
-        DeviceMesh &mesh = MoeMesh(c.ep, c.tp);
-        const MoeSetup s = MakeSetup(c, Chunks(c), -1);
-        nn::MoEMLP layer({.hidden = kH, .ffn = kF, .num_experts = kE, .topk = c.topk, .etp = 1}, mesh,
-                         WithName(Param(DType::kFloat32), "moe"));
-        SetFull(layer.router_weight, s.wg);
-        SetFull(layer.fc1_weight, s.w1);
-        SetFull(layer.fc1_bias, s.b1);
-        SetFull(layer.fc2_weight, s.w2);
-        SetFull(layer.fc2_bias, s.b2);
-        EXPECT_EQ(layer.fc1_weight.local().shape(), (Shape{kE / c.ep, kF, kH})) << "whole experts on every tp rank";
-        EXPECT_EQ(layer.fc2_weight.local().shape(), (Shape{kE / c.ep, kH, kF})) << "whole experts on every tp rank";
-        nn::GradSync sync(layer.Parameters(), mesh, {.dp_dims = {"dp", "ep"}});
-        const int dp = mesh.dim_index("dp"), ep = mesh.dim_index("ep"), tp = mesh.dim_index("tp");
-        sync.ZeroGrad();
-        Variable x(DistTensor::Sharded(s.x, mesh, {{.dim = 0, .over = {"dp", "ep"}}}), true);
-        const nn::MoEOutput out = layer.Forward(x);
-        ResetCounts(mesh);
-        const DistTensor dy = DistTensor::FromFull(s.dy, out.output.value().layout(), mesh);
-        out.output.Backward(&dy);
-        sync.Finish();
-        const std::vector<std::vector<int>> buckets = sync.BucketDims();
-        const auto reduces_over = [&](int d) {
-            std::int64_t n = 0;
-            for (const auto &dims : buckets) {
-                n += std::count(dims.begin(), dims.end(), d);
+    for (const bool extra : {true, false}) {
+        for (const MoeCase &c : EtpOneCases(Routing::kRouter, false)) {
+            DeviceMesh &mesh = MoeMesh(c.ep, c.tp);
+            const MoeSetup s = MakeSetup(c, Chunks(c), -1);
+            nn::MoEMLP layer({.hidden = kH, .ffn = kF, .num_experts = kE, .topk = c.topk, .etp = 1}, mesh,
+                             WithName(Param(DType::kFloat32), "moe"));
+            SetFull(layer.router_weight, s.wg);
+            SetFull(layer.fc1_weight, s.w1);
+            SetFull(layer.fc1_bias, s.b1);
+            SetFull(layer.fc2_weight, s.w2);
+            SetFull(layer.fc2_bias, s.b2);
+            EXPECT_EQ(layer.fc1_weight.local().shape(), (Shape{kE / c.ep, kF, kH})) << "whole experts on every tp rank";
+            EXPECT_EQ(layer.fc2_weight.local().shape(), (Shape{kE / c.ep, kH, kF})) << "whole experts on every tp rank";
+            EXPECT_EQ(layer.ExtraDataParallelDims().size(), 5U) << "the router and the experts' weights and biases";
+            nn::GradSync sync(layer.Parameters(), mesh,
+                              {.dp_dims = {"dp", "ep"},
+                               .extra_dp_dims = extra ? layer.ExtraDataParallelDims()
+                                                      : std::vector<std::pair<Variable, std::vector<std::string>>>{}});
+            const int dp = mesh.dim_index("dp"), ep = mesh.dim_index("ep"), tp = mesh.dim_index("tp");
+            const auto live = [&](std::vector<int> dims) {
+                std::erase_if(dims, [&](int d) { return mesh.shape()[static_cast<std::size_t>(d)] == 1; });
+                return dims;
+            };
+            const std::vector<std::vector<int>> want_buckets =
+                extra ? std::vector<std::vector<int>>{live({dp, tp}), live({dp, ep, tp})}
+                      : std::vector<std::vector<int>>{live({dp}), live({dp, ep})};
+            EXPECT_EQ(sync.BucketDims(), want_buckets)
+                << CaseName(c) << (extra ? " with" : " without") << " extra dims";
+            sync.ZeroGrad();
+            Variable x(DistTensor::Sharded(s.x, mesh, {{.dim = 0, .over = {"dp", "ep"}}}), true);
+            const nn::MoEOutput out = layer.Forward(x);
+            ResetCounts(mesh);
+            const DistTensor dy = DistTensor::FromFull(s.dy, out.output.value().layout(), mesh);
+            out.output.Backward(&dy);
+            sync.Finish();
+            const std::vector<std::vector<int>> buckets = sync.BucketDims();
+            const auto reduces_over = [&](int d) {
+                std::int64_t n = 0;
+                for (const auto &dims : buckets) {
+                    n += std::count(dims.begin(), dims.end(), d);
+                }
+                return mesh.shape()[static_cast<std::size_t>(d)] > 1 ? n : 0;
+            };
+            EXPECT_EQ(mesh.group(tp).Counts().Calls(CollectiveKind::kAllReduce), extra ? reduces_over(tp) : 5)
+                << CaseName(c)
+                << (extra ? ": one per bucket" : ": the router's and the four expert parameters' tp Partials");
+            EXPECT_EQ(mesh.group(tp).Counts().Calls(CollectiveKind::kAllGather), 1) << CaseName(c) << ": dx over tp";
+            EXPECT_EQ(mesh.group(dp).Counts().Calls(CollectiveKind::kAllReduce), reduces_over(dp)) << CaseName(c);
+            EXPECT_EQ(mesh.group(ep).Counts().Calls(CollectiveKind::kAllReduce), reduces_over(ep)) << CaseName(c);
+            const MoeResult want = ReferenceMoe(s.problem, s.dy.ToDoubleVector(), 0.0);
+            const DType f32 = DType::kFloat32;
+            for (const Variable *p :
+                 {&layer.router_weight, &layer.fc1_weight, &layer.fc1_bias, &layer.fc2_weight, &layer.fc2_bias}) {
+                EXPECT_FALSE(p->grad().layout().IsPartial()) << p->name() << " reduced at " << CaseName(c);
             }
-            return mesh.shape()[static_cast<std::size_t>(d)] > 1 ? n : 0;
-        };
-        EXPECT_EQ(mesh.group(tp).Counts().Calls(CollectiveKind::kAllReduce), 5)
-            << CaseName(c) << ": the router's and the four expert parameters' tp Partials";
-        EXPECT_EQ(mesh.group(tp).Counts().Calls(CollectiveKind::kAllGather), 1) << CaseName(c) << ": dx over tp";
-        EXPECT_EQ(mesh.group(dp).Counts().Calls(CollectiveKind::kAllReduce), reduces_over(dp)) << CaseName(c);
-        EXPECT_EQ(mesh.group(ep).Counts().Calls(CollectiveKind::kAllReduce), reduces_over(ep)) << CaseName(c);
-        const MoeResult want = ReferenceMoe(s.problem, s.dy.ToDoubleVector(), 0.0);
-        const DType f32 = DType::kFloat32;
-        for (const Variable *p :
-             {&layer.router_weight, &layer.fc1_weight, &layer.fc1_bias, &layer.fc2_weight, &layer.fc2_bias}) {
-            EXPECT_FALSE(p->grad().layout().IsPartial()) << p->name() << " reduced at " << CaseName(c);
+            EXPECT_TRUE(Matches(FullGrad(layer.router_weight), {kH, kE}, want.dwg, Data::kRandom, f32)) << "gate dW";
+            EXPECT_TRUE(Matches(FullGrad(layer.fc1_weight), {kE, kF, kH}, want.dw1, Data::kRandom, f32)) << "fc1 dW";
+            EXPECT_TRUE(Matches(FullGrad(layer.fc1_bias), {kE, kF}, want.db1, Data::kRandom, f32)) << "fc1 db";
+            EXPECT_TRUE(Matches(FullGrad(layer.fc2_weight), {kE, kH, kF}, want.dw2, Data::kRandom, f32)) << "fc2 dW";
+            EXPECT_TRUE(Matches(FullGrad(layer.fc2_bias), {kE, kH}, want.db2, Data::kRandom, f32)) << "fc2 db";
+            EXPECT_TRUE(Matches(FullGrad(x), {kT, kH}, want.dx, Data::kRandom, f32)) << "dx";
         }
-        EXPECT_TRUE(Matches(FullGrad(layer.router_weight), {kH, kE}, want.dwg, Data::kRandom, f32)) << "gate dW";
-        EXPECT_TRUE(Matches(FullGrad(layer.fc1_weight), {kE, kF, kH}, want.dw1, Data::kRandom, f32)) << "fc1 dW";
-        EXPECT_TRUE(Matches(FullGrad(layer.fc1_bias), {kE, kF}, want.db1, Data::kRandom, f32)) << "fc1 db";
-        EXPECT_TRUE(Matches(FullGrad(layer.fc2_weight), {kE, kH, kF}, want.dw2, Data::kRandom, f32)) << "fc2 dW";
-        EXPECT_TRUE(Matches(FullGrad(layer.fc2_bias), {kE, kH}, want.db2, Data::kRandom, f32)) << "fc2 db";
-        EXPECT_TRUE(Matches(FullGrad(x), {kT, kH}, want.dx, Data::kRandom, f32)) << "dx";
     }
 }
 

@@ -19,13 +19,16 @@
 //   (etp 1 below tp: the experts' parameters are sharded on E over ep only, replicated over tp)
 // Initialised as torch.nn.Linear from the counter-based RNG: the global values depend on neither ep nor tp.
 // Gradient reduction (nn::GradSync with dp_dims {dp, ep}): the router's over dp and ep, the experts' over dp only.
-// With etp 1 below tp the gradients of the router and of the experts are Partial over tp as well; the engine
-// all-reduces that part during backward unless the parameters defer it (docs/moe.md "Gradient reduction").
+// With etp 1 below tp the gradients of the router and of the experts are Partial over tp as well: pass
+// ExtraDataParallelDims() as GradSyncOptions::extra_dp_dims to reduce it in their buckets (else backward all-reduces
+// it per parameter; docs/moe.md "Gradient reduction").
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <shardline/autograd/moe.h>
 #include <shardline/kernels/elementwise.h>
@@ -90,6 +93,9 @@ public:
     MoEOutput ForwardRouted(const Variable& x, const Tensor& indices, const Variable& weights) const;
 
     const MoEMLPOptions& options() const { return options_; }
+    /// GradSyncOptions::extra_dp_dims for this layer: with etp 1 below tp, the router and the experts are data-parallel
+    /// over the tp dim too (its ranks split the tokens); empty otherwise.
+    std::vector<std::pair<Variable, std::vector<std::string>>> ExtraDataParallelDims() const;
     /// The expert capacity for T tokens (capacity_factor ≥ 0): ceil(capacity_factor · T · topk / E); -1 when dropless.
     std::int64_t Capacity(std::int64_t tokens) const;
 

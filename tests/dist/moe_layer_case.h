@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct MoeCase {
     /// x sharded over tp as well (sequence parallel; etp 1 below tp only): the layer then moves no token over tp.
     bool x_over_tp = false;
 };
+
+/// gtest prints a case by its name (not its bytes).
+inline std::string CaseName(const MoeCase &c);
+inline void PrintTo(const MoeCase &c, std::ostream *os) { *os << CaseName(c); }
 
 /// etp 1 below tp: the tp ranks split the tokens.
 inline bool SplitTokens(const MoeCase &c) { return c.etp == 1 && c.tp > 1; }

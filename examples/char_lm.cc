@@ -134,8 +134,10 @@ void ConfigFlags::Add(CLI::App &app) {
                                   "experts per MoE block (0: dense ParallelMLP blocks; Megatron's --num-experts)");
     topk_ = app.add_option("--moe-router-topk", cli_.moe_router_topk, "experts per token (default 2)");
     ep_ = app.add_option("--ep", cli_.ep, "expert-parallel size: the experts split over it, the batch over dp·ep");
-    etp_ =
-        app.add_option("--etp", cli_.etp, "expert tensor-parallel size: tp (the default; etp < tp is not supported)");
+    etp_ = app.add_option(
+        "--etp", cli_.etp,
+        "expert tensor-parallel size: tp (the default: each expert split over the tp dim) or 1 (whole experts, the "
+        "tp ranks split the tokens)");
     aux_coeff_ = app.add_option("--moe-aux-loss-coeff", cli_.moe_aux_loss_coeff, "load-balancing loss coefficient");
     capacity_ = app.add_option("--moe-capacity-factor", cli_.moe_capacity_factor,
                                "expert capacity factor (tokens beyond it are dropped; default: dropless)");
@@ -278,8 +280,15 @@ void Validate(Config &c, int world, const char *program) {
         SHARDLINE_CHECK(c.layers >= 1, program, "a MoE model (num_experts {}) needs layers >= 1", c.num_experts);
         SHARDLINE_CHECK(c.num_experts % c.ep == 0, program, "num_experts ({}) must be divisible by ep ({})",
                         c.num_experts, c.ep);
-        SHARDLINE_CHECK(c.etp == 0 || c.etp == c.tp, program,
-                        "etp ({}) must be tp ({}): the experts are tensor-parallel over the tp dim", c.etp, c.tp);
+        SHARDLINE_CHECK(c.etp == 0 || c.etp == 1 || c.etp == c.tp, program,
+                        "etp ({}) must be 1 or tp ({}) (supported: {{1, {}}}): the experts are tensor-parallel over "
+                        "the whole tp dim, or whole on every tp rank with the tp ranks splitting the tokens",
+                        c.etp, c.tp, c.tp);
+        // etp 1 below tp: each MoE block splits its dp·ep shard of the batch over tp as well.
+        SHARDLINE_CHECK(c.batch % TokenRanks(c) == 0, program,
+                        "batch ({}) must be divisible by dp·ep·tp ({}) with etp 1 below tp (the tp ranks split the "
+                        "tokens of the MoE blocks)",
+                        c.batch, TokenRanks(c));
     }
     SHARDLINE_CHECK(c.ffn % c.tp == 0, program, "ffn ({}) must be divisible by tp ({})", c.ffn, c.tp);
     SHARDLINE_CHECK(c.warmup_steps >= 0, program, "warmup_steps must be >= 0, got {}", c.warmup_steps);
@@ -455,6 +464,16 @@ Variable CharLM::Loss(const Batch &b, Device device) const {
     return autograd::CrossEntropy(logits, labels, {.vocab_parallel = true});
 }
 
+std::vector<std::pair<Variable, std::vector<std::string>>> CharLM::ExtraDataParallelDims() const {
+    std::vector<std::pair<Variable, std::vector<std::string>>> dims;
+    for (const auto &block : moe_blocks_) {
+        for (auto &d : block->ExtraDataParallelDims()) {
+            dims.push_back(std::move(d));
+        }
+    }
+    return dims;
+}
+
 double CharLM::FlopsPerPrediction() const {
     // A MoE block runs topk experts per token and the gate.
     const double block = c_.num_experts > 0 ? 2.0 * static_cast<double>(c_.hidden * c_.ffn * c_.moe_router_topk) +
@@ -467,9 +486,13 @@ double LossValue(const Variable &loss) { return loss.value().FullTensor().ToDoub
 
 Trainer::Trainer(const Config &c, std::int64_t vocab_padded, comm::DeviceMesh &mesh, const nn::ParameterOptions &param)
     : model_(c, vocab_padded, mesh, param), params_(model_.Parameters()),
-      sync_(DataRanks(c) > 1 ? std::make_unique<nn::GradSync>(
-                                   params_, mesh, nn::GradSyncOptions{.dp_dim = "dp", .dp_dims = DataDims(c)})
-                             : nullptr),
+      // etp 1 below tp: the MoE blocks' parameters reduce over tp as well (their tp ranks split the tokens).
+      sync_(TokenRanks(c) > 1
+                ? std::make_unique<nn::GradSync>(params_, mesh,
+                                                 nn::GradSyncOptions{.dp_dim = "dp",
+                                                                     .dp_dims = DataDims(c),
+                                                                     .extra_dp_dims = model_.ExtraDataParallelDims()})
+                : nullptr),
       optimizer_(params_, {.lr = c.lr, .weight_decay = c.weight_decay}), lr_(c.lr), warmup_steps_(c.warmup_steps) {}
 
 Variable Trainer::Step(const Batch &b, Device device) {

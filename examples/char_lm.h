@@ -44,7 +44,7 @@ struct Config {
     std::int64_t num_experts = 0;
     int moe_router_topk = 2;
     int ep = 1;                        ///< expert_model_parallel_size
-    int etp = 0;                       ///< expert_tensor_parallel_size: 0 or tp
+    int etp = 0;                       ///< expert_tensor_parallel_size: 0 or tp, or 1 (whole experts)
     double moe_aux_loss_coeff = 0.0;   ///< load-balancing loss coefficient
     double moe_capacity_factor = -1.0; ///< < 0: dropless
     std::int64_t context = 16;
@@ -128,6 +128,10 @@ std::vector<std::string> MeshDims(const Config& c);
 std::vector<std::string> DataDims(const Config& c);
 /// The ranks over which the batch is sharded (dp·ep).
 inline std::int64_t DataRanks(const Config& c) { return static_cast<std::int64_t>(c.dp) * c.ep; }
+/// The ranks that split a MoE block's tokens: dp·ep, times tp when the experts are whole (etp 1 below tp).
+inline std::int64_t TokenRanks(const Config& c) {
+    return DataRanks(c) * (c.num_experts > 0 && c.etp == 1 && c.tp > 1 ? c.tp : 1);
+}
 
 /// The compute dtype: `auto` is bf16 on GPUs and fp32 on the CPU; a half dtype on the CPU is an error.
 shardline::DType ResolveDType(const Config& c, bool gpu, const char* program);
@@ -177,6 +181,10 @@ public:
     /// The last forward's routing: tokens this rank routed, the least and most loaded expert over all blocks (copies
     /// of this rank's tokens), dropped copies.
     const shardline::nn::MoEStats& moe_stats() const { return stats_; }
+
+    /// The MoE blocks' parameters that are data-parallel over more mesh dims than dp and ep (etp 1 below tp: tp), for
+    /// GradSync.
+    std::vector<std::pair<Variable, std::vector<std::string>>> ExtraDataParallelDims() const;
 
     /// Multiply-adds of the matmuls per prediction (for TFLOP/s): blocks and head.
     double FlopsPerPrediction() const;

@@ -68,7 +68,8 @@ int Run(launch::Environment &env, Config c) {
         if (model.moe()) {
             fmt::print("{}: MoE blocks: {} experts, top-{}, mesh dp {} x ep {} x tp {}, etp {}, aux loss coeff {}, "
                        "capacity factor {}\n",
-                       kProgram, c.num_experts, c.moe_router_topk, c.dp, c.ep, c.tp, c.tp, c.moe_aux_loss_coeff,
+                       kProgram, c.num_experts, c.moe_router_topk, c.dp, c.ep, c.tp, c.etp == 0 ? c.tp : c.etp,
+                       c.moe_aux_loss_coeff,
                        c.moe_capacity_factor < 0 ? std::string("dropless") : fmt::format("{}", c.moe_capacity_factor));
         }
         std::fflush(stdout);
@@ -171,11 +172,12 @@ int Run(launch::Environment &env, Config c) {
 
     checkpoints.Finish(lead);
 
-    // A few sampled lines: dp·ep sequences (one per data-parallel rank's row), the same random stream on every rank.
+    // A few sampled lines: dp·ep sequences (one per data-parallel rank's row; dp·ep·tp with etp 1 below tp, whose MoE
+    // blocks split the rows over tp too), the same random stream on every rank.
     if (c.sample_chars > 0) {
         autograd::NoGradGuard no_grad;
         std::mt19937_64 rng(c.seed + 99);
-        const std::int64_t rows = DataRanks(c);
+        const std::int64_t rows = TokenRanks(c);
         std::vector<std::vector<std::int64_t>> ctx(static_cast<std::size_t>(rows));
         std::vector<std::string> text(static_cast<std::size_t>(rows));
         for (std::int64_t r = 0; r < rows; ++r) {

@@ -27,6 +27,9 @@ spmd::Layout PlaceTp(const spmd::Layout &x, int tp_dim, bool tp_on_seq, bool tp_
         std::erase(d, tp_dim);
     }
     dims.back().clear();
+    if (tp_dim < 0) {
+        return spmd::Layout(std::move(dims)); // no tensor parallelism: nothing to place
+    }
     if (tp_on_seq) {
         dims.front().push_back(tp_dim);
     }
@@ -110,14 +113,17 @@ Shape ExpertShape(Shape shape, std::int64_t experts, const comm::DeviceMesh &mes
     return shape;
 }
 
+/// The mesh dims that split a layer's features: tp, or none without tensor parallelism (tp_dim < 0).
+std::vector<int> TpDims(int t) { return t >= 0 ? std::vector<int>{t} : std::vector<int>{}; }
+
 spmd::Layout ColumnWeightLayout(int t, std::int64_t experts, int ep) {
-    return spmd::Layout(ExpertDims({{t}, {}}, experts, ep));
+    return spmd::Layout(ExpertDims({TpDims(t), {}}, experts, ep));
 }
 spmd::Layout ColumnBiasLayout(int t, std::int64_t experts, int ep) {
-    return spmd::Layout(ExpertDims({{t}}, experts, ep));
+    return spmd::Layout(ExpertDims({TpDims(t)}, experts, ep));
 }
 spmd::Layout RowWeightLayout(int t, std::int64_t experts, int ep) {
-    return spmd::Layout(ExpertDims({{}, {t}}, experts, ep));
+    return spmd::Layout(ExpertDims({{}, TpDims(t)}, experts, ep));
 }
 spmd::Layout RowBiasLayout(std::int64_t experts, int ep) {
     return experts > 0 ? spmd::Layout(ExpertDims({{}}, experts, ep)) : spmd::Layout::Replicated(1);

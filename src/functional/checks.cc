@@ -61,9 +61,12 @@ public:
         const comm::DeviceMesh &mesh = *group.mesh;
         SHARDLINE_CHECK(mesh.ndim() <= kMaxMeshDims, op_, "the mesh may have at most {} dims, got [{}]", kMaxMeshDims,
                         fmt::join(mesh.shape(), ", "));
+        if (group.tp_dim == TensorParallelGroup::kNoTensorParallel) {
+            return 1;
+        }
         SHARDLINE_CHECK(group.tp_dim >= 0 && group.tp_dim < mesh.ndim(), op_,
-                        "tp_dim ({}) must name a dim of the mesh [{}] (0 to {})", group.tp_dim,
-                        fmt::join(mesh.shape(), ", "), mesh.ndim() - 1);
+                        "tp_dim ({}) must name a dim of the mesh [{}] (0 to {}) or be kNoTensorParallel (-1)",
+                        group.tp_dim, fmt::join(mesh.shape(), ", "), mesh.ndim() - 1);
         return mesh.shape()[static_cast<std::size_t>(group.tp_dim)];
     }
 

@@ -57,15 +57,18 @@ TensorParallelGroup TensorParallelGroup::Named(comm::DeviceMesh &mesh, std::stri
 
 std::int64_t TensorParallelGroup::size() const {
     SHARDLINE_CHECK(mesh != nullptr, "TensorParallelGroup", "the group needs a mesh, got a null mesh");
+    if (tp_dim == kNoTensorParallel) {
+        return 1;
+    }
     SHARDLINE_CHECK(tp_dim >= 0 && tp_dim < mesh->ndim(), "TensorParallelGroup",
-                    "tp_dim ({}) must name a dim of the mesh [{}] (0 to {})", tp_dim, fmt::join(mesh->shape(), ", "),
-                    mesh->ndim() - 1);
+                    "tp_dim ({}) must name a dim of the mesh [{}] (0 to {}) or be kNoTensorParallel (-1)", tp_dim,
+                    fmt::join(mesh->shape(), ", "), mesh->ndim() - 1);
     return mesh->shape()[static_cast<std::size_t>(tp_dim)];
 }
 
 std::int64_t TensorParallelGroup::rank() const {
     size(); // a null mesh or a bad tp_dim raises here
-    return mesh->coordinate()[static_cast<std::size_t>(tp_dim)];
+    return tp_dim == kNoTensorParallel ? 0 : mesh->coordinate()[static_cast<std::size_t>(tp_dim)];
 }
 
 std::int64_t TensorParallelGroup::ShardSize(std::int64_t n) const { return spmd::ChunkRange(n, size(), rank()).second; }

@@ -64,11 +64,28 @@ GradSync::GradSync(std::vector<autograd::Variable> parameters, comm::DeviceMesh 
     SHARDLINE_CHECK(options.bucket_bytes > 0, kOp, "bucket_bytes must be positive, got {}", options.bucket_bytes);
     // A parameter reduces over the data-parallel dims that shard none of its dims (an expert parameter is sharded over
     // ep: its other ep ranks hold other experts).
+    // A parameter's extra data-parallel dims (options.extra_dp_dims), by its variable.
+    std::vector<std::pair<const autograd::VariableImpl *, std::vector<int>>> extra;
+    for (const auto &[p, names] : options.extra_dp_dims) {
+        SHARDLINE_CHECK(p.defined(), kOp, "extra_dp_dims names an undefined parameter");
+        std::vector<int> dims;
+        for (const std::string &name : names) {
+            dims.push_back(mesh.dim_index(name));
+        }
+        extra.emplace_back(p.impl().get(), std::move(dims));
+    }
     auto reduce_dims = [&](const autograd::Variable &p) {
+        std::vector<int> candidates = dp_dims;
+        for (const auto &[impl, dims] : extra) {
+            if (impl == p.impl().get()) {
+                candidates.insert(candidates.end(), dims.begin(), dims.end());
+            }
+        }
         std::vector<int> dims;
         const std::vector<int> used = p.value().layout().UsedMeshDims();
-        for (int d : dp_dims) {
-            if (std::find(used.begin(), used.end(), d) == used.end()) {
+        for (int d : candidates) {
+            if (std::find(used.begin(), used.end(), d) == used.end() &&
+                std::find(dims.begin(), dims.end(), d) == dims.end()) {
                 dims.push_back(d);
             }
         }

@@ -1,7 +1,9 @@
 // nn::MoEMLP: the gate, the router and the permutation run on this rank's tokens as local Variables (autograd/moe.h);
 // the expert-parallel exchange (autograd/moe_dispatch.h) brings the local experts their rows; the experts are the
 // grouped column → GELU → row layers over tp, on the mesh, so that their parameter gradients carry the right layouts
-// (sharded over ep, Partial over the expert-data-parallel dims) for GradSync.
+// (sharded over ep, Partial over the expert-data-parallel dims) for GradSync. With etp 1 below tp the tp ranks split
+// the tokens instead (a free Replicate → Shard redistribute in, an all-gather out) and run whole experts on their
+// slice: the same grouped layers with a group of one rank, whose parameter gradients are then Partial over tp too.
 
 #include <algorithm>
 #include <cmath>
@@ -69,33 +71,49 @@ MoEMLP::MoEMLP(const MoEMLPOptions &options, comm::DeviceMesh &mesh, const Param
     SHARDLINE_CHECK(options.ep == 0 || options.ep == ep_, kLayer,
                     "'{}': ep ({}) must equal the size of mesh dim '{}' ({})", name_, options.ep, options.ep_dim, ep_);
     SHARDLINE_CHECK(e % ep_ == 0, kLayer, "'{}': num_experts ({}) must be divisible by ep ({})", name_, e, ep_);
-    SHARDLINE_CHECK(options.etp == 0 || options.etp == tp, kLayer,
-                    "'{}': etp ({}) must be the size of mesh dim '{}' ({}): the experts are tensor-parallel over the "
-                    "whole tp dim (an etp below tp is not supported)",
-                    name_, options.etp, options.tp_dim, tp);
-    functional::CheckShardsNotEmpty(kLayer, fmt::format("'{}': ffn", name_), options.ffn, tp);
+    // etp 1 < tp: the tp ranks split the tokens and hold whole experts. 1 < etp < tp would split the tp dim in two (an
+    // expert-tp group inside each tp group), which a mesh dim cannot be.
+    SHARDLINE_CHECK(options.etp == 0 || options.etp == tp || options.etp == 1, kLayer,
+                    "'{}': etp ({}) must be 1 or the size of mesh dim '{}' ({}) (supported: {{1, {}}}; 0 means {}): "
+                    "the experts are tensor-parallel over the whole tp dim or not at all",
+                    name_, options.etp, options.tp_dim, tp, tp, tp);
+    split_tokens_ = options.etp == 1 && tp > 1;
+    functional::CheckShardsNotEmpty(kLayer, fmt::format("'{}': ffn", name_), options.ffn, split_tokens_ ? 1 : tp);
 
     const std::int64_t h = options.hidden;
     const std::int64_t f = options.ffn;
     const int ep = ep_dim_;
-    const int t = tp_dim_;
+    // The experts' ffn dim over tp (etp = tp), or whole on every tp rank (etp 1 < tp).
+    const std::vector<int> t = split_tokens_ ? std::vector<int>{} : std::vector<int>{tp_dim_};
     using Dims = std::vector<std::vector<int>>;
     ParameterOptions fp32 = param;
     fp32.dtype = DType::kFloat32;
     router_weight = RegisterParameter("router.weight", MakeParameter({h, e}, spmd::Layout::Replicated(2), &mesh, fp32,
                                                                      Uniform(name_ + ".router.weight", h)));
     fc1_weight =
-        RegisterParameter("experts.fc1.weight", MakeParameter({e, f, h}, spmd::Layout(Dims{{ep}, {t}, {}}), &mesh,
-                                                              param, Uniform(name_ + ".experts.fc1.weight", h)));
+        RegisterParameter("experts.fc1.weight", MakeParameter({e, f, h}, spmd::Layout(Dims{{ep}, t, {}}), &mesh, param,
+                                                              Uniform(name_ + ".experts.fc1.weight", h)));
     fc2_weight =
-        RegisterParameter("experts.fc2.weight", MakeParameter({e, h, f}, spmd::Layout(Dims{{ep}, {}, {t}}), &mesh,
-                                                              param, Uniform(name_ + ".experts.fc2.weight", f)));
+        RegisterParameter("experts.fc2.weight", MakeParameter({e, h, f}, spmd::Layout(Dims{{ep}, {}, t}), &mesh, param,
+                                                              Uniform(name_ + ".experts.fc2.weight", f)));
     if (options.bias) {
-        fc1_bias = RegisterParameter("experts.fc1.bias", MakeParameter({e, f}, spmd::Layout(Dims{{ep}, {t}}), &mesh,
+        fc1_bias = RegisterParameter("experts.fc1.bias", MakeParameter({e, f}, spmd::Layout(Dims{{ep}, t}), &mesh,
                                                                        param, Uniform(name_ + ".experts.fc1.bias", h)));
         fc2_bias = RegisterParameter("experts.fc2.bias", MakeParameter({e, h}, spmd::Layout(Dims{{ep}, {}}), &mesh,
                                                                        param, Uniform(name_ + ".experts.fc2.bias", f)));
     }
+}
+
+std::vector<std::pair<Variable, std::vector<std::string>>> MoEMLP::ExtraDataParallelDims() const {
+    std::vector<std::pair<Variable, std::vector<std::string>>> dims;
+    if (split_tokens_) {
+        for (const Variable *p : {&router_weight, &fc1_weight, &fc1_bias, &fc2_weight, &fc2_bias}) {
+            if (p->defined()) {
+                dims.emplace_back(*p, std::vector<std::string>{options_.tp_dim});
+            }
+        }
+    }
+    return dims;
 }
 
 std::int64_t MoEMLP::Capacity(std::int64_t tokens) const {
@@ -115,15 +133,44 @@ void MoEMLP::CheckInput(const Variable &x) const {
                        x.value().ToString());
     const spmd::Layout &layout = x.value().layout();
     const std::vector<int> used = layout.UsedMeshDims();
-    SHARDLINE_CHECK(!layout.IsPartial() && layout.MeshDims(layout.TensorRank() - 1).empty() &&
-                        (DimSize(mesh_, tp_dim_) == 1 || std::find(used.begin(), used.end(), tp_dim_) == used.end()),
-                    kLayer, "'{}': x must be replicated over '{}' with whole features and no Partial, got {}", name_,
-                    options_.tp_dim, x.value().ToString());
     const std::vector<int> tokens = TokenDims(layout);
+    if (split_tokens_) {
+        // etp 1: x replicated over tp (each tp rank then takes its slice of the tokens) or already sharded over it on
+        // its leading dims (sequence parallel).
+        SHARDLINE_CHECK(!layout.IsPartial() && layout.MeshDims(layout.TensorRank() - 1).empty(), kLayer,
+                        "'{}': x must have whole features and no Partial, got {}", name_, x.value().ToString());
+    } else {
+        SHARDLINE_CHECK(
+            !layout.IsPartial() && layout.MeshDims(layout.TensorRank() - 1).empty() &&
+                (DimSize(mesh_, tp_dim_) == 1 || std::find(used.begin(), used.end(), tp_dim_) == used.end()),
+            kLayer, "'{}': x must be replicated over '{}' with whole features and no Partial, got {}", name_,
+            options_.tp_dim, x.value().ToString());
+    }
     SHARDLINE_CHECK(ep_ == 1 || std::find(tokens.begin(), tokens.end(), ep_dim_) != tokens.end(), kLayer,
                     "'{}': with ep {} the ranks of '{}' must hold different tokens: x's leading dims must be sharded "
                     "over it, got {}",
                     name_, ep_, options_.ep_dim, x.value().ToString());
+}
+
+Variable MoEMLP::TokenSlice(const Variable &x) const {
+    const spmd::Layout &layout = x.value().layout();
+    if (!split_tokens_ || layout.TensorDimOf(tp_dim_) >= 0) {
+        return x;
+    }
+    // Replicate → Shard over tp on dim 0, as the minor shard under the data-parallel dims: a local slice, no
+    // communication (its backward all-gathers dx over tp). Even parts, so that every tp rank has tokens and shapes.
+    std::vector<std::vector<int>> dims = layout.DimsMeshDims();
+    std::int64_t parts = DimSize(mesh_, tp_dim_);
+    for (int d : dims.front()) {
+        parts *= DimSize(mesh_, d);
+    }
+    SHARDLINE_CHECK_AS(ShapeError, x.shape().front() % parts == 0, kLayer,
+                       "'{}': with etp 1 below tp ({}) the tp ranks split x's dim 0 among them: x.shape[0] ({}) must "
+                       "be divisible by the {} ranks that then shard it (mesh dims [{}] and '{}'), got {}",
+                       name_, DimSize(mesh_, tp_dim_), x.shape().front(), parts, fmt::join(dims.front(), ", "),
+                       options_.tp_dim, x.value().ToString());
+    dims.front().push_back(tp_dim_);
+    return autograd::Redistribute(x, spmd::Layout(std::move(dims)));
 }
 
 std::shared_ptr<const spmd::CachedRule> MoEMLP::ExchangeRule(const Variable &x, std::int64_t capacity) const {
@@ -165,8 +212,10 @@ std::shared_ptr<const spmd::CachedRule> MoEMLP::ExchangeRule(const Variable &x, 
     return rule;
 }
 
-MoEOutput MoEMLP::Forward(const Variable &x) const {
-    CheckInput(x);
+MoEOutput MoEMLP::Forward(const Variable &x_in) const {
+    CheckInput(x_in);
+    // etp 1 < tp: this rank's slice of the tokens (gate, router, experts all on it); otherwise x itself.
+    const Variable x = TokenSlice(x_in);
     const std::int64_t h = options_.hidden;
     const std::int64_t tokens = x.local().numel() / h;
     // The gate: float32 logits [..., E] on the mesh (its gradient Partial over the token dims, reduced by GradSync).
@@ -178,7 +227,8 @@ MoEOutput MoEMLP::Forward(const Variable &x) const {
                                                             .normalize_topk = options_.normalize_topk,
                                                             .aux_loss_coeff = options_.aux_loss_coeff,
                                                             .z_loss_coeff = options_.z_loss_coeff});
-    MoEOutput out = ForwardRouted(x, routed.indices, routed.weights);
+    MoEOutput out = RunExperts(x, routed.indices, routed.weights);
+    out.output = Restore(out.output, x_in);
 
     // Each rank's auxiliary loss over its tokens, averaged over the data-parallel ranks: Partial(sum) of value / n.
     const std::vector<int> token_dims = TokenDims(x.value().layout());
@@ -196,8 +246,19 @@ MoEOutput MoEMLP::Forward(const Variable &x) const {
     return out;
 }
 
+Variable MoEMLP::Restore(const Variable &y, const Variable &x) const {
+    // The slice's output back to x's layout: an all-gather over tp (its backward a free slice of dy).
+    return y.value().layout() == x.value().layout() ? y : autograd::Redistribute(y, x.value().layout());
+}
+
 MoEOutput MoEMLP::ForwardRouted(const Variable &x, const Tensor &indices, const Variable &weights) const {
     CheckInput(x);
+    MoEOutput out = RunExperts(TokenSlice(x), indices, weights);
+    out.output = Restore(out.output, x);
+    return out;
+}
+
+MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Variable &weights) const {
     const std::int64_t h = options_.hidden;
     const std::int64_t e = options_.num_experts;
     const std::int64_t tokens = x.local().numel() / h;
@@ -219,7 +280,8 @@ MoEOutput MoEMLP::ForwardRouted(const Variable &x, const Tensor &indices, const 
 
     // The local experts' rows on the mesh: the moe_dispatch rule's expert rows (ep the major shard, then the other
     // token dims) without ep, which the local experts' grouped layers do not see: sharded over the expert-data-parallel
-    // dims (over which the experts' gradients are Partial), replicated over tp. The global row count is nominal: each
+    // dims (over which the experts' gradients are Partial; tp among them at etp 1 < tp, where the tp ranks hold
+    // different tokens), else replicated over tp. The global row count is nominal: each
     // rank holds a different number of rows, and only the local shards are ever read.
     const std::shared_ptr<const spmd::CachedRule> exchange = ExchangeRule(x, Capacity(tokens));
     std::vector<int> expert_data_dims = exchange->info.outputs.at(0).layout.MeshDims(0);
@@ -229,12 +291,15 @@ MoEOutput MoEMLP::ForwardRouted(const Variable &x, const Tensor &indices, const 
         parts *= DimSize(mesh_, d);
     }
     const std::int64_t r = plan.expert_rows(); // received(), or the pad row when none arrives
-    const Variable rows_on_mesh = autograd::AsShard(
-        rows, {r, h}, {r * parts, h}, spmd::Layout(std::vector<std::vector<int>>{expert_data_dims, {}}), mesh_);
     const std::vector<std::int64_t> group_sizes = plan.expert_group_sizes();
     const std::vector<double> sizes_values(group_sizes.begin(), group_sizes.end());
     const Tensor sizes = Tensor::FromVector(sizes_values, Shape{plan.local_experts}, DType::kInt64);
-    const functional::TensorParallelGroup tp{.mesh = &mesh_, .tp_dim = tp_dim_};
+    const Variable rows_on_mesh = autograd::AsShard(
+        rows, {r, h}, {r * parts, h}, spmd::Layout(std::vector<std::vector<int>>{expert_data_dims, {}}), mesh_);
+    // etp = tp: fc1 column- and fc2 row-parallel over tp. etp 1 < tp: whole experts, a group of one rank (the rows are
+    // sharded over tp like over dp, so the parameter gradients come out Partial over tp as well).
+    const functional::TensorParallelGroup tp{
+        .mesh = &mesh_, .tp_dim = split_tokens_ ? functional::TensorParallelGroup::kNoTensorParallel : tp_dim_};
     Variable hidden = autograd::ColumnParallelGroupedLinear(
         rows_on_mesh, fc1_weight, fc1_bias, sizes,
         {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = plan.local_experts}, tp);

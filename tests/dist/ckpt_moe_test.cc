@@ -1,6 +1,7 @@
 // MoE checkpoints (issues 16/17): an nn::MoEMLP with its AdamW state (nn::TrainingTensors, as the char-LM example
 // saves them) saved on one (dp, ep, tp) mesh of the world and loaded on every other — ep 2 -> 1, 1 -> 2, ep 2 × tp 2 ->
-// ep 4, dp changing with them (dp = world / (ep·tp)). The loaded parameters and moments, gathered, equal the saved full
+// ep 4, dp changing with them (dp = world / (ep·tp)), and at tp 2 etp = tp <-> etp 1 (the experts split over tp or
+// whole on every tp rank). The loaded parameters and moments, gathered, equal the saved full
 // tensors bitwise; the training steps after it on the new mesh give the outputs of the same steps on the save mesh
 // and the state after them within rtol 1e-5 (the router's and the reductions' sums run in another order on another
 // mesh). No auxiliary loss: Megatron's is per rank (f and P of this rank's tokens, averaged over the data-parallel
@@ -40,22 +41,45 @@ constexpr std::int64_t kE = 4;
 
 using Full = std::map<std::string, std::vector<double>>;
 
-std::string MeshName(std::int64_t ep, std::int64_t tp) {
-    return fmt::format("dp{}_ep{}_tp{}", World().size() / (ep * tp), ep, tp);
+/// A mesh shape and the experts' tensor parallelism on it (etp = tp, or 1 with whole experts).
+struct Layer {
+    std::int64_t ep = 1;
+    std::int64_t tp = 1;
+    std::int64_t etp = 1;
+};
+
+std::string MeshName(const Layer &l) {
+    return fmt::format("dp{}_ep{}_tp{}_etp{}", World().size() / (l.ep * l.tp), l.ep, l.tp, l.etp);
+}
+
+/// Every (ep, tp) of the world with etp = tp, and with etp 1 where tp > 1.
+std::vector<Layer> Layers() {
+    std::vector<Layer> layers;
+    for (const auto &[ep, tp] : MeshShapes()) {
+        layers.push_back({.ep = ep, .tp = tp, .etp = tp});
+        if (tp > 1) {
+            layers.push_back({.ep = ep, .tp = tp, .etp = 1});
+        }
+    }
+    return layers;
 }
 
 /// The layer (dropless, no aux loss: see above), GradSync (when there is more than one data-parallel rank, as in the
 /// char-LM example) and AdamW on the (dp, ep, tp) mesh of the world. `seed` sets the initial values (a load must
 /// overwrite all of them).
 struct MoeTrainer {
-    MoeTrainer(std::int64_t ep, std::int64_t tp, std::uint64_t seed)
-        : mesh(MoeMesh(ep, tp)),
-          layer({.hidden = kH, .ffn = kF, .num_experts = kE, .topk = 2, .ep = ep, .etp = tp}, mesh,
+    MoeTrainer(const Layer &l, std::uint64_t seed)
+        : mesh(MoeMesh(l.ep, l.tp)),
+          layer({.hidden = kH, .ffn = kF, .num_experts = kE, .topk = 2, .ep = l.ep, .etp = l.etp}, mesh,
                 {.dtype = DType::kFloat32, .device = TestDevice(), .seed = seed, .name = "moe"}),
           params(layer.Parameters()),
-          sync(World().size() / tp > 1 ? std::make_unique<nn::GradSync>(
-                                             params, mesh, nn::GradSyncOptions{.dp_dim = "dp", .dp_dims = {"dp", "ep"}})
-                                       : nullptr),
+          // The ranks with different tokens: dp·ep, and tp too at etp 1 (whose parameters then reduce over it).
+          sync(World().size() / l.etp > 1
+                   ? std::make_unique<nn::GradSync>(params, mesh,
+                                                    nn::GradSyncOptions{.dp_dim = "dp",
+                                                                        .dp_dims = {"dp", "ep"},
+                                                                        .extra_dp_dims = layer.ExtraDataParallelDims()})
+                   : nullptr),
           optimizer(params, {.lr = 0.01, .weight_decay = 0.01}) {}
 
     /// One training step on batch `step` (x sharded over dp and ep, loss = Σ y·v for a fixed v);
@@ -119,14 +143,14 @@ struct MoeTrainer {
 TEST(MoECheckpointTest, ResumesOnEveryOtherExpertAndTensorParallelMesh) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const std::string dir = ckpt_test::SharedTempDir("moe");
-    const auto shapes = MeshShapes();
-    for (const auto &[sep, stp] : shapes) {
-        const std::string root = dir + "/" + MeshName(sep, stp);
+    const std::vector<Layer> layers = Layers();
+    for (const Layer &saved_on : layers) {
+        const std::string root = dir + "/" + MeshName(saved_on);
         Full saved, after;
         std::vector<double> y2, y3;
         nlohmann::json scalars;
         {
-            MoeTrainer a(sep, stp, 3);
+            MoeTrainer a(saved_on, 3);
             a.Step(1);
             scalars = nn::OptimizerScalars(a.optimizer);
             ckpt::Save(root, 1, a.Tensors(), {{"optimizer", scalars}}, &World());
@@ -136,9 +160,9 @@ TEST(MoECheckpointTest, ResumesOnEveryOtherExpertAndTensorParallelMesh) {
             y3 = a.Step(3);
         }
         ASSERT_EQ(saved.size(), 15u) << "5 parameters, each with exp_avg and exp_avg_sq";
-        for (const auto &[lep, ltp] : shapes) {
-            SCOPED_TRACE(fmt::format("saved on {}, loaded on {}", MeshName(sep, stp), MeshName(lep, ltp)));
-            MoeTrainer b(lep, ltp, 11); // other initial values, zero moments
+        for (const Layer &loaded_on : layers) {
+            SCOPED_TRACE(fmt::format("saved on {}, loaded on {}", MeshName(saved_on), MeshName(loaded_on)));
+            MoeTrainer b(loaded_on, 11); // other initial values, zero moments
             const ckpt::CheckpointInfo info = ckpt::Load(root, b.Tensors(), &World());
             nn::LoadOptimizerScalars(b.optimizer, info.extra.at("optimizer"));
             const Full loaded = b.Gather();

@@ -68,6 +68,7 @@ endif()
 # np 1 is the single-GPU run of the layer (ep = tp = 1) on the GPU hosts.
 set(_shardline_moe_sources ${CMAKE_CURRENT_LIST_DIR}/autograd_moe_dispatch_test.cc
                            ${CMAKE_CURRENT_LIST_DIR}/nn_moe_test.cc
+                           ${CMAKE_CURRENT_LIST_DIR}/nn_moe_etp_test.cc
                            ${CMAKE_CURRENT_LIST_DIR}/nn_moe_spmd_test.cc)
 shardline_add_dist_test(NAME shardline_nn_moe_tests_cpu SOURCES ${_shardline_moe_sources} NP 1 2 4 BACKEND cpu
                         TIMEOUT 120)

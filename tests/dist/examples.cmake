@@ -95,3 +95,14 @@ add_test(NAME dist.example.train_char_lm_moe.loss_falls
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/check_moe_loss_falls.sh ${_char_lm_moe_metrics})
 set_tests_properties(dist.example.train_char_lm_moe.loss_falls PROPERTIES
                      LABELS dist TIMEOUT 30 FIXTURES_REQUIRED example_char_lm_moe)
+# The same run with etp 1 below tp 2: whole experts on every tp rank, the tp ranks splitting each block's tokens.
+set(_char_lm_moe_etp1_metrics ${CMAKE_CURRENT_BINARY_DIR}/example_train_char_lm_moe_etp1.jsonl)
+shardline_add_example_test(NAME dist.example.train_char_lm_moe_etp1.np4 TARGET train_char_lm NP 4 TIMEOUT 120
+                           ARGS --num-experts 4 --moe-router-topk 2 --ep 2 --tp 2 --etp 1 --moe-aux-loss-coeff 0.01
+                                --steps 30 --context 8 --hidden 32 --ffn 64 --layers 1 --batch 64 --log-interval 5
+                                --eval-interval 1000 --sample-chars 0 --metrics ${_char_lm_moe_etp1_metrics})
+set_tests_properties(dist.example.train_char_lm_moe_etp1.np4 PROPERTIES FIXTURES_SETUP example_char_lm_moe_etp1)
+add_test(NAME dist.example.train_char_lm_moe_etp1.loss_falls
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/scripts/check_moe_loss_falls.sh ${_char_lm_moe_etp1_metrics})
+set_tests_properties(dist.example.train_char_lm_moe_etp1.loss_falls PROPERTIES
+                     LABELS dist TIMEOUT 30 FIXTURES_REQUIRED example_char_lm_moe_etp1)

@@ -184,7 +184,8 @@ TEST(FunctionalLinearErrorTest, AMeshDimOutsideTheMeshRaisesNamingIt) {
     SHARDLINE_FUNCTIONAL_TEST_BACKEND();
     const MeshAndDim m = GetMesh(MeshKind::kTp);
     Buffers t = ColumnBuffers(m.tp());
-    for (int bad : {1, -1}) {
+    // -1 is TensorParallelGroup::kNoTensorParallel (a group of one rank); other negative dims are errors.
+    for (int bad : {1, -2}) {
         ExpectErrorBeforeAnyCollective(
             m,
             [&] {

@@ -55,17 +55,19 @@ inline std::vector<std::pair<std::int64_t, std::int64_t>> MeshShapes() {
 }
 
 /// The all-to-all calls (even and uneven: the counts and the rows) on each mesh dim's group, and nothing else anywhere
-/// but the all-reduces `tp_all_reduce` on tp.
+/// but the all-reduces `tp_all_reduce` and the all-gathers `tp_all_gather` (etp 1 below tp) on tp.
 inline void ExpectAllToAll(DeviceMesh &mesh, std::int64_t ep_calls, std::int64_t tp_all_reduce,
-                           const std::string &phase) {
+                           const std::string &phase, std::int64_t tp_all_gather = 0) {
     for (int d = 0; d < mesh.ndim(); ++d) {
         const std::string &name = mesh.dim_names()[static_cast<std::size_t>(d)];
         const comm::CollectiveCounts got = mesh.group(d).Counts();
         const std::int64_t want_a2a = name == "ep" ? ep_calls : 0;
         const std::int64_t want_ar = name == "tp" ? tp_all_reduce : 0;
+        const std::int64_t want_ag = name == "tp" ? tp_all_gather : 0;
         EXPECT_EQ(got.Calls(CollectiveKind::kAllToAll), want_a2a) << phase << ": all_to_all on " << name;
         EXPECT_EQ(got.Calls(CollectiveKind::kAllReduce), want_ar) << phase << ": all_reduce on " << name;
-        EXPECT_EQ(got.TotalCalls(), want_a2a + want_ar) << phase << ": other collectives on " << name;
+        EXPECT_EQ(got.Calls(CollectiveKind::kAllGather), want_ag) << phase << ": all_gather on " << name;
+        EXPECT_EQ(got.TotalCalls(), want_a2a + want_ar + want_ag) << phase << ": other collectives on " << name;
     }
     EXPECT_EQ(mesh.world().Counts().TotalCalls(), 0) << phase << ": on the world";
 }

@@ -2,8 +2,9 @@
 // over E experts with uneven routing (an empty and a one-row expert), against a single-rank dense float64 reference
 // computed expert by expert — bitwise with integer-valued operands — with the exact collectives of every phase (the
 // column → row pair's: one all-reduce forward, one of dX backward only when x needs a grad). Also: the parallel
-// experts' global parameters are the local GroupedLinear's (TP-invariant counter-based init), and grouped layers
-// refuse sequence parallelism before any collective.
+// experts' global parameters are the local GroupedLinear's (TP-invariant counter-based init), a group of one rank
+// (kNoTensorParallel: whole experts, no collective), and grouped layers refuse sequence parallelism before any
+// collective.
 
 #include <cstdint>
 #include <string>
@@ -17,6 +18,7 @@
 #include <shardline/comm/device_mesh.h>
 #include <shardline/core/error.h>
 #include <shardline/dist/dist_tensor.h>
+#include <shardline/functional/parallel_linear.h>
 #include <shardline/nn/linear.h>
 
 #include "nn_test_util.h"
@@ -145,6 +147,56 @@ TEST_P(GroupedMlpTest, ExpertTensorParallelMatchesDenseBitwiseWithTheTableCollec
 INSTANTIATE_TEST_SUITE_P(Matrix, GroupedMlpTest,
                          ::testing::Values(GroupedCase{true, true}, GroupedCase{true, false}, GroupedCase{false, true}),
                          GroupedCaseName);
+
+// A group of one rank (TensorParallelGroup::kNoTensorParallel, a MoE layer's whole experts at etp 1): the same column
+// → row pair with its parameters whole on every rank runs no collective in either direction, and the parameter
+// gradients are Partial only over the mesh dims that shard x's rows — none here, so they come out whole and exact.
+TEST(GroupedMlpNoTensorParallelTest, AGroupOfOneRankRunsWholeExpertsWithoutCollectives) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    DeviceMesh &mesh = TpMesh();
+    const functional::TensorParallelGroup one{.mesh = &mesh,
+                                              .tp_dim = functional::TensorParallelGroup::kNoTensorParallel};
+    EXPECT_EQ(one.size(), 1);
+    EXPECT_EQ(one.rank(), 0);
+    const Data data = Data::kInteger;
+    const DType f32 = DType::kFloat32;
+    const Tensor x_full = MakeFull({kRows, kHidden}, "x", data, f32, 17);
+    const Tensor w1 = MakeFull({kExperts, kFfn, kHidden}, "w1", data, f32, 17);
+    const Tensor b1 = MakeFull({kExperts, kFfn}, "b1", data, f32, 17);
+    const Tensor w2 = MakeFull({kExperts, kHidden, kFfn}, "w2", data, f32, 17);
+    const Tensor b2 = MakeFull({kExperts, kHidden}, "b2", data, f32, 17);
+    const Tensor dy_full = MakeFull({kRows, kHidden}, "dy", data, f32, 17);
+    const auto whole = [&](const Tensor &full) {
+        return Variable(DistTensor::FromFull(full, spmd::Layout::Replicated(full.rank()), mesh), true);
+    };
+    const Variable w1v = whole(w1), b1v = whole(b1), w2v = whole(w2), b2v = whole(b2);
+    const Variable x = whole(x_full);
+    const Tensor sizes = GroupSizes();
+
+    ResetCounts(mesh);
+    const Variable hidden = autograd::ColumnParallelGroupedLinear(
+        x, w1v, b1v, sizes, {.in_features = kHidden, .out_features = kFfn, .num_experts = kExperts}, one);
+    const Variable y = autograd::RowParallelGroupedLinear(
+        hidden, w2v, b2v, sizes,
+        {.in_features = kFfn, .out_features = kHidden, .input_is_parallel = true, .num_experts = kExperts}, one);
+    ExpectCalls(mesh, {}, "forward");
+    EXPECT_EQ(hidden.local().shape(), (Shape{kRows, kFfn})) << "every rank computes all of ffn";
+    ResetCounts(mesh);
+    const DistTensor dy = DistTensor::FromFull(dy_full, y.value().layout(), mesh);
+    y.Backward(&dy);
+    ExpectCalls(mesh, {}, "backward");
+
+    const testing::RefMlpResult ref = ReferenceGroupedMlp(x_full, w1, &b1, w2, &b2, dy_full);
+    EXPECT_TRUE(Matches(y.value().FullTensor(), {kRows, kHidden}, ref.y, data, f32)) << "y";
+    EXPECT_TRUE(Matches(FullGrad(x), {kRows, kHidden}, ref.dx, data, f32)) << "dX";
+    for (const Variable *p : {&w1v, &b1v, &w2v, &b2v}) {
+        EXPECT_FALSE(p->grad().layout().IsPartial()) << "x's rows are on every rank: nothing to reduce";
+    }
+    EXPECT_TRUE(Matches(FullGrad(w1v), {kExperts, kFfn, kHidden}, ref.dw1, data, f32)) << "column dW";
+    EXPECT_TRUE(Matches(FullGrad(b1v), {kExperts, kFfn}, ref.db1, data, f32)) << "column db";
+    EXPECT_TRUE(Matches(FullGrad(w2v), {kExperts, kHidden, kFfn}, ref.dw2, data, f32)) << "row dW";
+    EXPECT_TRUE(Matches(FullGrad(b2v), {kExperts, kHidden}, ref.db2, data, f32)) << "row db";
+}
 
 TEST(GroupedLinearInitTest, ParallelExpertsHoldTheLocalGroupedLinearsParameters) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();

@@ -1,10 +1,10 @@
-// nn::MoEMLP (issue 16) on (dp, ep, tp) meshes — every ep in {1, 2, 4} and tp (= etp) in {1, 2} that divides the
-// world — against the single-rank float64 dense reference (moe_reference.h): the output and every gradient (x, the
-// gate, the experts' weights and biases, the routing weights), fp32 rtol 1e-5 through the router and bitwise with
-// integer-valued operands for the expert path at a given routing; routings with zero-token experts, every token on one
-// expert, topk 1 and 2, capacity drops; the exact all-to-all counts forward and backward (none at ep = 1); two runs
-// bitwise equal; GradSync's Megatron reduction (router over dp and ep, experts over dp); errors on every rank before
-// any collective.
+// nn::MoEMLP (issue 16) on (dp, ep, tp) meshes — every ep in {1, 2, 4} and tp in {1, 2} that divides the world, with
+// etp = tp and etp 1 below tp (the tp ranks split the tokens) — against the single-rank float64 dense reference
+// (moe_reference.h): the output and every gradient (x, the gate, the experts' weights and biases, the routing weights),
+// fp32 rtol 1e-5 through the router and bitwise with integer-valued operands for the expert path at a given routing;
+// routings with zero-token experts, every token on one expert, topk 1 and 2, capacity drops; the exact all-to-all
+// counts forward and backward (none at ep = 1); two runs bitwise equal; GradSync's Megatron reduction (router over dp
+// and ep, experts over dp); errors on every rank before any collective.
 
 #include <cstdint>
 #include <string>
@@ -18,170 +18,12 @@
 #include <shardline/nn/grad_sync.h>
 #include <shardline/nn/moe.h>
 
-#include "moe_reference.h"
-#include "moe_test_util.h"
+#include "moe_layer_case.h"
 
 namespace shardline {
 namespace {
 
 using namespace moe_test;
-
-constexpr std::int64_t kT = 16; ///< global tokens: 4, 8 or 16 per data-parallel rank
-constexpr std::int64_t kH = 8;
-constexpr std::int64_t kF = 8;
-constexpr std::int64_t kE = 4;
-
-enum class Routing { kRouter, kOneExpert, kGiven };
-
-struct MoeCase {
-    std::int64_t ep = 1;
-    std::int64_t tp = 1;
-    int topk = 2;
-    double capacity_factor = -1.0;
-    Routing routing = Routing::kRouter;
-};
-
-std::string CaseName(const MoeCase &c) {
-    const char *routing = c.routing == Routing::kRouter ? "router" : c.routing == Routing::kOneExpert ? "one" : "given";
-    return fmt::format("ep{}_tp{}_top{}_{}_{}", c.ep, c.tp, c.topk, c.capacity_factor < 0 ? "dropless" : "capacity",
-                       routing);
-}
-
-/// The problem's full tensors (the same on every rank) and the layer set to them.
-struct MoeSetup {
-    MoeProblem problem;
-    Tensor x, wg, w1, b1, w2, b2, dy;
-};
-
-MoeSetup MakeSetup(const MoeCase &c, std::int64_t chunks, std::int64_t capacity) {
-    const Data data = c.routing == Routing::kGiven ? Data::kInteger : Data::kRandom;
-    const DType f32 = DType::kFloat32;
-    MoeSetup s;
-    s.x = MakeFull({kT, kH}, "moe.x", data, f32, 5);
-    s.wg = MakeFull({kH, kE}, "moe.wg", Data::kRandom, f32, 5);
-    if (c.routing == Routing::kOneExpert) {
-        // A constant feature and a gate that reads it for expert 2 alone, the other features' gate weights scaled
-        // down: every token's top choice is expert 2 (with topk 1 experts 0, 1 and 3 get no token), and the softmax is
-        // not saturated (the gate's gradient stays well inside float32's range).
-        std::vector<double> x = s.x.ToDoubleVector();
-        std::vector<double> wg = s.wg.ToDoubleVector();
-        for (std::int64_t t = 0; t < kT; ++t) {
-            x[static_cast<std::size_t>(t * kH)] = 4.0;
-        }
-        for (double &w : wg) {
-            w *= 0.05;
-        }
-        for (std::int64_t e = 0; e < kE; ++e) {
-            wg[static_cast<std::size_t>(e)] = e == 2 ? 1.0 : 0.0;
-        }
-        s.x = Tensor::FromVector(x, {kT, kH}, f32).To(TestDevice());
-        s.wg = Tensor::FromVector(wg, {kH, kE}, f32).To(TestDevice());
-    }
-    s.w1 = MakeFull({kE, kF, kH}, "moe.w1", data, f32, 5);
-    s.b1 = MakeFull({kE, kF}, "moe.b1", data, f32, 5);
-    s.w2 = MakeFull({kE, kH, kF}, "moe.w2", data, f32, 5);
-    s.b2 = MakeFull({kE, kH}, "moe.b2", data, f32, 5);
-    s.dy = MakeFull({kT, kH}, "moe.dy", data, f32, 5);
-    MoeProblem &p = s.problem;
-    p.tokens = kT;
-    p.hidden = kH;
-    p.ffn = kF;
-    p.experts = kE;
-    p.topk = c.topk;
-    p.chunks = static_cast<int>(chunks);
-    p.capacity = capacity;
-    p.gelu = c.routing != Routing::kGiven;
-    p.x = s.x.ToDoubleVector();
-    p.wg = s.wg.ToDoubleVector();
-    p.w1 = s.w1.ToDoubleVector();
-    p.b1 = s.b1.ToDoubleVector();
-    p.w2 = s.w2.ToDoubleVector();
-    p.b2 = s.b2.ToDoubleVector();
-    if (c.routing == Routing::kGiven) {
-        // Expert 3 gets no token; weights 1/2 and 1/4 keep every product exact.
-        for (std::int64_t t = 0; t < kT; ++t) {
-            const std::int64_t first = t % 3;
-            p.indices.push_back(first);
-            p.weights.push_back(0.5);
-            if (c.topk == 2) {
-                p.indices.push_back((first + 1 + t % 2) % 3);
-                p.weights.push_back(0.25);
-            }
-        }
-    }
-    return s;
-}
-
-struct LayerRun {
-    Tensor y, dx, dwg, dw1, db1, dw2, db2, dweights;
-    nn::MoEStats stats;
-    double aux = 0.0;
-};
-
-/// One forward and backward of the layer on `mesh` (x sharded over dp and ep), with the exact all-to-all counts.
-LayerRun RunLayer(const MoeCase &c, DeviceMesh &mesh, const MoeSetup &s, double aux_coeff = 0.0, double z_coeff = 0.0) {
-    const bool given = c.routing == Routing::kGiven;
-    nn::MoEMLP layer({.hidden = kH,
-                      .ffn = kF,
-                      .num_experts = kE,
-                      .topk = c.topk,
-                      .ep = c.ep,
-                      .etp = c.tp,
-                      .capacity_factor = c.capacity_factor,
-                      .aux_loss_coeff = aux_coeff,
-                      .z_loss_coeff = z_coeff,
-                      .activation = !given},
-                     mesh, WithName(Param(DType::kFloat32), "moe"));
-    SetFull(layer.router_weight, s.wg);
-    SetFull(layer.fc1_weight, s.w1);
-    SetFull(layer.fc1_bias, s.b1);
-    SetFull(layer.fc2_weight, s.w2);
-    SetFull(layer.fc2_bias, s.b2);
-    // The gradients stay Partial over the data-parallel dims (as under GradSync): backward issues only the layer's own
-    // collectives; FullGrad reduces them afterwards.
-    const int dp = mesh.dim_index("dp"), ep = mesh.dim_index("ep");
-    layer.router_weight.set_deferred_partial({dp, ep});
-    for (Variable *p : {&layer.fc1_weight, &layer.fc1_bias, &layer.fc2_weight, &layer.fc2_bias}) {
-        p->set_deferred_partial({dp});
-    }
-    Variable x(DistTensor::Sharded(s.x, mesh, {{.dim = 0, .over = {"dp", "ep"}}}), true);
-
-    // This rank's tokens of a given routing.
-    const std::int64_t chunk = mesh.coordinate()[0] * c.ep + mesh.coordinate()[1];
-    const std::int64_t per = x.local().shape()[0];
-    Variable weights;
-    Tensor indices;
-    if (given) {
-        const auto &p = s.problem;
-        std::vector<double> idx(p.indices.begin() + chunk * per * c.topk,
-                                p.indices.begin() + (chunk + 1) * per * c.topk);
-        std::vector<double> w(p.weights.begin() + chunk * per * c.topk, p.weights.begin() + (chunk + 1) * per * c.topk);
-        indices = Tensor::FromVector(idx, {per, c.topk}, DType::kInt64).To(TestDevice());
-        weights = Variable(Tensor::FromVector(w, {per, c.topk}, DType::kFloat32).To(TestDevice()), true);
-    }
-
-    ResetCounts(mesh);
-    const nn::MoEOutput out = given ? layer.ForwardRouted(x, indices, weights) : layer.Forward(x);
-    ExpectAllToAll(mesh, c.ep > 1 ? 3 : 0, c.tp > 1 ? 1 : 0, "forward: counts, rows, rows back; fc2's all-reduce");
-    ResetCounts(mesh);
-    const DistTensor dy = DistTensor::FromFull(s.dy, out.output.value().layout(), mesh);
-    out.output.Backward(&dy);
-    ExpectAllToAll(mesh, c.ep > 1 ? 2 : 0, c.tp > 1 ? 1 : 0, "backward: rows, rows back; fc1's dx all-reduce");
-
-    LayerRun r;
-    r.stats = out.stats;
-    r.y = out.output.value().FullTensor();
-    r.dx = FullGrad(x);
-    r.dwg = given ? Tensor() : FullGrad(layer.router_weight);
-    r.dw1 = FullGrad(layer.fc1_weight);
-    r.db1 = FullGrad(layer.fc1_bias);
-    r.dw2 = FullGrad(layer.fc2_weight);
-    r.db2 = FullGrad(layer.fc2_bias);
-    if (given) {
-        r.dweights = weights.grad().local();
-    }
-    return r;
-}
 
 class MoELayerTest : public ::testing::TestWithParam<MoeCase> {};
 
@@ -192,7 +34,7 @@ TEST_P(MoELayerTest, OutputAndEveryGradientMatchTheDenseReferenceWithExactAllToA
         GTEST_SKIP() << "ep·tp does not divide the world";
     }
     DeviceMesh &mesh = MoeMesh(c.ep, c.tp);
-    const std::int64_t chunks = World().size() / c.tp;
+    const std::int64_t chunks = Chunks(c);
     const std::int64_t per = kT / chunks;
     const std::int64_t capacity =
         c.capacity_factor < 0 ? -1 : static_cast<std::int64_t>(std::ceil(c.capacity_factor * per * c.topk / kE));
@@ -208,7 +50,7 @@ TEST_P(MoELayerTest, OutputAndEveryGradientMatchTheDenseReferenceWithExactAllToA
     EXPECT_TRUE(Matches(got.db1, {kE, kF}, want.db1, data, f32)) << "fc1 db";
     EXPECT_TRUE(Matches(got.dw2, {kE, kH, kF}, want.dw2, data, f32)) << "fc2 dW";
     EXPECT_TRUE(Matches(got.db2, {kE, kH}, want.db2, data, f32)) << "fc2 db";
-    const std::int64_t chunk = mesh.coordinate()[0] * c.ep + mesh.coordinate()[1];
+    const std::int64_t chunk = ChunkOf(c, mesh);
     if (c.routing == Routing::kGiven) {
         const Values dw(want.dweights.begin() + chunk * per * c.topk,
                         want.dweights.begin() + (chunk + 1) * per * c.topk);
@@ -234,12 +76,21 @@ std::vector<MoeCase> Cases() {
             if (ep * tp > 4) {
                 continue;
             }
-            cases.push_back({.ep = ep, .tp = tp, .topk = 2});
-            cases.push_back({.ep = ep, .tp = tp, .topk = 1, .routing = Routing::kGiven});
-            cases.push_back({.ep = ep, .tp = tp, .topk = 2, .routing = Routing::kGiven});
-            cases.push_back({.ep = ep, .tp = tp, .topk = 2, .capacity_factor = 0.5, .routing = Routing::kGiven});
-            cases.push_back({.ep = ep, .tp = tp, .topk = 1, .routing = Routing::kOneExpert});
-            cases.push_back({.ep = ep, .tp = tp, .topk = 2, .capacity_factor = 1.0, .routing = Routing::kOneExpert});
+            // etp = tp (the experts split over tp), and etp 1 below tp (the tp ranks split the tokens).
+            for (std::int64_t etp : tp > 1 ? std::vector<std::int64_t>{tp, 1} : std::vector<std::int64_t>{tp}) {
+                cases.push_back({.ep = ep, .tp = tp, .topk = 2, .etp = etp});
+                cases.push_back({.ep = ep, .tp = tp, .topk = 1, .etp = etp, .routing = Routing::kGiven});
+                cases.push_back({.ep = ep, .tp = tp, .topk = 2, .etp = etp, .routing = Routing::kGiven});
+                cases.push_back(
+                    {.ep = ep, .tp = tp, .topk = 2, .etp = etp, .capacity_factor = 0.5, .routing = Routing::kGiven});
+                cases.push_back({.ep = ep, .tp = tp, .topk = 1, .etp = etp, .routing = Routing::kOneExpert});
+                cases.push_back({.ep = ep,
+                                 .tp = tp,
+                                 .topk = 2,
+                                 .etp = etp,
+                                 .capacity_factor = 1.0,
+                                 .routing = Routing::kOneExpert});
+            }
         }
     }
     return cases;
@@ -259,10 +110,11 @@ TEST(MoELayerDeterminismTest, TwoRunsGiveBitwiseTheSameOutputAndGradients) {
     std::vector<MoeCase> cases = {WidestCase(Routing::kRouter)};
     if (World().size() >= 2) {
         cases.push_back({.ep = 2, .tp = World().size() / 2, .topk = 2});
+        cases.push_back({.ep = 1, .tp = 2, .topk = 2, .etp = 1});
     }
     for (const MoeCase &c : cases) {
         DeviceMesh &mesh = MoeMesh(c.ep, c.tp);
-        const MoeSetup s = MakeSetup(c, World().size() / c.tp, -1);
+        const MoeSetup s = MakeSetup(c, Chunks(c), -1);
         const LayerRun a = RunLayer(c, mesh, s);
         const LayerRun b = RunLayer(c, mesh, s);
         const std::vector<std::pair<const char *, std::pair<Tensor, Tensor>>> pairs = {

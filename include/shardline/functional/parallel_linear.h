@@ -95,7 +95,10 @@ TensorView View(const Tensor &tensor);
 /// The other mesh dims (e.g. dp) hold independent replicas of the layer, each with its own data; reducing parameter
 /// gradients over them stays the caller's job (nn::GradSync does it for the modules). One type for the functional
 /// layer, autograd and the nn modules: `{.mesh = &mesh, .tp_dim = 1}` or `TensorParallelGroup::Named(mesh, "tp")`.
+/// tp_dim kNoTensorParallel (-1): a group of one rank on every rank — the layer is whole on each rank and runs no
+/// collective, every mesh dim being a replica dim (a MoE layer's whole experts at etp 1, docs/moe.md).
 struct TensorParallelGroup {
+    static constexpr int kNoTensorParallel = -1;
     comm::DeviceMesh *mesh = nullptr;
     int tp_dim = 0;
 

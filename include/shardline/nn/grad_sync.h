@@ -9,11 +9,14 @@
 // batch sharded over both), a parameter's gradient is reduced over those of them that do not shard the parameter.
 // Dense parameters (the router's gate, attention, embeddings) reduce over every data-parallel rank (dp and ep); expert
 // parameters, sharded on their experts dim over ep, reduce over the expert-data-parallel ranks only (dp). Buckets hold
-// parameters of one such set; a bucket reduced over two dims runs its all-reduces one after the other.
+// parameters of one such set; a bucket reduced over two dims runs its all-reduces one after the other. A module whose
+// parameters see different data over more mesh dims than those (a MoE layer at etp 1 below tp: its tp ranks split the
+// tokens, so its router and its whole experts are data-parallel over tp too) names them per parameter (extra_dp_dims).
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <shardline/autograd/variable.h>
@@ -28,6 +31,9 @@ struct GradSyncOptions {
     std::vector<std::string> dp_dims = {};
     /// Bucket capacity (fp32 bytes); parameters are packed in reverse order (the order backward completes them).
     std::int64_t bucket_bytes = 25 << 20;
+    /// More data-parallel mesh dims of some parameters (e.g. nn::MoEMLP::ExtraDataParallelDims()): each listed
+    /// parameter also reduces over these (those that shard none of its dims), in its bucket.
+    std::vector<std::pair<autograd::Variable, std::vector<std::string>>> extra_dp_dims = {};
 };
 
 class GradSync {

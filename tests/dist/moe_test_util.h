@@ -72,4 +72,18 @@ inline void ExpectAllToAll(DeviceMesh &mesh, std::int64_t ep_calls, std::int64_t
     EXPECT_EQ(mesh.world().Counts().TotalCalls(), 0) << phase << ": on the world";
 }
 
+/// Runs `make` (which must throw a shardline::Error) with the mesh's counters reset, expects no collective on any
+/// group, and returns the error's message ("threw nothing" when it did not throw).
+template <class Make> std::string RefusedBeforeAnyCollective(DeviceMesh &mesh, Make make) {
+    ResetCounts(mesh);
+    std::string message = "threw nothing";
+    try {
+        make();
+    } catch (const Error &e) {
+        message = e.what();
+    }
+    ExpectAllToAll(mesh, 0, 0, "a refused configuration");
+    return message;
+}
+
 } // namespace shardline::moe_test

@@ -198,18 +198,6 @@ TEST(MoELayerGradSyncTest, RouterReducesOverDpAndEpExpertsOverDpOnly) {
 }
 
 /// The message of `make()`'s error (or "threw nothing"), with no collective issued on any group.
-template <class Make> std::string RefusedBeforeAnyCollective(DeviceMesh &mesh, Make make) {
-    ResetCounts(mesh);
-    std::string message = "threw nothing";
-    try {
-        make();
-    } catch (const Error &e) {
-        message = e.what();
-    }
-    ExpectAllToAll(mesh, 0, 0, "a refused configuration");
-    return message;
-}
-
 TEST(MoELayerErrorTest, BadOptionsAndInputsAreRefusedOnEveryRankBeforeAnyCollective) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     if (World().size() < 2) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Summarises a cupti_trace CSV (bench/timeline/cupti_trace.cc) of a training run, per step. A step ends with the last
-of a run of consecutive kernels whose name contains MARKER (default AdamW: the optimizer closes every training step).
+of a run of consecutive kernels whose name matches the regular expression MARKER (default AdamW: the optimizer closes
+every training step).
 For the last STEPS steps it prints the step time (marker end to marker end), the GPU busy time (the union of kernels,
 memcpys and memsets), the GEMM time (the union of GEMM kernels: names with gemm, nvjet, xmma or cutlass Gemm in them),
 step / GEMM (the step against the floor of its own GEMMs, as measured inside the run), the idle gaps and the host API
@@ -33,7 +34,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--marker", default="AdamW")
+    ap.add_argument("--marker", default="AdamW", help="a regular expression on kernel names")
     ap.add_argument("--json")
     a = ap.parse_args()
     gpu, api = [], []
@@ -51,8 +52,9 @@ def main():
         if len(plain) >= len(names):
             table = dict(zip(names, plain))
             gpu = [(s, e, k, table.get(n, n)) for s, e, k, n in gpu]
+    marker = re.compile(a.marker)
     ends = [e for i, (s, e, k, n) in enumerate(gpu)
-            if k == "K" and a.marker in n and (i + 1 == len(gpu) or a.marker not in gpu[i + 1][3])]
+            if k == "K" and marker.search(n) and (i + 1 == len(gpu) or not marker.search(gpu[i + 1][3]))]
     windows = list(zip(ends[:-1], ends[1:]))[-a.steps:]
     print(f"{len(gpu)} GPU records, {len(api)} API records, {len(ends)} step ends ({a.marker}); last {len(windows)} steps")
     if not windows:

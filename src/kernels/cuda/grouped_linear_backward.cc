@@ -95,8 +95,7 @@ void CudaGroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
     SideStream& side = SideStreamOf(ctx.device());
     std::unique_lock<std::mutex> side_lock(side.mutex);
     bool wgrad_refused = false;
-    SHARDLINE_CHECK_CUDA(cudaEventRecord(side.fork, main));
-    SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(side.stream, side.fork, 0));
+    ForkSideStream(side, main);
     try {
         if (wgrad_call) {
             wgrad_refused = !LaunchPreparedGroupedGemm(*wgrad_call, side.stream);
@@ -109,13 +108,10 @@ void CudaGroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
         }
         GroupedGemm(dgrad);
     } catch (...) {
-        // Join anyway: a capture must not be left with an unjoined branch, and the side writes must precede reuse.
-        (void)cudaEventRecord(side.join, side.stream);
-        (void)cudaStreamWaitEvent(main, side.join, 0);
+        JoinSideStream(side, main, /*on_error=*/true);
         throw;
     }
-    SHARDLINE_CHECK_CUDA(cudaEventRecord(side.join, side.stream));
-    SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(main, side.join, 0));
+    JoinSideStream(side, main);
     side_lock.unlock();
     detail::CountGroupedConcurrentBackward();
     if (wgrad_refused) {

@@ -145,8 +145,7 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
     // Forks the side stream from everything queued on the compute stream so far.
     auto fork = [&] {
         forked = true;
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(side->fork, main));
-        SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(side->stream, side->fork, 0));
+        ForkSideStream(*side, main);
     };
     if (side != nullptr) {
         side_lock = std::unique_lock(side->mutex);
@@ -172,15 +171,12 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
         }
     } catch (...) {
         if (forked) {
-            // Join anyway: a capture must not be left with an unjoined branch, and the sums' writes must precede reuse.
-            (void)cudaEventRecord(side->join, side->stream);
-            (void)cudaStreamWaitEvent(main, side->join, 0);
+            JoinSideStream(*side, main, /*on_error=*/true);
         }
         throw;
     }
     if (forked) {
-        SHARDLINE_CHECK_CUDA(cudaEventRecord(side->join, side->stream));
-        SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(main, side->join, 0));
+        JoinSideStream(*side, main);
     }
 }
 

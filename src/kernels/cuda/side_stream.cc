@@ -22,4 +22,19 @@ SideStream &SideStreamOf(int device) {
     return side;
 }
 
+void ForkSideStream(SideStream &side, cudaStream_t main) {
+    SHARDLINE_CHECK_CUDA(cudaEventRecord(side.fork, main));
+    SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(side.stream, side.fork, 0));
+}
+
+void JoinSideStream(SideStream &side, cudaStream_t main, bool on_error) {
+    if (on_error) {
+        (void)cudaEventRecord(side.join, side.stream);
+        (void)cudaStreamWaitEvent(main, side.join, 0);
+        return;
+    }
+    SHARDLINE_CHECK_CUDA(cudaEventRecord(side.join, side.stream));
+    SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(main, side.join, 0));
+}
+
 } // namespace shardline::kernels::cuda

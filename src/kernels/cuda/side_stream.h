@@ -24,4 +24,10 @@ struct SideStream {
 /// Device `device`'s side stream.
 SideStream &SideStreamOf(int device);
 
+/// Makes the side stream wait for everything queued on `main` so far (hold side.mutex from the fork to the join).
+void ForkSideStream(SideStream &side, cudaStream_t main);
+/// Makes `main` wait for everything queued on the side stream so far. `on_error`: the join of an error path, which
+/// never throws (a capture must not be left with an unjoined branch, and the side writes must precede reuse).
+void JoinSideStream(SideStream &side, cudaStream_t main, bool on_error = false);
+
 } // namespace shardline::kernels::cuda

@@ -99,6 +99,13 @@ const std::vector<Variant> kVariants = {
     {"cutlass128-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k128x128}, true},
     {"cutlass-pp128x128-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::kPingpong128x128}, true},
     {"cutlass-pp128x64-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::kPingpong128x64}, true},
+    {"cutlass128x256-device", {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k128x256}, true},
+    {"cutlass256-n-device",
+     {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k256x128, .raster = GroupedGemmRaster::kAlongN},
+     true},
+    {"cutlass128x256-n-device",
+     {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k128x256, .raster = GroupedGemmRaster::kAlongN},
+     true},
     {"loop-host", {.impl = GroupedGemmImpl::kLoop}, false},
 };
 

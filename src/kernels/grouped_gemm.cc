@@ -121,33 +121,40 @@ GroupedGemmChoice InitialChoice() {
     const std::string impl = env::GetChoice("SHARDLINE_GROUPED_GEMM", "auto", {"auto", "cutlass", "loop"});
     c.impl = impl == "cutlass" ? GroupedGemmImpl::kCutlass
                                : (impl == "loop" ? GroupedGemmImpl::kLoop : GroupedGemmImpl::kAuto);
-    const std::string tile = env::GetChoice("SHARDLINE_GROUPED_GEMM_TILE", "auto",
-                                            {"auto", "256x128", "128x128", "pingpong128x128", "pingpong128x64"});
+    const std::string tile =
+        env::GetChoice("SHARDLINE_GROUPED_GEMM_TILE", "auto",
+                       {"auto", "256x128", "128x128", "pingpong128x128", "pingpong128x64", "128x256"});
     c.tile = tile == "256x128"           ? GroupedGemmTile::k256x128
              : tile == "128x128"         ? GroupedGemmTile::k128x128
              : tile == "pingpong128x128" ? GroupedGemmTile::kPingpong128x128
              : tile == "pingpong128x64"  ? GroupedGemmTile::kPingpong128x64
+             : tile == "128x256"         ? GroupedGemmTile::k128x256
                                          : GroupedGemmTile::kAuto;
+    const std::string raster = env::GetChoice("SHARDLINE_GROUPED_GEMM_RASTER", "auto", {"auto", "m", "n"});
+    c.raster = raster == "m"   ? GroupedGemmRaster::kAlongM
+               : raster == "n" ? GroupedGemmRaster::kAlongN
+                               : GroupedGemmRaster::kAuto;
     return c;
 }
-std::atomic<std::uint16_t>& ChoiceWord() {
-    static std::atomic<std::uint16_t> word = [] {
-        const GroupedGemmChoice c = InitialChoice();
-        return static_cast<std::uint16_t>(static_cast<unsigned>(c.impl) | (static_cast<unsigned>(c.tile) << 8));
-    }();
+/// The choice in one word (impl, tile, raster: a byte each), so that a reader never sees half of a Set.
+std::uint32_t ChoiceBits(const GroupedGemmChoice& c) {
+    return static_cast<std::uint32_t>(c.impl) | (static_cast<std::uint32_t>(c.tile) << 8) |
+           (static_cast<std::uint32_t>(c.raster) << 16);
+}
+std::atomic<std::uint32_t>& ChoiceWord() {
+    static std::atomic<std::uint32_t> word{ChoiceBits(InitialChoice())};
     return word;
 }
 } // namespace
 
 GroupedGemmChoice GetGroupedGemmChoice() {
-    const std::uint16_t w = ChoiceWord().load(std::memory_order_relaxed);
-    return {.impl = static_cast<GroupedGemmImpl>(w & 0xff), .tile = static_cast<GroupedGemmTile>(w >> 8)};
+    const std::uint32_t w = ChoiceWord().load(std::memory_order_relaxed);
+    return {.impl = static_cast<GroupedGemmImpl>(w & 0xff),
+            .tile = static_cast<GroupedGemmTile>((w >> 8) & 0xff),
+            .raster = static_cast<GroupedGemmRaster>((w >> 16) & 0xff)};
 }
 
-void SetGroupedGemmChoice(const GroupedGemmChoice& c) {
-    ChoiceWord().store(static_cast<std::uint16_t>(static_cast<unsigned>(c.impl) | (static_cast<unsigned>(c.tile) << 8)),
-                       std::memory_order_relaxed);
-}
+void SetGroupedGemmChoice(const GroupedGemmChoice& c) { ChoiceWord().store(ChoiceBits(c), std::memory_order_relaxed); }
 
 #if !SHARDLINE_HAVE_CUDA
 std::string GroupedGemmPath(const GroupedGemmParams&) { return "loop (a CPU build)"; }

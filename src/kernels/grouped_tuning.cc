@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <limits>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -91,17 +92,20 @@ std::string GroupedTuningKeyString(const GroupedTuningKey& key) {
 }
 
 std::string GroupedCandidateName(int candidate) {
-    switch (static_cast<GroupedGemmTile>(candidate)) {
+    const std::string_view along = CandidateAlongN(candidate) ? " along-n" : "";
+    switch (CandidateTile(candidate)) {
     case GroupedGemmTile::kAuto:
-        return "loop";
+        return CandidateAlongN(candidate) ? fmt::format("candidate{}", candidate) : "loop";
     case GroupedGemmTile::k256x128:
-        return "cooperative256x128";
+        return fmt::format("cooperative256x128{}", along);
     case GroupedGemmTile::k128x128:
-        return "cooperative128x128";
+        return fmt::format("cooperative128x128{}", along);
     case GroupedGemmTile::kPingpong128x128:
-        return "pingpong128x128";
+        return fmt::format("pingpong128x128{}", along);
     case GroupedGemmTile::kPingpong128x64:
-        return "pingpong128x64";
+        return fmt::format("pingpong128x64{}", along);
+    case GroupedGemmTile::k128x256:
+        return fmt::format("cooperative128x256{}", along);
     }
     return fmt::format("candidate{}", candidate);
 }

@@ -46,9 +46,18 @@ GroupedTuningKey MakeGroupedTuningKey(const GroupedGemmParams& params);
 ///     "tn grouped=n groups=64 m=1408 k=2048 rows~512-1023 bfloat16->bfloat16 host-sizes cuda:0".
 std::string GroupedTuningKeyString(const GroupedTuningKey& key);
 
-/// A candidate: a CUTLASS config (a GroupedGemmTile other than kAuto, as an int) or the loop of cuBLASLt GEMMs.
+/// A candidate: a CUTLASS config (a GroupedGemmTile other than kAuto, as an int, with kRasterAlongN added when its tile
+/// scheduler walks along n) or the loop of cuBLASLt GEMMs.
 inline constexpr int kLoopCandidate = 0;
-/// "loop", "cooperative256x128", "cooperative128x128", "pingpong128x128", "pingpong128x64".
+inline constexpr int kRasterAlongN = 16;
+/// Candidate ids are below this (one slot each, e.g. for per-candidate repetition counts).
+inline constexpr int kCandidateSlots = 2 * kRasterAlongN;
+inline constexpr GroupedGemmTile CandidateTile(int candidate) {
+    return static_cast<GroupedGemmTile>(candidate % kRasterAlongN);
+}
+inline constexpr bool CandidateAlongN(int candidate) { return candidate >= kRasterAlongN; }
+/// "loop", "cooperative256x128", "cooperative128x128", "pingpong128x128", "pingpong128x64", "cooperative128x256", the
+/// CUTLASS ones followed by " along-n" with kRasterAlongN.
 std::string GroupedCandidateName(int candidate);
 
 /// Whether this thread may time candidates now: GEMM tuning enabled (SHARDLINE_GEMM_TUNING, and no GemmTuningPause

@@ -221,6 +221,25 @@ TEST_F(GroupedTuningHostTest, CandidateNames) {
     EXPECT_EQ(detail::GroupedCandidateName(kCoop128), "cooperative128x128");
     EXPECT_EQ(detail::GroupedCandidateName(kPing128), "pingpong128x128");
     EXPECT_EQ(detail::GroupedCandidateName(kPing64), "pingpong128x64");
+    EXPECT_EQ(detail::GroupedCandidateName(static_cast<int>(GroupedGemmTile::k128x256)), "cooperative128x256");
+    EXPECT_EQ(detail::GroupedCandidateName(kCoop256 + detail::kRasterAlongN), "cooperative256x128 along-n");
+    EXPECT_EQ(detail::GroupedCandidateName(kPing64 + detail::kRasterAlongN), "pingpong128x64 along-n");
+    EXPECT_EQ(detail::CandidateTile(kCoop128 + detail::kRasterAlongN), GroupedGemmTile::k128x128);
+    EXPECT_TRUE(detail::CandidateAlongN(kCoop128 + detail::kRasterAlongN));
+    EXPECT_FALSE(detail::CandidateAlongN(kCoop128));
+    EXPECT_LT(static_cast<int>(GroupedGemmTile::k128x256) + detail::kRasterAlongN, detail::kCandidateSlots);
+}
+
+TEST_F(GroupedTuningHostTest, ChoiceKeepsTileAndRaster) {
+    const GroupedGemmChoice saved = GetGroupedGemmChoice();
+    SetGroupedGemmChoice(
+        {.impl = GroupedGemmImpl::kCutlass, .tile = GroupedGemmTile::k128x256, .raster = GroupedGemmRaster::kAlongN});
+    const GroupedGemmChoice got = GetGroupedGemmChoice();
+    EXPECT_EQ(got.impl, GroupedGemmImpl::kCutlass);
+    EXPECT_EQ(got.tile, GroupedGemmTile::k128x256);
+    EXPECT_EQ(got.raster, GroupedGemmRaster::kAlongN);
+    SetGroupedGemmChoice(saved);
+    EXPECT_EQ(GetGroupedGemmChoice().raster, saved.raster);
 }
 
 } // namespace

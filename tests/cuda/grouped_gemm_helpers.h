@@ -105,17 +105,22 @@ inline kernels::GroupedGemmParams ForwardProblem(const Tensor &x, const Tensor &
     return p;
 }
 
-/// The config names of GroupedGemmPath and the tuning ("cooperative256x128", ...), per forced tile.
-inline std::string ConfigName(kernels::GroupedGemmTile tile) {
+/// The config names of GroupedGemmPath and the tuning ("cooperative256x128", ...), per forced tile; " along-n" follows
+/// with the raster along n.
+inline std::string ConfigName(kernels::GroupedGemmTile tile,
+                              kernels::GroupedGemmRaster raster = kernels::GroupedGemmRaster::kAuto) {
+    const std::string along = raster == kernels::GroupedGemmRaster::kAlongN ? " along-n" : "";
     switch (tile) {
     case kernels::GroupedGemmTile::k256x128:
-        return "cooperative256x128";
+        return "cooperative256x128" + along;
     case kernels::GroupedGemmTile::k128x128:
-        return "cooperative128x128";
+        return "cooperative128x128" + along;
     case kernels::GroupedGemmTile::kPingpong128x128:
-        return "pingpong128x128";
+        return "pingpong128x128" + along;
     case kernels::GroupedGemmTile::kPingpong128x64:
-        return "pingpong128x64";
+        return "pingpong128x64" + along;
+    case kernels::GroupedGemmTile::k128x256:
+        return "cooperative128x256" + along;
     case kernels::GroupedGemmTile::kAuto:
         break;
     }

@@ -251,8 +251,9 @@ TEST_F(GroupedManyExpertsTest, ThreeHundredExpertsMatchFloat64) {
     const Tensor dy = IntegersGpu({rows, kFeatures}, dtype, 63, "dy");
     const Refs ref =
         grouped::Reference(x.ToDoubleVector(), w.ToDoubleVector(), dy.ToDoubleVector(), sizes, kFeatures, kFeatures);
-    for (const GroupedGemmTile tile : {GroupedGemmTile::k256x128, GroupedGemmTile::k128x128,
-                                       GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kPingpong128x64}) {
+    for (const GroupedGemmTile tile :
+         {GroupedGemmTile::k256x128, GroupedGemmTile::k128x128, GroupedGemmTile::kPingpong128x128,
+          GroupedGemmTile::kPingpong128x64, GroupedGemmTile::k128x256}) {
         ScopedChoice cutlass({.impl = GroupedGemmImpl::kCutlass, .tile = tile});
         const std::string name = grouped::ConfigName(tile);
         Tensor y = RandomGpu({rows, kFeatures}, dtype, 9, "poison", 100.0);

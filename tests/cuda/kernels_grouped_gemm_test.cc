@@ -37,6 +37,7 @@ using grouped::ScopedChoice;
 using grouped::Total;
 using kernels::GroupedGemmChoice;
 using kernels::GroupedGemmImpl;
+using kernels::GroupedGemmRaster;
 using kernels::GroupedGemmTile;
 
 // Mixtral-like but small: 8 experts of uneven load (one empty, one with a single row), in/out multiples of 8.
@@ -49,7 +50,7 @@ Refs Reference(const Values &x, const Values &w, const Values &dy, const std::ve
     return grouped::Reference(x, w, dy, sizes, kOut, kIn);
 }
 
-using CutlassParam = std::tuple<DType, GroupedGemmTile, bool /*device sizes*/>;
+using CutlassParam = std::tuple<DType, GroupedGemmTile, bool /*device sizes*/, GroupedGemmRaster>;
 
 class GroupedCutlassTest : public CudaParamTest<CutlassParam> {
 protected:
@@ -59,7 +60,8 @@ protected:
             return;
         }
         dtype_ = std::get<0>(GetParam());
-        choice_.emplace(GroupedGemmChoice{.impl = GroupedGemmImpl::kCutlass, .tile = std::get<1>(GetParam())});
+        choice_.emplace(GroupedGemmChoice{
+            .impl = GroupedGemmImpl::kCutlass, .tile = std::get<1>(GetParam()), .raster = std::get<3>(GetParam())});
         const Tensor host = HostSizes(kSizes);
         sizes_ = std::get<2>(GetParam()) ? host.To(Gpu()) : host;
         rows_ = Total(kSizes);
@@ -72,8 +74,9 @@ protected:
             ASSERT_FALSE(CutlassExpected()) << "this build has the CUTLASS grouped GEMM and an sm_90, but: " << path;
             GTEST_SKIP() << "the CUTLASS grouped GEMM does not run here: " << path;
         }
-        // The forced config is the one that runs (every config of the instantiations is built for its dtype).
-        ASSERT_EQ(path, "cutlass " + grouped::ConfigName(std::get<1>(GetParam())) + " (forced)");
+        // The forced config and raster are what runs (every config of the instantiations is built for its dtype).
+        ASSERT_EQ(path,
+                  "cutlass " + grouped::ConfigName(std::get<1>(GetParam()), std::get<3>(GetParam())) + " (forced)");
         ref_ = Reference(x_.ToDoubleVector(), w_.ToDoubleVector(), dy_.ToDoubleVector(), kSizes);
     }
     DType dtype_ = DType::kBFloat16;
@@ -132,23 +135,27 @@ TEST_P(GroupedCutlassTest, IsBitwiseDeterministicRunToRun) {
 }
 
 std::string CutlassName(const ::testing::TestParamInfo<CutlassParam> &info) {
-    return fmt::format("{}_{}_{}", ShortDTypeName(std::get<0>(info.param)),
+    return fmt::format("{}_{}_{}_along_{}", ShortDTypeName(std::get<0>(info.param)),
                        grouped::ConfigName(std::get<1>(info.param)),
-                       std::get<2>(info.param) ? "device_sizes" : "host_sizes");
+                       std::get<2>(info.param) ? "device_sizes" : "host_sizes",
+                       std::get<3>(info.param) == GroupedGemmRaster::kAlongN ? "n" : "m");
 }
 
-// bf16 has every config; fp16 the two cooperative ones (grouped_cutlass.h).
+// bf16 has every config; fp16 the cooperative 256x128 and 128x128 (grouped_cutlass.h). Each with both raster orders.
 INSTANTIATE_TEST_SUITE_P(CutlassBf16, GroupedCutlassTest,
                          ::testing::Combine(::testing::Values(DType::kBFloat16),
                                             ::testing::Values(GroupedGemmTile::k256x128, GroupedGemmTile::k128x128,
                                                               GroupedGemmTile::kPingpong128x128,
-                                                              GroupedGemmTile::kPingpong128x64),
-                                            ::testing::Bool()),
+                                                              GroupedGemmTile::kPingpong128x64,
+                                                              GroupedGemmTile::k128x256),
+                                            ::testing::Bool(),
+                                            ::testing::Values(GroupedGemmRaster::kAlongM, GroupedGemmRaster::kAlongN)),
                          CutlassName);
 INSTANTIATE_TEST_SUITE_P(CutlassFp16, GroupedCutlassTest,
                          ::testing::Combine(::testing::Values(DType::kFloat16),
                                             ::testing::Values(GroupedGemmTile::k256x128, GroupedGemmTile::k128x128),
-                                            ::testing::Bool()),
+                                            ::testing::Bool(),
+                                            ::testing::Values(GroupedGemmRaster::kAlongM, GroupedGemmRaster::kAlongN)),
                          CutlassName);
 
 // ---- CUDA graphs --------------------------------------------------------------------------------------------------

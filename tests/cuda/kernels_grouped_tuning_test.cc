@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <set>
 #include <string>
@@ -151,7 +152,8 @@ std::string ShapeName(const ::testing::TestParamInfo<ShapeParam> &info) {
 INSTANTIATE_TEST_SUITE_P(
     Bf16, GroupedConfigShapeTest,
     ::testing::Combine(::testing::Values(GroupedGemmTile::kAuto, GroupedGemmTile::k256x128, GroupedGemmTile::k128x128,
-                                         GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kPingpong128x64),
+                                         GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kPingpong128x64,
+                                         GroupedGemmTile::k128x256),
                        ::testing::Values(1, 64), ::testing::Bool()),
     ShapeName);
 
@@ -182,12 +184,20 @@ std::set<std::string> CandidateNames(const kernels::GroupedGemmTuningInfo &info)
     return names;
 }
 
-// The candidates are exactly the configs built for the dtype, plus the loop with host sizes; each ran (µs > 0) and the
-// winner is one of them.
+// The candidates are exactly the configs built for the dtype, each along m and along n, plus the loop with host sizes;
+// each ran (µs > 0) and the winner is one of them.
 TEST_F(GroupedTuningTest, TimesOnlyTheValidCandidates) {
-    const std::set<std::string> bf16 = {"cooperative256x128", "cooperative128x128", "pingpong128x128",
-                                        "pingpong128x64"};
-    const std::set<std::string> fp16 = {"cooperative256x128", "cooperative128x128"};
+    auto both_rasters = [](std::initializer_list<const char *> configs) {
+        std::set<std::string> names;
+        for (const char *c : configs) {
+            names.insert(c);
+            names.insert(std::string(c) + " along-n");
+        }
+        return names;
+    };
+    const std::set<std::string> bf16 = both_rasters(
+        {"cooperative256x128", "cooperative128x128", "pingpong128x128", "pingpong128x64", "cooperative128x256"});
+    const std::set<std::string> fp16 = both_rasters({"cooperative256x128", "cooperative128x128"});
     for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
         for (const bool device_sizes : {true, false}) {
             kernels::ClearGroupedGemmTuning();

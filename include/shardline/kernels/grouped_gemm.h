@@ -95,19 +95,27 @@ void GroupedGemm(const GroupedGemmParams& params);
 ///   k128x128          cooperative 128×128×64, no cluster
 ///   kPingpong128x128  pingpong 128×128×64, cluster 2×1
 ///   kPingpong128x64   pingpong 128×64×128, cluster 1×2 (torch._grouped_mm's small config, transposed)
-/// Start: SHARDLINE_GROUPED_GEMM (auto|cutlass|loop) and SHARDLINE_GROUPED_GEMM_TILE (auto|256x128|128x128|
-/// pingpong128x128|pingpong128x64).
+///   k128x256          cooperative 128×256×64, cluster 2×1 (bf16 only; CUTLASS example 57's config, transposed)
+/// and the order in which the kernel walks a group's output tiles (the raster): along m (D's rows, CUTLASS's default
+/// for grouped problems) or along n (D's columns: for a forward or dgrad, the grouped rows), which decides what the
+/// CTAs in flight share in L2. kAuto: the tuning times both for every config; the heuristic and a forced tile without
+/// a forced raster take along m.
+/// Start: SHARDLINE_GROUPED_GEMM (auto|cutlass|loop), SHARDLINE_GROUPED_GEMM_TILE (auto|256x128|128x128|
+/// pingpong128x128|pingpong128x64|128x256) and SHARDLINE_GROUPED_GEMM_RASTER (auto|m|n).
 enum class GroupedGemmImpl : std::uint8_t { kAuto, kCutlass, kLoop };
-enum class GroupedGemmTile : std::uint8_t { kAuto, k256x128, k128x128, kPingpong128x128, kPingpong128x64 };
+enum class GroupedGemmTile : std::uint8_t { kAuto, k256x128, k128x128, kPingpong128x128, kPingpong128x64, k128x256 };
+enum class GroupedGemmRaster : std::uint8_t { kAuto, kAlongM, kAlongN };
 struct GroupedGemmChoice {
     GroupedGemmImpl impl = GroupedGemmImpl::kAuto;
     GroupedGemmTile tile = GroupedGemmTile::kAuto;
+    GroupedGemmRaster raster = GroupedGemmRaster::kAuto;
 };
 GroupedGemmChoice GetGroupedGemmChoice();
 void SetGroupedGemmChoice(const GroupedGemmChoice& choice);
 /// What the default provider runs for this problem now: "cutlass <config> (tuned)" (the class's winner), "loop
 /// (tuned)", "cutlass <config> (forced)", or, before the class is tuned, the heuristic's pick: "cutlass <config>
-/// (heuristic)" / "loop (<why>)". <config>: cooperative256x128, cooperative128x128, pingpong128x128, pingpong128x64.
+/// (heuristic)" / "loop (<why>)". <config>: cooperative256x128, cooperative128x128, pingpong128x128, pingpong128x64,
+/// cooperative128x256, each followed by " along-n" when the raster is along n.
 std::string GroupedGemmPath(const GroupedGemmParams& params);
 /// The path the CUDA default provider took on this thread's last GroupedGemm, in GroupedGemmPath's words (a first
 /// call of a class says "(tuned)": it ran the winner last); empty before the first.

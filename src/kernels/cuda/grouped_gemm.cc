@@ -4,13 +4,15 @@
 // device-resident sizes no host code waits and a CUDA graph captures it.
 //
 // Which runs (Choose): SHARDLINE_GROUPED_GEMM = auto (default) | cutlass | loop, SHARDLINE_GROUPED_GEMM_TILE = auto |
-// 256x128 | 128x128 | pingpong128x128 | pingpong128x64. auto/auto: by measurement per shape class (grouped_tuning.h):
-// the first call of a class times every candidate — the CUTLASS configs built for its dtype, and the loop when the
-// sizes are on the host — with CUDA events on the call's own operands, and caches the fastest; later calls of the class
-// run it. No timing inside a graph capture or under GemmTuningPause (or SHARDLINE_GEMM_TUNING=0): an untuned class then
-// gets the heuristic — CUTLASS for device-resident sizes (the only path without a host synchronisation) and for many
-// small experts (≥ kManyExperts groups, or fewer than kSmallGroupRows rows per group on average), the loop for few
-// large experts; the tile 128×128 below kSmallGroupRows rows per group, else 256×128.
+// 256x128 | 128x128 | pingpong128x128 | pingpong128x64 | 128x256, SHARDLINE_GROUPED_GEMM_RASTER = auto | m | n.
+// auto/auto: by measurement per shape class (grouped_tuning.h): the first call of a class times every candidate — the
+// CUTLASS configs built for its dtype, each with its tile scheduler rastering along m and along n (unless one is
+// forced), and the loop when the sizes are on the host — with CUDA events on the call's own operands, and caches the
+// fastest; later calls of the class run it. No timing inside a graph capture or under GemmTuningPause (or
+// SHARDLINE_GEMM_TUNING=0): an untuned class then gets the heuristic — CUTLASS for device-resident sizes (the only path
+// without a host synchronisation) and for many small experts (≥ kManyExperts groups, or fewer than kSmallGroupRows rows
+// per group on average), the loop for few large experts; the tile 128×128 below kSmallGroupRows rows per group, else
+// 256×128.
 
 #include <algorithm>
 #include <cstdlib>
@@ -45,8 +47,6 @@ namespace cg = cutlass_grouped;
 
 constexpr std::int64_t kManyExperts = 16;
 constexpr std::int64_t kSmallGroupRows = 1024;
-/// Candidate ids are GroupedGemmTile values (kLoopCandidate = kAuto's 0): one slot each.
-constexpr int kConfigSlots = static_cast<int>(GroupedGemmTile::kPingpong128x64) + 1;
 
 bool Aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -110,13 +110,15 @@ const char* CutlassIneligible(const GroupedGemmParams& p, cg::Args& args) {
 }
 
 cg::Config ConfigOf(int candidate) {
-    switch (static_cast<GroupedGemmTile>(candidate)) {
+    switch (detail::CandidateTile(candidate)) {
     case GroupedGemmTile::k128x128:
         return cg::Config::kCooperative128x128;
     case GroupedGemmTile::kPingpong128x128:
         return cg::Config::kPingpong128x128;
     case GroupedGemmTile::kPingpong128x64:
         return cg::Config::kPingpong128x64;
+    case GroupedGemmTile::k128x256:
+        return cg::Config::kCooperative128x256;
     case GroupedGemmTile::k256x128:
     case GroupedGemmTile::kAuto:
         break;
@@ -124,9 +126,17 @@ cg::Config ConfigOf(int candidate) {
     return cg::Config::kCooperative256x128;
 }
 
-/// The candidates of the tuning, in GroupedGemmTile order: the CUTLASS configs this build has for the dtype.
+/// The candidates of the tuning, in GroupedGemmTile order: the CUTLASS configs this build has for the dtype, each
+/// with both raster orders unless one is forced.
 constexpr GroupedGemmTile kCutlassCandidates[] = {GroupedGemmTile::k256x128, GroupedGemmTile::k128x128,
-                                                  GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kPingpong128x64};
+                                                  GroupedGemmTile::kPingpong128x128, GroupedGemmTile::kPingpong128x64,
+                                                  GroupedGemmTile::k128x256};
+
+/// The candidate id of a CUTLASS tile with the forced raster (along m unless along n is forced).
+int WithForcedRaster(GroupedGemmTile tile) {
+    return static_cast<int>(tile) +
+           (GetGroupedGemmChoice().raster == GroupedGemmRaster::kAlongN ? detail::kRasterAlongN : 0);
+}
 
 /// The heuristic's tile: 128×128 below kSmallGroupRows rows per group, else 256×128 (both cooperative, built for bf16
 /// and fp16).
@@ -141,17 +151,17 @@ int HeuristicCandidate(const GroupedGemmParams& p) {
     return cutlass ? static_cast<int>(HeuristicTile(p)) : detail::kLoopCandidate;
 }
 
-/// The forced tile where this build has it for the operands' dtype, else the heuristic's.
+/// The forced tile where this build has it for the operands' dtype, else the heuristic's; with the forced raster.
 int ForcedTile(const GroupedGemmParams& p, const cg::Args& args) {
     const GroupedGemmTile tile = GetGroupedGemmChoice().tile;
     if (tile != GroupedGemmTile::kAuto && cg::Built(args.ab, ConfigOf(static_cast<int>(tile)))) {
-        return static_cast<int>(tile);
+        return WithForcedRaster(tile);
     }
-    return static_cast<int>(HeuristicTile(p));
+    return WithForcedRaster(HeuristicTile(p));
 }
 
 struct Pick {
-    int candidate = detail::kLoopCandidate; ///< kLoopCandidate or a GroupedGemmTile
+    int candidate = detail::kLoopCandidate; ///< kLoopCandidate or a GroupedGemmTile (+ kRasterAlongN)
     const char* how = "heuristic";          ///< "forced", "tuned" or "heuristic"
 };
 
@@ -212,6 +222,7 @@ bool RunCandidate(const GroupedGemmParams& p, cg::Args args, int candidate) {
         return true;
     }
     args.config = ConfigOf(candidate);
+    args.raster_along_n = detail::CandidateAlongN(candidate);
     return RunCutlass(p, args);
 }
 
@@ -219,10 +230,16 @@ bool RunCandidate(const GroupedGemmParams& p, cg::Args args, int candidate) {
 /// p.c when beta == 0 (the winner's run right after overwrites it; every candidate writes the same elements) and to a
 /// scratch copy of C otherwise (an accumulating GEMM must not add twice), as the cuBLASLt tuning does.
 std::optional<int> Tune(const GroupedGemmParams& p, const cg::Args& args, const detail::GroupedTuningKey& key) {
+    const GroupedGemmRaster raster = GetGroupedGemmChoice().raster;
     std::vector<int> candidates;
     for (const GroupedGemmTile tile : kCutlassCandidates) {
         if (cg::Built(args.ab, ConfigOf(static_cast<int>(tile)))) {
-            candidates.push_back(static_cast<int>(tile));
+            if (raster != GroupedGemmRaster::kAlongN) {
+                candidates.push_back(static_cast<int>(tile));
+            }
+            if (raster != GroupedGemmRaster::kAlongM) {
+                candidates.push_back(static_cast<int>(tile) + detail::kRasterAlongN);
+            }
         }
     }
     if (p.sizes_device.is_cpu()) {
@@ -246,7 +263,7 @@ std::optional<int> Tune(const GroupedGemmParams& p, const cg::Args& args, const 
         target.c.data = scratch.data();
     }
     CandidateTimer timer(ctx.stream(), nullptr, 0);
-    std::vector<int> reps(static_cast<std::size_t>(kConfigSlots), 0);
+    std::vector<int> reps(static_cast<std::size_t>(detail::kCandidateSlots), 0);
     auto time_us = [&](int candidate) {
         auto launch = [&] { return RunCandidate(target, args, candidate); };
         int& n = reps[static_cast<std::size_t>(candidate)];
@@ -298,7 +315,7 @@ std::string PathText(const Pick& pick) {
                                             ? "heuristic: few large experts with host sizes"
                                             : pick.how);
     }
-    return fmt::format("cutlass {} ({})", cg::ConfigName(ConfigOf(pick.candidate)), pick.how);
+    return fmt::format("cutlass {} ({})", detail::GroupedCandidateName(pick.candidate), pick.how);
 }
 
 void CudaGroupedGemm(const GroupedGemmParams& p) {
@@ -408,6 +425,7 @@ std::optional<PreparedGroupedGemm> PrepareCutlassGroupedGemm(const GroupedGemmPa
         return std::nullopt;
     }
     call.args.config = ConfigOf(pick.candidate);
+    call.args.raster_along_n = detail::CandidateAlongN(pick.candidate);
     call.path = PathText(pick);
     if (!PrepareCutlass(p, call)) {
         return std::nullopt;

@@ -21,6 +21,8 @@ const char *ConfigName(Config config) {
         return "pingpong128x128";
     case Config::kPingpong128x64:
         return "pingpong128x64";
+    case Config::kCooperative128x256:
+        return "cooperative128x256";
     }
     return "unknown";
 }
@@ -54,6 +56,7 @@ int Run_bf16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes,
 int Run_bf16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_bf16_pingpong128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_bf16_pingpong128x64(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
+int Run_bf16_128x256(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_fp16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_fp16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 } // namespace detail
@@ -61,7 +64,8 @@ int Run_fp16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes,
 namespace {
 using RunFn = int (*)(const Args &, void *, std::size_t, std::size_t *);
 
-/// The translation unit of (operand type, config); nullptr where this build has none (fp16 has the cooperative two).
+/// The translation unit of (operand type, config); nullptr where this build has none (fp16 has the cooperative 256×128
+/// and 128×128).
 RunFn Find(Element ab, Config config) {
     switch (ab) {
     case Element::kBFloat16:
@@ -74,6 +78,8 @@ RunFn Find(Element ab, Config config) {
             return &detail::Run_bf16_pingpong128x128;
         case Config::kPingpong128x64:
             return &detail::Run_bf16_pingpong128x64;
+        case Config::kCooperative128x256:
+            return &detail::Run_bf16_128x256;
         }
         return nullptr;
     case Element::kFloat16:
@@ -84,6 +90,7 @@ RunFn Find(Element ab, Config config) {
             return &detail::Run_fp16_128x128;
         case Config::kPingpong128x128:
         case Config::kPingpong128x64:
+        case Config::kCooperative128x256:
             return nullptr;
         }
         return nullptr;

@@ -48,6 +48,12 @@ template <> struct ConfigTraits<Config::kPingpong128x128> {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
     using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
+template <> struct ConfigTraits<Config::kCooperative128x256> {
+    using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+    using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
 template <> struct ConfigTraits<Config::kPingpong128x64> {
     using Shape = cute::Shape<cute::_128, cute::_64, cute::_128>;
     using Cluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
@@ -265,17 +271,20 @@ template <class G, class CD> typename G::Device::Arguments MakeArguments(const A
         {fusion, s.template At<const CD *>(scratch, s.ptr_c), s.template At<typename G::StrideC>(scratch, s.stride_c),
          s.template At<CD *>(scratch, s.ptr_d), s.template At<typename G::StrideD>(scratch, s.stride_d)},
         hw};
+    using Raster = decltype(arguments.scheduler.raster_order);
+    arguments.scheduler.raster_order = args.raster_along_n ? Raster::AlongN : Raster::AlongM;
     return arguments;
 }
 
 /// The kernel Params of one GEMM type, kept for the arguments they were built from. GemmUniversalAdapter::initialize
 /// rebuilds them on every call (host work: the TMA descriptors, the scheduler's grid, and a cudaFuncSetAttribute), yet
 /// they depend only on where the scratch is (the per-group arrays and the workspace are at fixed offsets in it), the
-/// group count, beta and the device: the problem shapes and operand pointers are read on the device, from the arrays
-/// the setup kernel writes. Nothing in the workspace needs initialising for these kernels (initialize_workspace is a
-/// no-op for the grouped scheduler, the pointer-array collectives and LinearCombination), so a hit launches the cached
-/// Params directly. The scratch comes from the stream-ordered pool, which hands the same address back to a steady
-/// stream of same-sized calls; a few entries cover the forward, dgrad and wgrad of a layer sharing one kernel type.
+/// group count, beta, the raster order and the device: the problem shapes and operand pointers are read on the device,
+/// from the arrays the setup kernel writes. Nothing in the workspace needs initialising for these kernels
+/// (initialize_workspace is a no-op for the grouped scheduler, the pointer-array collectives and LinearCombination), so
+/// a hit launches the cached Params directly. The scratch comes from the stream-ordered pool, which hands the same
+/// address back to a steady stream of same-sized calls; a few entries cover the forward, dgrad and wgrad of a layer
+/// sharing one kernel type.
 template <class G> class ParamsCache {
 public:
     using Params = typename G::Device::Params;
@@ -283,12 +292,13 @@ public:
         const void *scratch = nullptr;
         int groups = 0;
         float beta = 0.0f;
+        bool raster_along_n = false;
         int device = -1;
         int sm_count = 0;
         std::uint64_t generation = 0; ///< CachedParamsGeneration() when built
         bool operator==(const Key &o) const {
-            return scratch == o.scratch && groups == o.groups && beta == o.beta && device == o.device &&
-                   sm_count == o.sm_count && generation == o.generation;
+            return scratch == o.scratch && groups == o.groups && beta == o.beta && raster_along_n == o.raster_along_n &&
+                   device == o.device && sm_count == o.sm_count && generation == o.generation;
         }
     };
     static ParamsCache &Get() {
@@ -382,6 +392,7 @@ int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::s
     const typename ParamsCache<G>::Key key{.scratch = scratch,
                                            .groups = args.groups,
                                            .beta = args.beta,
+                                           .raster_along_n = args.raster_along_n,
                                            .device = args.device,
                                            .sm_count = args.sm_count,
                                            .generation = CachedParamsGeneration()};

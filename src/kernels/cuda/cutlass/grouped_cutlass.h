@@ -21,7 +21,7 @@ namespace shardline::kernels::cuda::cutlass_grouped {
 enum class Layout : int { kTN = 0, kNN = 1, kNT = 2 };
 enum class Element : int { kBFloat16 = 0, kFloat16 = 1, kFloat32 = 2 };
 /// The kernel configurations: schedule, CTA tile (m × n × k, in the column-major D's terms: m = D's rows, n = the
-/// grouped rows of a forward/dgrad) and cluster. bf16 builds all four; fp16 the two cooperative ones.
+/// grouped rows of a forward/dgrad) and cluster. bf16 builds all five; fp16 the cooperative 256×128 and 128×128.
 ///   kCooperative256x128  cooperative, 256×128×64, cluster 1×2: torch._grouped_mm's large config (its 128×256, cluster
 ///                        2×1, transposed to our column-major D); the measured best on 8 large experts
 ///   kCooperative128x128  cooperative, 128×128×64, no cluster: less padding of many small experts
@@ -29,8 +29,16 @@ enum class Element : int { kBFloat16 = 0, kFloat16 = 1, kFloat32 = 2 };
 ///                        overlaps the other's mainloop, for short k (a wgrad over few rows per expert)
 ///   kPingpong128x64      pingpong, 128×64×128, cluster 1×2: torch._grouped_mm's small config (its 64×128×128,
 ///                        transposed): few rows per group
-enum class Config : int { kCooperative256x128 = 0, kCooperative128x128 = 1, kPingpong128x128 = 2, kPingpong128x64 = 3 };
-inline constexpr int kConfigCount = 4;
+///   kCooperative128x256  cooperative, 128×256×64, cluster 2×1 (bf16 only): CUTLASS example 57's 256×128 cluster 1×2
+///                        with the tokens as its M, transposed — 256 grouped rows per tile, the cluster along D's rows
+enum class Config : int {
+    kCooperative256x128 = 0,
+    kCooperative128x128 = 1,
+    kPingpong128x128 = 2,
+    kPingpong128x64 = 3,
+    kCooperative128x256 = 4
+};
+inline constexpr int kConfigCount = 5;
 /// "cooperative256x128", ... (the names of SHARDLINE_GROUPED_GEMM_TILE and of the bench's JSON).
 const char* ConfigName(Config config);
 
@@ -47,6 +55,11 @@ struct Args {
     Element ab = Element::kBFloat16; ///< A and B
     Element cd = Element::kBFloat16; ///< C and D: ab, or float32 (a wgrad into a main grad)
     Config config = Config::kCooperative256x128;
+    /// The order in which the persistent tile scheduler walks a group's output tiles: along m (D's rows: for a forward,
+    /// consecutive CTAs take different weight rows of one block of grouped rows; CUTLASS's default for grouped
+    /// problems) or along n (consecutive CTAs share one weight tile, the grouped rows vary). Which keeps the operands
+    /// that the CTAs in flight share in L2 depends on the shape, so the tuning times both.
+    bool raster_along_n = false;
     int groups = 0;
     const std::int64_t* sizes = nullptr; ///< device memory, `groups` entries (negative read as 0; clamped to total)
     bool grouped_k = false;              ///< the sizes are k (a wgrad) instead of n
@@ -77,7 +90,8 @@ int ScratchBytes(const Args& args, std::size_t* bytes);
 /// Enqueues the grouped GEMM on args.stream: the setup kernel, then the grouped kernel (two launches). `scratch` is
 /// device memory of at least ScratchBytes, used by nothing else until both have run (stream order). For grouped_k with
 /// beta = 0 the setup kernel also zeroes D of the groups of size 0; with beta = 1 they are left untouched. The kernel's
-/// Params are built once per (scratch address, groups, beta, device) and reused: no per-call host initialisation.
+/// Params are built once per (scratch address, groups, beta, raster order, device) and reused: no per-call host
+/// initialisation.
 int Run(const Args& args, void* scratch, std::size_t scratch_bytes);
 
 /// Drops every cached kernel Params (Run's per-call host work is then done again once per key): tests compare a

@@ -85,6 +85,17 @@ Variable ColumnParallelGroupedLinear(const Variable& x, const Variable& weight, 
 Variable RowParallelGroupedLinear(const Variable& x, const Variable& weight, const Variable& bias,
                                   const Tensor& group_sizes, const functional::RowParallelLinearOptions& options,
                                   const functional::TensorParallelGroup& tp);
+/// RowParallelGroupedLinear(Gelu(pre_activation)) (tanh approximation) as one Function, without a GELU node: an expert
+/// MLP's fc1 → GELU → fc2 with fc1 a ColumnParallelGroupedLinear whose output is pre_activation. Forward: the GELU
+/// kernel, then the row grouped layer on h = gelu_tanh(pre_activation). Backward: the grouped dgrad applies GELU's
+/// gradient in its epilogue (RowParallelLinearBackwardArgs::input_activation; the CUTLASS kernel's EVT on CUDA), so
+/// pre_activation's gradient comes out of one GEMM and fc1's backward takes it as its dy; no GeluBackward kernel.
+/// Saves h only for the weight's gradient and pre_activation only for its own. options.input_is_parallel. The same
+/// values as the unfused pair (bit for bit on the CPU; on CUDA within one rounding of the gradient's dtype: the fused
+/// epilogue multiplies the fp32 accumulator instead of the rounded dgrad).
+Variable GeluRowParallelGroupedLinear(const Variable& pre_activation, const Variable& weight, const Variable& bias,
+                                      const Tensor& group_sizes, const functional::RowParallelLinearOptions& options,
+                                      const functional::TensorParallelGroup& tp);
 Variable Gelu(const Variable& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh);
 /// a + alpha·b (same shape).
 Variable Add(const Variable& a, const Variable& b, double alpha = 1.0);

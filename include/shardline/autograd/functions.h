@@ -71,6 +71,12 @@ Variable ParallelMLPWithResidual(const Variable& x, const Variable& fc1_weight, 
 /// kernels. Backward runs only the kernels of the gradients needed (kernels::GroupedLinearBackward*): frozen experts
 /// skip dW, an x without grad skips dx; saves x only for dW and W only for dx.
 Variable GroupedLinear(const Variable& x, const Variable& weight, const Variable& bias, const Tensor& group_sizes);
+/// GroupedLinear(Gelu(pre_activation), ...) (tanh) as one Function, without a GELU node: the GELU kernel forward, and
+/// backward the grouped dgrad's dGELU epilogue gives pre_activation's gradient (kernels::GroupedLinearBackward's
+/// input_activation). Saves h = gelu(pre_activation) only for W's grad and pre_activation only for its own. The local
+/// form of GeluRowParallelGroupedLinear.
+Variable GeluGroupedLinear(const Variable& pre_activation, const Variable& weight, const Variable& bias,
+                           const Tensor& group_sizes);
 /// ColumnParallelLinear over E experts (expert tensor parallelism): weight [E, out, in] sharded on out (dim 1) over
 /// tp, bias [E, out] too; x [T, in] replicated over tp with its rows grouped by expert. options.num_experts = E;
 /// no sequence_parallel. Expert parallelism: when one mesh dim other than tp (ep, of size P) shards the weight's and

@@ -214,7 +214,7 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Experts::kEight, Experts::kSixtyFour, Experts::kOne)),
     ParamName);
 
-// ---- The kernel vs the unfused pair in one GroupedLinearBackward, and a CUDA graph ------------------------------
+// ---- GroupedLinearBackward with the dGELU under a CUDA graph; refusals ---------------------------------------------
 
 class GroupedDGeluGraphTest : public CudaTest {};
 

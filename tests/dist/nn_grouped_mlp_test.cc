@@ -275,12 +275,15 @@ TEST_P(GroupedMlpGeluFusionTest, FusedDGeluEqualsTheGeluNodeAndTheReference) {
         if (!wanted) {
             continue;
         }
-        EXPECT_TRUE(Matches(got, want.shape(), reference, data, f32)) << "against the float64 reference";
         if (cpu) {
+            EXPECT_TRUE(Matches(got, want.shape(), reference, data, f32)) << "against the float64 reference";
             EXPECT_EQ(got.ToDoubleVector(), want.ToDoubleVector()) << "the same ops as the GELU node's";
         } else {
+            // fp32 on CUDA: the loop's cuBLASLt DGELU evaluates gelu' up to ~2.4e-5 off (docs/kernels.md).
+            const std::string vs_ref = testing::CompareValues(got.ToDoubleVector(), reference, 1e-4);
+            EXPECT_TRUE(vs_ref.empty()) << "against the float64 reference: " << vs_ref;
             const std::string diff = testing::CompareValues(got.ToDoubleVector(), want.ToDoubleVector(), 1e-4);
-            EXPECT_TRUE(diff.empty()) << diff;
+            EXPECT_TRUE(diff.empty()) << "against the GELU node: " << diff;
         }
     }
 }

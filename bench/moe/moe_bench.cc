@@ -99,7 +99,8 @@ struct Layer {
                                                                    .aux_loss_coeff = kAuxLossCoeff});
         const autograd::PermuteOutput p = autograd::Permute(x, r.indices, static_cast<int>(experts));
         const autograd::Variable h = autograd::GroupedLinear(p.tokens, w1, {}, p.group_sizes);
-        const autograd::Variable o = autograd::GroupedLinear(autograd::Gelu(h), w2, {}, p.group_sizes);
+        // The GELU and fc2 as nn::MoEMLP runs them: GELU's gradient in fc2's grouped dgrad epilogue.
+        const autograd::Variable o = autograd::GeluGroupedLinear(h, w2, {}, p.group_sizes);
         const autograd::Variable y = autograd::Unpermute(o, p.row_map, r.weights);
         autograd::Backward({y, r.aux_loss}, {dist::DistTensor::Local(dy), dist::DistTensor::Local(one)});
         loads = p.host_group_sizes;

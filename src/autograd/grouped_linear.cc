@@ -20,15 +20,24 @@ using dist::Grad;
 /// The Function of autograd::GroupedLinear. Strided inputs are made contiguous for the kernels (so a transposed view
 /// gets its correct gradient, in its own shape); the backward asks GroupedLinearBackward for exactly the gradients
 /// needed (the dgrad for x, the wgrad for W, the bias grad for b; on CUDA the parameter grads run beside the dgrad).
-/// Saves x only for W's grad and W only for x's.
+/// Saves x only for W's grad and W only for x's. With the input activation (GeluGroupedLinear) the input is the
+/// pre-activation Z and the layer runs on x = gelu_tanh(Z): it saves x only for W's grad and Z only for Z's, whose
+/// gradient the dgrad's dGELU epilogue gives.
 class GroupedLinearFunction final : public Function {
 public:
-    explicit GroupedLinearFunction(Tensor group_sizes) : group_sizes_(std::move(group_sizes)) {}
-    std::string name() const override { return "GroupedLinearBackward"; }
+    explicit GroupedLinearFunction(Tensor group_sizes,
+                                   kernels::LinearActivation input_activation = kernels::LinearActivation::kNone)
+        : group_sizes_(std::move(group_sizes)), input_activation_(input_activation) {}
+    std::string name() const override { return activation() ? "GeluGroupedLinearBackward" : "GroupedLinearBackward"; }
 
 protected:
     std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
-        x_ = in[0].local().Contiguous();
+        if (activation()) {
+            pre_ = in[0].local().Contiguous();
+            x_ = kernels::GeluForward(pre_, kernels::GeluApproximation::kTanh);
+        } else {
+            x_ = in[0].local().Contiguous();
+        }
         weight_ = in[1].local().Contiguous();
         const Tensor bias = in[2].defined() ? in[2].local().Contiguous() : Tensor();
         return {DistTensor::Local(
@@ -37,6 +46,9 @@ protected:
     void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {
         if (!needs_input_grad(1)) {
             x_ = Tensor();
+        }
+        if (!needs_input_grad(0)) {
+            pre_ = Tensor();
         }
         if (!needs_input_grad(0)) {
             weight_ = Tensor();
@@ -61,14 +73,17 @@ protected:
         Tensor &dbias = params.grads[1];
         // One call for the wanted grads: on CUDA the wgrad and bias grad run beside the dgrad (GroupedLinearBackward).
         Tensor dx = needs_input_grad(0) ? Tensor::Empty(x_shape_, dy.dtype(), dy.device()) : Tensor();
-        kernels::GroupedLinearBackward({.dy = dy,
-                                        .x = dweight.defined() ? &x_ : nullptr,
-                                        .weight = dx.defined() ? &weight_ : nullptr,
-                                        .group_sizes = group_sizes_,
-                                        .dx = dx.defined() ? &dx : nullptr,
-                                        .dweight = dweight.defined() ? &dweight : nullptr,
-                                        .dbias = dbias.defined() ? &dbias : nullptr,
-                                        .accumulate = params.accumulate});
+        kernels::GroupedLinearBackward(
+            {.dy = dy,
+             .x = dweight.defined() ? &x_ : nullptr,
+             .weight = dx.defined() ? &weight_ : nullptr,
+             .group_sizes = group_sizes_,
+             .dx = dx.defined() ? &dx : nullptr,
+             .dweight = dweight.defined() ? &dweight : nullptr,
+             .dbias = dbias.defined() ? &dbias : nullptr,
+             .accumulate = params.accumulate,
+             .input_activation = dx.defined() ? input_activation_ : kernels::LinearActivation::kNone,
+             .pre_activation = dx.defined() && activation() ? &pre_ : nullptr});
         if (dx.defined()) {
             grads[0].value = DistTensor::Local(std::move(dx));
         }
@@ -79,10 +94,15 @@ protected:
     void ReleaseSaved() override {
         x_ = Tensor();
         weight_ = Tensor();
+        pre_ = Tensor();
     }
 
 private:
+    bool activation() const { return input_activation_ != kernels::LinearActivation::kNone; }
+
     Tensor group_sizes_;
+    kernels::LinearActivation input_activation_ = kernels::LinearActivation::kNone;
+    Tensor pre_; ///< with the input activation: Z, for its gradient
     Tensor x_;
     Tensor weight_;
     Shape x_shape_;
@@ -91,8 +111,9 @@ private:
 
 } // namespace
 
-Variable GroupedLinear(const Variable &x, const Variable &weight, const Variable &bias, const Tensor &group_sizes) {
-    constexpr const char *kOp = "autograd::GroupedLinear";
+namespace {
+Variable ApplyGroupedLinear(const char *kOp, const Variable &x, const Variable &weight, const Variable &bias,
+                            const Tensor &group_sizes, kernels::LinearActivation input_activation) {
     for (const Variable *v : {&x, &weight, &bias}) {
         SHARDLINE_CHECK(!v->defined() || v->value().is_local(), kOp,
                         "takes local Variables (ColumnParallelGroupedLinear / RowParallelGroupedLinear run on a "
@@ -101,7 +122,20 @@ Variable GroupedLinear(const Variable &x, const Variable &weight, const Variable
     }
     SHARDLINE_CHECK(x.defined() && weight.defined(), kOp, "x and weight must be defined");
     SHARDLINE_CHECK(group_sizes.defined(), kOp, "the group sizes (int64 [experts]) must be given");
-    return Function::Apply(std::make_shared<GroupedLinearFunction>(group_sizes), {x, weight, bias}).at(0);
+    return Function::Apply(std::make_shared<GroupedLinearFunction>(group_sizes, input_activation), {x, weight, bias})
+        .at(0);
+}
+} // namespace
+
+Variable GroupedLinear(const Variable &x, const Variable &weight, const Variable &bias, const Tensor &group_sizes) {
+    return ApplyGroupedLinear("autograd::GroupedLinear", x, weight, bias, group_sizes,
+                              kernels::LinearActivation::kNone);
+}
+
+Variable GeluGroupedLinear(const Variable &pre_activation, const Variable &weight, const Variable &bias,
+                           const Tensor &group_sizes) {
+    return ApplyGroupedLinear("autograd::GeluGroupedLinear", pre_activation, weight, bias, group_sizes,
+                              kernels::LinearActivation::kGeluTanh);
 }
 
 } // namespace shardline::autograd

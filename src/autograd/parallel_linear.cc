@@ -30,10 +30,17 @@ using detail::LayerLayouts;
 template <class Options> class ParallelLinearFunction final : public Function {
 public:
     /// group_sizes: a grouped layer's (options.num_experts > 0), int64 [E] on the host or the mesh's device.
+    /// input_activation (row grouped layers only): the Function's input is the pre-activation Z, the layer runs on
+    /// gelu_tanh(Z) (the GELU kernel in the forward) and its dgrad yields Z's gradient (the dGELU in the epilogue).
     ParallelLinearFunction(const Options &options, const TensorParallelGroup &tp, LayerLayouts layouts,
-                           Tensor group_sizes)
-        : options_(options), tp_(tp), layouts_(std::move(layouts)), group_sizes_(std::move(group_sizes)) {}
+                           Tensor group_sizes,
+                           kernels::LinearActivation input_activation = kernels::LinearActivation::kNone)
+        : options_(options), tp_(tp), layouts_(std::move(layouts)), group_sizes_(std::move(group_sizes)),
+          input_activation_(input_activation) {}
     std::string name() const override {
+        if (input_activation_ != kernels::LinearActivation::kNone) {
+            return "GeluRowParallelGroupedLinearBackward";
+        }
         if (options_.num_experts > 0) {
             return kIsColumn<Options> ? "ColumnParallelGroupedLinearBackward" : "RowParallelGroupedLinearBackward";
         }
@@ -62,6 +69,24 @@ protected:
                                                      .group_sizes = SizesView(),
                                                      .group_sizes_on_device = SizesOnDevice()},
                                                     tp_);
+        } else if (input_activation_ != kernels::LinearActivation::kNone) {
+            // x is the pre-activation Z: the layer's input is h = gelu_tanh(Z). Saved, each only for the gradient
+            // that needs it: h for dW, Z for dZ (the dgrad's dGELU epilogue reads it).
+            Tensor h = kernels::GeluForward(x, kernels::GeluApproximation::kTanh);
+            functional::RowParallelLinearForward(options_,
+                                                 {.x = View(h),
+                                                  .weight = View(in[1].local()),
+                                                  .bias = View(bias),
+                                                  .y = View(y),
+                                                  .group_sizes = SizesView(),
+                                                  .group_sizes_on_device = SizesOnDevice()},
+                                                 tp_);
+            if (needs_input_grad(1)) {
+                x_ = std::move(h);
+            }
+            if (needs_input_grad(0)) {
+                pre_ = x;
+            }
         } else {
             functional::RowParallelLinearForward(options_,
                                                  {.x = View(x),
@@ -79,8 +104,8 @@ protected:
 
     void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {
         // Only what the requested gradients need: x (or the gathered x) for dW, W for dX.
-        if (needs_input_grad(1) && !x_total_.defined()) {
-            x_ = in[0].local();
+        if (needs_input_grad(1) && !x_total_.defined() && input_activation_ == kernels::LinearActivation::kNone) {
+            x_ = in[0].local(); // (with an input activation the forward kept h)
         }
         if (needs_input_grad(0)) {
             weight_ = in[1].local();
@@ -136,17 +161,21 @@ protected:
                                                       .group_sizes_on_device = SizesOnDevice()},
                                                      tp_);
         } else {
-            functional::RowParallelLinearBackward(options_,
-                                                  {.dy = View(dy),
-                                                   .x = View(x_),
-                                                   .weight = View(weight_),
-                                                   .dx = View(dx),
-                                                   .dweight = View(dweight),
-                                                   .dbias = View(dbias),
-                                                   .param_grads = mode,
-                                                   .group_sizes = SizesView(),
-                                                   .group_sizes_on_device = SizesOnDevice()},
-                                                  tp_);
+            const bool activation = input_activation_ != kernels::LinearActivation::kNone;
+            functional::RowParallelLinearBackward(
+                options_,
+                {.dy = View(dy),
+                 .x = View(x_),
+                 .weight = View(weight_),
+                 .dx = View(dx),
+                 .dweight = View(dweight),
+                 .dbias = View(dbias),
+                 .param_grads = mode,
+                 .input_activation = activation && dx.defined() ? input_activation_ : kernels::LinearActivation::kNone,
+                 .pre_activation = activation && dx.defined() ? View(pre_) : functional::TensorView{},
+                 .group_sizes = SizesView(),
+                 .group_sizes_on_device = SizesOnDevice()},
+                tp_);
         }
         if (needs_input_grad(0)) {
             grads[0].value = DistTensor::FromTrustedShard(std::move(dx), x_global_, layouts_.x, mesh_);
@@ -160,6 +189,7 @@ protected:
         x_ = Tensor();
         x_total_ = Tensor();
         weight_ = Tensor();
+        pre_ = Tensor();
     }
 
 private:
@@ -177,11 +207,14 @@ private:
     Shape weight_global_, weight_local_shape_;
     Shape bias_global_, bias_local_shape_;
     Tensor group_sizes_; ///< undefined for a Linear
+    kernels::LinearActivation input_activation_ = kernels::LinearActivation::kNone;
+    Tensor pre_; ///< with input_activation: Z, for its gradient
 };
 
 template <class Options>
 Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Variable &weight, const Variable &bias,
-                             const Options &options, const TensorParallelGroup &tp, const Tensor &group_sizes = {}) {
+                             const Options &options, const TensorParallelGroup &tp, const Tensor &group_sizes = {},
+                             kernels::LinearActivation input_activation = kernels::LinearActivation::kNone) {
     tp.size(); // a null mesh or a bad tp_dim raises here
     comm::DeviceMesh &mesh = *tp.mesh;
     const int t = tp.tp_dim;
@@ -210,7 +243,8 @@ Variable ApplyParallelLinear(std::string_view op, const Variable &x, const Varia
     Options call = options;
     call.bias = options.adds_bias();
     call.skip_bias_add = false;
-    auto fn = std::make_shared<ParallelLinearFunction<Options>>(call, tp, std::move(layouts), group_sizes);
+    auto fn =
+        std::make_shared<ParallelLinearFunction<Options>>(call, tp, std::move(layouts), group_sizes, input_activation);
     return Function::Apply(fn, {input, weight, options.adds_bias() ? bias : Variable()}).at(0);
 }
 
@@ -246,6 +280,19 @@ Variable RowParallelGroupedLinear(const Variable &x, const Variable &weight, con
     SHARDLINE_CHECK(options.num_experts > 0, "autograd::RowParallelGroupedLinear",
                     "options.num_experts must be > 0 (the experts), got {}", options.num_experts);
     return ApplyParallelLinear("autograd::RowParallelGroupedLinear", x, weight, bias, options, tp, group_sizes);
+}
+
+Variable GeluRowParallelGroupedLinear(const Variable &pre_activation, const Variable &weight, const Variable &bias,
+                                      const Tensor &group_sizes, const functional::RowParallelLinearOptions &options,
+                                      const functional::TensorParallelGroup &tp) {
+    constexpr std::string_view kOp = "autograd::GeluRowParallelGroupedLinear";
+    SHARDLINE_CHECK(options.num_experts > 0, kOp, "options.num_experts must be > 0 (the experts), got {}",
+                    options.num_experts);
+    SHARDLINE_CHECK(options.input_is_parallel, kOp,
+                    "the GELU's input is the column grouped layer's output split on the features: input_is_parallel "
+                    "must be true");
+    return ApplyParallelLinear(kOp, pre_activation, weight, bias, options, tp, group_sizes,
+                               kernels::LinearActivation::kGeluTanh);
 }
 
 } // namespace shardline::autograd

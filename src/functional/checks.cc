@@ -486,7 +486,10 @@ CheckedCall CheckRowBackward(const RowParallelLinearOptions &options, const RowP
     CheckBackwardOperands(check, options, k_part, args, dtype, WithLast(global, k_local), x_formula);
     CheckGroupSizes(check, options.num_experts, args, args.dy);
     if (args.input_activation != kernels::LinearActivation::kNone) {
-        SHARDLINE_CHECK(options.num_experts == 0, check.op(), "a grouped layer takes no input_activation");
+        SHARDLINE_CHECK(options.num_experts == 0 || !args.pre_activation_dbias.present(), check.op(),
+                        "a grouped layer (num_experts {}) takes no pre_activation_dbias: the column grouped layer's "
+                        "backward computes its [experts, out] bias grad from dx",
+                        options.num_experts);
         SHARDLINE_CHECK(options.input_is_parallel, check.op(),
                         "input_activation needs input_is_parallel (the activation's output, this layer's input, is "
                         "the column layer's output split on in_features)");

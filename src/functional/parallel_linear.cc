@@ -215,10 +215,18 @@ struct BackwardTensors {
 };
 
 /// A grouped layer's dgrad (when dx is wanted).
+/// With an input activation (row, input_is_parallel) dx is the pre-activation's gradient, the dGELU in the dgrad's
+/// epilogue.
 void RunGroupedInputKernel(const BackwardTensors &t, const Tensor &dy, Tensor &dx) {
     if (t.dx.defined()) {
-        kernels::GroupedLinearBackwardInput(kernels::GroupedLinearBackwardInputArgs{
-            .dy = dy, .weight = t.weight, .group_sizes = t.group_sizes, .dx = dx});
+        const bool activation = t.input_activation != kernels::LinearActivation::kNone;
+        kernels::GroupedLinearBackwardInput(
+            kernels::GroupedLinearBackwardInputArgs{.dy = dy,
+                                                    .weight = t.weight,
+                                                    .group_sizes = t.group_sizes,
+                                                    .dx = dx,
+                                                    .input_activation = t.input_activation,
+                                                    .pre_activation = activation ? &t.pre_activation : nullptr});
     }
 }
 
@@ -248,15 +256,18 @@ void RunGroupedParamKernels(const BackwardTensors &t, const Tensor &dy, const Te
 void RunGroupedKernels(const BackwardTensors &t, const Tensor &dy, const Tensor &x, Tensor &dx, bool accumulate) {
     Tensor dweight = t.dweight;
     Tensor dbias = t.dbias;
-    kernels::GroupedLinearBackward(
-        kernels::GroupedLinearBackwardArgs{.dy = dy,
-                                           .x = t.dweight.defined() ? &x : nullptr,
-                                           .weight = t.dx.defined() ? &t.weight : nullptr,
-                                           .group_sizes = t.group_sizes,
-                                           .dx = t.dx.defined() ? &dx : nullptr,
-                                           .dweight = t.dweight.defined() ? &dweight : nullptr,
-                                           .dbias = t.dbias.defined() ? &dbias : nullptr,
-                                           .accumulate = accumulate});
+    const bool activation = t.dx.defined() && t.input_activation != kernels::LinearActivation::kNone;
+    kernels::GroupedLinearBackward(kernels::GroupedLinearBackwardArgs{
+        .dy = dy,
+        .x = t.dweight.defined() ? &x : nullptr,
+        .weight = t.dx.defined() ? &t.weight : nullptr,
+        .group_sizes = t.group_sizes,
+        .dx = t.dx.defined() ? &dx : nullptr,
+        .dweight = t.dweight.defined() ? &dweight : nullptr,
+        .dbias = t.dbias.defined() ? &dbias : nullptr,
+        .accumulate = accumulate,
+        .input_activation = activation ? t.input_activation : kernels::LinearActivation::kNone,
+        .pre_activation = activation ? &t.pre_activation : nullptr});
 }
 
 /// The local kernels of a backward for the gradients given (nullptr: not computed now): one LinearBackward, so the

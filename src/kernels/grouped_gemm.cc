@@ -50,8 +50,26 @@ void ValidateGroupedGemmParams(const GroupedGemmParams& p, std::string_view op) 
     CheckOperand(p.b, op, "B");
     CheckOperand(p.c, op, "C");
     SHARDLINE_CHECK(p.beta == 0.0 || p.beta == 1.0, op, "beta must be 0 (overwrite) or 1 (accumulate), got {}", p.beta);
-    SHARDLINE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kBias, op,
-                    "takes the epilogues none and bias, got {}", GemmEpilogueName(p.epilogue));
+    SHARDLINE_CHECK(p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kBias ||
+                        p.epilogue == GemmEpilogue::kDGelu,
+                    op, "takes the epilogues none, bias and dgelu, got {}", GemmEpilogueName(p.epilogue));
+    if (p.epilogue == GemmEpilogue::kDGelu) {
+        SHARDLINE_CHECK(p.grouped_dim == GroupedDim::kN && p.beta == 0.0, op,
+                        "epilogue dgelu is a dgrad's (grouped_dim n, beta 0), got grouped_dim {} and beta {}",
+                        p.grouped_dim == GroupedDim::kN ? "n" : "k", p.beta);
+        auto packed = [&](const GroupedOperand& o) {
+            return o.group_stride == 0 && o.ld == p.m && o.row_stride == p.m;
+        };
+        SHARDLINE_CHECK_AS(ShapeError, packed(p.c) && packed(p.aux), op,
+                           "epilogue dgelu needs D and the pre-activation Z packed by the grouped rows ([total, m] = "
+                           "[{}, {}]: group_stride 0, row_stride = ld = m), got D ld={} group_stride={} row_stride={} "
+                           "and Z ld={} group_stride={} row_stride={}",
+                           p.total, p.m, p.c.ld, p.c.group_stride, p.c.row_stride, p.aux.ld, p.aux.group_stride,
+                           p.aux.row_stride);
+        SHARDLINE_CHECK(p.total == 0 || p.m == 0 || (p.aux.data != nullptr && p.aux.data != p.c.data), op,
+                        "epilogue dgelu needs the pre-activation Z (non-null, apart from D) for {} grouped rows",
+                        p.total);
+    }
     SHARDLINE_CHECK(p.epilogue != GemmEpilogue::kBias || p.bias != nullptr, op, "epilogue bias needs a bias pointer");
     SHARDLINE_CHECK(p.total == 0 || (p.a.data != nullptr && p.b.data != nullptr && p.c.data != nullptr), op,
                     "A, B and C must be non-null for {} grouped rows", p.total);
@@ -112,6 +130,8 @@ GemmParams GroupGemmParams(const GroupedGemmParams& p, std::int64_t group, std::
                                   ? const_cast<char*>(OffsetBy(p.bias, group * p.bias_group_stride, p.bias_type))
                                   : nullptr,
                       .bias_type = p.bias_type,
+                      .aux = p.epilogue == GemmEpilogue::kDGelu ? const_cast<char*>(at(p.aux, p.c_type)) : nullptr,
+                      .ldaux = p.epilogue == GemmEpilogue::kDGelu ? p.aux.ld : 0,
                       .device = p.device};
 }
 

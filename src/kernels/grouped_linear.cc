@@ -95,6 +95,11 @@ GroupedGemmParams GroupedDgradProblem(const GroupedLinearBackwardInputArgs& args
     p.b_type = args.dy.dtype();
     p.c = {.data = args.dx.data(), .ld = in, .row_stride = in};
     p.c_type = args.dx.dtype();
+    if (args.input_activation == LinearActivation::kGeluTanh) {
+        // dX_e = (dY_e·W_e) ⊙ gelu_tanh'(Z_e): Z packed like dX.
+        p.epilogue = GemmEpilogue::kDGelu;
+        p.aux = {.data = args.pre_activation->data(), .ld = in, .row_stride = in};
+    }
     return p;
 }
 
@@ -206,6 +211,19 @@ void CheckBackwardInput(const GroupedLinearBackwardInputArgs& args, std::string_
                        "dx must have dy's {} rows, got dy {} and dx {}", args.dy.size(0), args.dy.ToString(),
                        args.dx.ToString());
     CheckGroupSizes(args.group_sizes, args.weight.size(0), args.dy.size(0), args.weight.device(), kOp);
+    if (args.input_activation != LinearActivation::kNone) {
+        SHARDLINE_CHECK(args.pre_activation != nullptr, kOp,
+                        "input_activation gelu_tanh needs the pre-activation ([tokens, in] = {}), got none",
+                        ShapeToString(args.dx.shape()));
+        CheckLike(*args.pre_activation, "pre_activation", args.dx, "dx", kOp);
+        CheckShape(*args.pre_activation, args.dx.shape(), kOp, "pre_activation");
+        SHARDLINE_CHECK(args.dx.numel() == 0 || args.pre_activation->data() != args.dx.data(), kOp,
+                        "pre_activation must not be dx itself (the dgrad reads it while writing dx)");
+    } else {
+        SHARDLINE_CHECK(args.pre_activation == nullptr, kOp,
+                        "pre_activation {} is given but input_activation is none (set input_activation = gelu_tanh)",
+                        args.pre_activation->ToString());
+    }
 }
 
 void CheckBackwardWeight(const GroupedLinearBackwardWeightArgs& args, std::string_view kOp) {
@@ -284,8 +302,15 @@ void GroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
                     args.dx->ToString());
     SHARDLINE_CHECK(args.dweight == nullptr || args.x != nullptr, kOp, "dweight needs x, got dweight {} and no x",
                     args.dweight->ToString());
+    SHARDLINE_CHECK(args.input_activation == LinearActivation::kNone || args.dx != nullptr, kOp,
+                    "input_activation applies to dx, which is not wanted");
     if (args.dx != nullptr) {
-        CheckBackwardInput({.dy = args.dy, .weight = *args.weight, .group_sizes = args.group_sizes, .dx = *args.dx},
+        CheckBackwardInput({.dy = args.dy,
+                            .weight = *args.weight,
+                            .group_sizes = args.group_sizes,
+                            .dx = *args.dx,
+                            .input_activation = args.input_activation,
+                            .pre_activation = args.pre_activation},
                            kOp);
     }
     if (args.dweight != nullptr) {
@@ -348,8 +373,12 @@ void CountGroupedConcurrentBackward() { ConcurrentBackwardRuns().fetch_add(1, st
 
 void CompositeGroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
     if (args.dx != nullptr) {
-        GroupedLinearBackwardInput(
-            {.dy = args.dy, .weight = *args.weight, .group_sizes = args.group_sizes, .dx = *args.dx});
+        GroupedLinearBackwardInput({.dy = args.dy,
+                                    .weight = *args.weight,
+                                    .group_sizes = args.group_sizes,
+                                    .dx = *args.dx,
+                                    .input_activation = args.input_activation,
+                                    .pre_activation = args.pre_activation});
     }
     // The bias grad rides with the weight grad when both are in one dtype (GroupedLinearBackwardWeight's dbias).
     const bool bias_with_weight =

@@ -27,7 +27,7 @@ struct KeyHash {
         mix(static_cast<std::uint64_t>(k.device));
         mix(static_cast<std::uint64_t>(k.trans_a) | static_cast<std::uint64_t>(k.trans_b) << 1 |
             static_cast<std::uint64_t>(k.grouped_dim) << 2 | static_cast<std::uint64_t>(k.bias) << 4 |
-            static_cast<std::uint64_t>(k.host_sizes) << 5);
+            static_cast<std::uint64_t>(k.host_sizes) << 5 | static_cast<std::uint64_t>(k.dgelu) << 6);
         mix(static_cast<std::uint64_t>(k.a_type) | static_cast<std::uint64_t>(k.c_type) << 8);
         mix(static_cast<std::uint64_t>(k.groups));
         mix(static_cast<std::uint64_t>(k.m));
@@ -67,6 +67,7 @@ GroupedTuningKey MakeGroupedTuningKey(const GroupedGemmParams& p) {
     key.a_type = p.a_type;
     key.c_type = p.c_type;
     key.bias = p.epilogue == GemmEpilogue::kBias;
+    key.dgelu = p.epilogue == GemmEpilogue::kDGelu;
     key.host_sizes = p.sizes_device.is_cpu();
     key.groups = p.group_count;
     key.m = p.m;
@@ -86,9 +87,10 @@ std::string GroupedTuningKeyString(const GroupedTuningKey& key) {
                                                (std::uint64_t{1} << key.mean_rows_class) - 1);
     const std::string dims = key.grouped_dim == GroupedDim::kN ? fmt::format("m={} k={}", key.m, key.k)
                                                                : fmt::format("m={} n={}", key.m, key.n);
-    return fmt::format("{} grouped={} groups={} {} rows~{} {}->{}{} {}-sizes cuda:{}", layout,
+    return fmt::format("{} grouped={} groups={} {} rows~{} {}->{}{}{} {}-sizes cuda:{}", layout,
                        key.grouped_dim == GroupedDim::kN ? "n" : "k", key.groups, dims, rows, DTypeName(key.a_type),
-                       DTypeName(key.c_type), key.bias ? " bias" : "", key.host_sizes ? "host" : "device", key.device);
+                       DTypeName(key.c_type), key.bias ? " bias" : "", key.dgelu ? " dgelu" : "",
+                       key.host_sizes ? "host" : "device", key.device);
 }
 
 std::string GroupedCandidateName(int candidate) {

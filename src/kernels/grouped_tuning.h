@@ -29,6 +29,7 @@ struct GroupedTuningKey {
     DType a_type = DType::kFloat32;
     DType c_type = DType::kFloat32;
     bool bias = false;
+    bool dgelu = false; ///< the kDGelu epilogue (a grouped dgrad through a GELU)
     bool host_sizes = false;
     std::int64_t groups = 0;
     std::int64_t m = 0;

@@ -303,16 +303,27 @@ MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Var
     Variable hidden = autograd::ColumnParallelGroupedLinear(
         rows_on_mesh, fc1_weight, fc1_bias, sizes,
         {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = plan.local_experts}, tp);
-    if (options_.activation) {
-        hidden = autograd::Gelu(hidden, options_.approximation);
+    const functional::RowParallelLinearOptions fc2{.in_features = options_.ffn,
+                                                   .out_features = h,
+                                                   .bias = options_.bias,
+                                                   .input_is_parallel = true,
+                                                   .num_experts = plan.local_experts};
+    // The tanh GELU with gelu_fusion: fc2's Function runs the GELU and its dgrad yields fc1's output gradient (the
+    // dGELU in the grouped dgrad's epilogue): no GELU node, no GeluBackward kernel. On CUDA only for bf16/fp16, the
+    // dtypes of the CUTLASS kernel with the fused epilogue (fp32 would take cuBLASLt's DGELU per expert, whose gelu'
+    // approximation is coarser than the GELU kernels'); on the CPU the same ops either way. Otherwise the GELU node.
+    const Tensor &w1 = fc1_weight.local();
+    const bool fused_dtype = w1.device().is_cpu() || w1.dtype() == DType::kBFloat16 || w1.dtype() == DType::kFloat16;
+    Variable y;
+    if (options_.activation && options_.gelu_fusion && options_.approximation == kernels::GeluApproximation::kTanh &&
+        fused_dtype) {
+        y = autograd::GeluRowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes, fc2, tp);
+    } else {
+        if (options_.activation) {
+            hidden = autograd::Gelu(hidden, options_.approximation);
+        }
+        y = autograd::RowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes, fc2, tp);
     }
-    const Variable y = autograd::RowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes,
-                                                          {.in_features = options_.ffn,
-                                                           .out_features = h,
-                                                           .bias = options_.bias,
-                                                           .input_is_parallel = true,
-                                                           .num_experts = plan.local_experts},
-                                                          tp);
     const Variable back = autograd::ExpertCombine(autograd::LocalPart(y, {r, h}), plan, ep);
     const Variable combined = autograd::Unpermute(back, perm.row_map, weights);
 

@@ -112,6 +112,39 @@ TEST(AutogradGroupedLinearTest, GradientsFlowThroughTwoGroupedLayers) {
         {Data({8, 5}, "x"), Data({4, 6, 5}, "w1"), Data({4, 3, 6}, "w2")}, {true, true, true});
 }
 
+// GeluGroupedLinear(z, W, b) = GroupedLinear(Gelu(z), W, b) with the GELU's gradient in the dgrad's epilogue: the
+// gradient check of every subset of its inputs, and bit for bit the separate GELU node's values (the CPU runs the same
+// GEMMs and the same double-precision gelu').
+TEST(AutogradGroupedLinearTest, GeluGroupedLinearGradientsOfEverySubsetOfInputs) {
+    const Tensor sizes = Sizes();
+    const std::vector<Tensor> in{Data({8, 5}, "z"), Data({4, 3, 5}, "w"), Data({4, 3}, "b")};
+    for (int mask = 1; mask < 8; ++mask) {
+        SCOPED_TRACE(fmt::format("z {} W {} b {}", mask & 1, (mask >> 1) & 1, (mask >> 2) & 1));
+        ExpectGradientsMatch([&](const auto &v) { return GeluGroupedLinear(v[0], v[1], v[2], sizes); }, in,
+                             {(mask & 1) != 0, (mask & 2) != 0, (mask & 4) != 0});
+    }
+}
+
+TEST(AutogradGroupedLinearTest, GeluGroupedLinearIsTheGeluNodeBitForBit) {
+    const Tensor sizes = Sizes();
+    for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
+        SCOPED_TRACE(DTypeName(dtype));
+        const Tensor z = Data({8, 5}, "z", 1.5).To(dtype), w = Data({4, 3, 5}, "w").To(dtype);
+        const Tensor b = Data({4, 3}, "b").To(dtype), dy = Data({8, 3}, "dy").To(dtype);
+        std::vector<std::vector<Values>> runs;
+        for (const bool fused : {true, false}) {
+            Variable vz(z.Clone(), true), vw(w.Clone(), true), vb(b.Clone(), true);
+            const Variable y = fused ? GeluGroupedLinear(vz, vw, vb, sizes) : GroupedLinear(Gelu(vz), vw, vb, sizes);
+            EXPECT_EQ(y.grad_fn()->name(), fused ? "GeluGroupedLinearBackward" : "GroupedLinearBackward");
+            const dist::DistTensor g = dist::DistTensor::Local(dy);
+            y.Backward(&g);
+            runs.push_back({y.local().ToDoubleVector(), vz.grad().local().ToDoubleVector(),
+                            vw.grad().local().ToDoubleVector(), vb.grad().local().ToDoubleVector()});
+        }
+        EXPECT_EQ(runs[0], runs[1]) << "y, dz, dW, db";
+    }
+}
+
 TEST(AutogradGroupedLinearTest, OutputHasAGradFnExactlyWhenAnInputRequiresGrad) {
     const Tensor sizes = Sizes();
     const Variable frozen =

@@ -133,9 +133,10 @@ struct LayerRun {
     double aux = 0.0;
 };
 
-/// One forward and backward of the layer on `mesh` (x sharded over dp and ep), with the exact collective counts.
+/// One forward and backward of the layer on `mesh` (x sharded over dp and ep), with the exact collective counts;
+/// gelu_fusion: MoEMLPOptions's (the dGELU in fc2's grouped dgrad, or the GELU node).
 inline LayerRun RunLayer(const MoeCase &c, DeviceMesh &mesh, const MoeSetup &s, double aux_coeff = 0.0,
-                         double z_coeff = 0.0) {
+                         double z_coeff = 0.0, bool gelu_fusion = true) {
     const bool given = c.routing == Routing::kGiven;
     nn::MoEMLP layer({.hidden = kH,
                       .ffn = kF,
@@ -146,7 +147,8 @@ inline LayerRun RunLayer(const MoeCase &c, DeviceMesh &mesh, const MoeSetup &s, 
                       .capacity_factor = c.capacity_factor,
                       .aux_loss_coeff = aux_coeff,
                       .z_loss_coeff = z_coeff,
-                      .activation = !given},
+                      .activation = !given,
+                      .gelu_fusion = gelu_fusion},
                      mesh, WithName(Param(DType::kFloat32), "moe"));
     SetFull(layer.router_weight, s.wg);
     SetFull(layer.fc1_weight, s.w1);

@@ -127,6 +127,33 @@ TEST(MoELayerDeterminismTest, TwoRunsGiveBitwiseTheSameOutputAndGradients) {
     }
 }
 
+// The experts' GELU with its gradient in fc2's grouped dgrad epilogue (gelu_fusion, the default) and as a separate
+// GELU node give the same output and gradients: bit for bit on the CPU, where the same kernels run (on CUDA this fp32
+// layer takes the GELU node either way).
+TEST(MoELayerGeluFusionTest, FusedDGeluGivesTheGeluNodesOutputAndGradients) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    std::vector<MoeCase> cases = {WidestCase(Routing::kRouter),
+                                  {.ep = 1, .tp = 1, .topk = 1, .routing = Routing::kOneExpert}};
+    if (World().size() >= 2) {
+        cases.push_back({.ep = 1, .tp = 2, .topk = 2});
+        cases.push_back({.ep = 1, .tp = 2, .topk = 2, .etp = 1});
+    }
+    for (const MoeCase &c : cases) {
+        DeviceMesh &mesh = MoeMesh(c.ep, c.tp);
+        const MoeSetup s = MakeSetup(c, Chunks(c), -1);
+        const LayerRun fused = RunLayer(c, mesh, s);
+        const LayerRun node = RunLayer(c, mesh, s, 0.0, 0.0, /*gelu_fusion=*/false);
+        const std::vector<std::pair<const char *, std::pair<Tensor, Tensor>>> pairs = {
+            {"y", {fused.y, node.y}},          {"dx", {fused.dx, node.dx}},       {"gate dW", {fused.dwg, node.dwg}},
+            {"fc1 dW", {fused.dw1, node.dw1}}, {"fc1 db", {fused.db1, node.db1}}, {"fc2 dW", {fused.dw2, node.dw2}},
+            {"fc2 db", {fused.db2, node.db2}}};
+        for (const auto &[what, t] : pairs) {
+            ASSERT_TRUE(t.first.defined() && t.second.defined()) << what << " at " << CaseName(c);
+            EXPECT_EQ(t.first.ToDoubleVector(), t.second.ToDoubleVector()) << what << " at " << CaseName(c);
+        }
+    }
+}
+
 // The load-balancing and z losses: their mean over the data-parallel ranks, and their gradient into the gate.
 TEST(MoELayerAuxLossTest, AuxAndZLossAndTheirGateGradientMatchTheReference) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();

@@ -14,10 +14,12 @@
 
 #include <shardline/core/error.h>
 #include <shardline/kernels/dispatcher.h>
+#include <shardline/kernels/elementwise.h>
 #include <shardline/kernels/grouped_gemm.h>
 #include <shardline/kernels/grouped_linear.h>
 
 #include "helpers.h"
+#include "reference.h"
 
 namespace shardline::testing {
 namespace {
@@ -167,6 +169,82 @@ TEST_P(GroupedLinearTest, BackwardInputMatchesFloat64PerGroup) {
     GroupedLinearBackwardInput(
         GroupedLinearBackwardInputArgs{.dy = dy_, .weight = w_, .group_sizes = group_sizes_, .dx = dx});
     EXPECT_TRUE(ValuesMatch(dx, RefDx(), dtype()));
+}
+
+// The dgrad through a GELU (input_activation gelu_tanh: GroupedGemm's kDGelu): dx_e = (dy_e·W_e) ⊙ gelu_tanh'(z_e),
+// against float64; the split pair (the dgrad, then GeluBackward) gives the same values — bit for bit on the CPU, where
+// the loop runs the same GEMM and the same double-precision gelu'; and the one-call backward gives the split op's.
+TEST_P(GroupedLinearTest, BackwardInputThroughGeluMatchesFloat64AndTheSplitPair) {
+    const Tensor z = Random({rows_, kIn}, dtype(), 6, "z", 1.5);
+    const Values zv = z.ToDoubleVector();
+    const Values plain = RefDx();
+    Values want(plain.size()), g_abs(plain.size());
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+        want[i] = plain[i] * RefGeluTanhGrad(zv[i]);
+        g_abs[i] = std::abs(plain[i]);
+    }
+    Tensor dx = Poison({rows_, kIn}, dtype());
+    GroupedLinearBackwardInput({.dy = dy_,
+                                .weight = w_,
+                                .group_sizes = group_sizes_,
+                                .dx = dx,
+                                .input_activation = kernels::LinearActivation::kGeluTanh,
+                                .pre_activation = &z});
+    EXPECT_TRUE(GeluGradMatch(dx, want, g_abs, dtype(), kGeluEpilogueRoundings));
+    Tensor dx_plain = Poison({rows_, kIn}, dtype());
+    GroupedLinearBackwardInput({.dy = dy_, .weight = w_, .group_sizes = group_sizes_, .dx = dx_plain});
+    const Tensor unfused = kernels::GeluBackward(dx_plain, z, kernels::GeluApproximation::kTanh);
+    if (device().is_cpu()) {
+        EXPECT_EQ(dx.ToDoubleVector(), unfused.ToDoubleVector()) << "the CPU runs the same ops either way";
+    } else {
+        EXPECT_TRUE(GeluGradMatch(dx, unfused.ToDoubleVector(), g_abs, dtype(), kGeluEpilogueRoundings));
+    }
+    Tensor dx_one = Poison({rows_, kIn}, dtype());
+    Tensor dw = Poison({experts_, kOut, kIn}, dtype());
+    GroupedLinearBackward({.dy = dy_,
+                           .x = &x_,
+                           .weight = &w_,
+                           .group_sizes = group_sizes_,
+                           .dx = &dx_one,
+                           .dweight = &dw,
+                           .input_activation = kernels::LinearActivation::kGeluTanh,
+                           .pre_activation = &z});
+    EXPECT_EQ(dx_one.ToDoubleVector(), dx.ToDoubleVector()) << "one call: the split op's dx";
+    EXPECT_TRUE(ValuesMatch(dw, RefDw(), dtype())) << "the wgrad is untouched by the activation";
+}
+
+TEST_P(GroupedLinearTest, BackwardInputThroughGeluRefusesAMissingPreActivation) {
+    Tensor dx = Poison({rows_, kIn}, dtype());
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    GroupedLinearBackwardInput({.dy = dy_,
+                                                .weight = w_,
+                                                .group_sizes = group_sizes_,
+                                                .dx = dx,
+                                                .input_activation = kernels::LinearActivation::kGeluTanh});
+                }),
+                HasSubstr("GroupedLinearBackwardInput: input_activation gelu_tanh needs the pre-activation"));
+    if (rows_ > 0) {
+        EXPECT_THAT(MessageOf<Error>([&] {
+                        GroupedLinearBackwardInput({.dy = dy_,
+                                                    .weight = w_,
+                                                    .group_sizes = group_sizes_,
+                                                    .dx = dx,
+                                                    .input_activation = kernels::LinearActivation::kGeluTanh,
+                                                    .pre_activation = &dx});
+                    }),
+                    HasSubstr("pre_activation must not be dx itself"));
+    }
+    const Tensor z = Random({rows_, kIn}, dtype(), 6, "z");
+    Tensor dw = Poison({experts_, kOut, kIn}, dtype());
+    EXPECT_THAT(MessageOf<Error>([&] {
+                    GroupedLinearBackward({.dy = dy_,
+                                           .x = &x_,
+                                           .group_sizes = group_sizes_,
+                                           .dweight = &dw,
+                                           .input_activation = kernels::LinearActivation::kGeluTanh,
+                                           .pre_activation = &z});
+                }),
+                HasSubstr("GroupedLinearBackward: input_activation applies to dx, which is not wanted"));
 }
 
 TEST_P(GroupedLinearTest, BackwardWeightWritesEveryExpertAndZeroesEmptyOnes) {

@@ -71,6 +71,12 @@ Variable ParallelMLPWithResidual(const Variable& x, const Variable& fc1_weight, 
 /// kernels. Backward runs only the kernels of the gradients needed (kernels::GroupedLinearBackward*): frozen experts
 /// skip dW, an x without grad skips dx; saves x only for dW and W only for dx.
 Variable GroupedLinear(const Variable& x, const Variable& weight, const Variable& bias, const Tensor& group_sizes);
+/// GroupedLinear(Gelu(pre_activation), ...) (tanh) as one Function, without a GELU node: the GELU kernel forward, and
+/// backward the grouped dgrad's dGELU epilogue gives pre_activation's gradient (kernels::GroupedLinearBackward's
+/// input_activation). Saves h = gelu(pre_activation) only for W's grad and pre_activation only for its own. The local
+/// form of GeluRowParallelGroupedLinear.
+Variable GeluGroupedLinear(const Variable& pre_activation, const Variable& weight, const Variable& bias,
+                           const Tensor& group_sizes);
 /// ColumnParallelLinear over E experts (expert tensor parallelism): weight [E, out, in] sharded on out (dim 1) over
 /// tp, bias [E, out] too; x [T, in] replicated over tp with its rows grouped by expert. options.num_experts = E;
 /// no sequence_parallel. Expert parallelism: when one mesh dim other than tp (ep, of size P) shards the weight's and
@@ -85,6 +91,17 @@ Variable ColumnParallelGroupedLinear(const Variable& x, const Variable& weight, 
 Variable RowParallelGroupedLinear(const Variable& x, const Variable& weight, const Variable& bias,
                                   const Tensor& group_sizes, const functional::RowParallelLinearOptions& options,
                                   const functional::TensorParallelGroup& tp);
+/// RowParallelGroupedLinear(Gelu(pre_activation)) (tanh approximation) as one Function, without a GELU node: an expert
+/// MLP's fc1 → GELU → fc2 with fc1 a ColumnParallelGroupedLinear whose output is pre_activation. Forward: the GELU
+/// kernel, then the row grouped layer on h = gelu_tanh(pre_activation). Backward: the grouped dgrad applies GELU's
+/// gradient in its epilogue (RowParallelLinearBackwardArgs::input_activation; the CUTLASS kernel's EVT on CUDA), so
+/// pre_activation's gradient comes out of one GEMM and fc1's backward takes it as its dy; no GeluBackward kernel.
+/// Saves h only for the weight's gradient and pre_activation only for its own. options.input_is_parallel. The same
+/// values as the unfused pair (bit for bit on the CPU; on CUDA within one rounding of the gradient's dtype: the fused
+/// epilogue multiplies the fp32 accumulator instead of the rounded dgrad).
+Variable GeluRowParallelGroupedLinear(const Variable& pre_activation, const Variable& weight, const Variable& bias,
+                                      const Tensor& group_sizes, const functional::RowParallelLinearOptions& options,
+                                      const functional::TensorParallelGroup& tp);
 Variable Gelu(const Variable& x, kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh);
 /// a + alpha·b (same shape).
 Variable Add(const Variable& a, const Variable& b, double alpha = 1.0);

@@ -261,8 +261,10 @@ struct RowParallelLinearOptions {
     bool skip_bias_add = false;
     /// Mixture-of-experts expert tensor parallelism: 0 for a Linear; E > 0 makes the layer E experts, a grouped Linear
     /// (kernels/grouped_linear.h): the weight and bias gain a leading experts dim ([E, ...] of the shapes below), x is
-    /// [T, in] with its rows grouped by expert as the call's group_sizes say. Not with sequence_parallel or an
-    /// activation.
+    /// [T, in] with its rows grouped by expert as the call's group_sizes say. Not with sequence_parallel. The backward
+    /// takes input_activation (dx the pre-activation's gradient, the dGELU in the grouped dgrad's epilogue: an expert
+    /// MLP's fc1 → GELU → fc2, the forward's GELU run apart by the caller) but not pre_activation_dbias (the column
+    /// grouped layer computes its bias grad from that dx).
     std::int64_t num_experts = 0;
     /// The backward overlaps dx's collective (the all-gather of a non-parallel input's dx) with the parameter grads,
     /// as ColumnParallelLinearOptions::overlap_grad_comm does: bitwise the same results, collectives and bytes.

@@ -36,6 +36,7 @@ struct GroupedOperand {
 
 /// A pure description of E GEMMs in cuBLAS's column-major convention, one per group e:
 ///     D_e = alpha · op(A_e) · op(B_e) + beta · C_e  (+ bias_e per row of D_e with kBias),
+///     D_e = (alpha · op(A_e) · op(B_e)) ⊙ gelu_tanh'(Z_e)  with kDGelu (a grouped dgrad through a GELU, beta 0),
 /// op(A_e) m×k, op(B_e) k×n, D_e m×n written over C_e, with n (kN) or k (kK) = sizes[e]. A group of size 0 launches
 /// nothing with kN (D_e has no columns) and gives D_e = beta·C_e with kK (zero, or untouched with beta = 1).
 /// `sizes` (E int64 entries, each >= 0, Σ = total) lives on the host (sizes_device = CPU) or on `device`.
@@ -63,10 +64,15 @@ struct GroupedGemmParams {
     double beta = 0.0; ///< 0 or 1 (1: accumulate into C, e.g. an fp32 main grad)
     GemmCompute compute = GemmCompute::kDefault;
 
-    GemmEpilogue epilogue = GemmEpilogue::kNone; ///< kNone or kBias (m entries per group)
+    GemmEpilogue epilogue = GemmEpilogue::kNone; ///< kNone, kBias (m entries per group) or kDGelu
     const void* bias = nullptr;
     DType bias_type = DType::kFloat32;
     std::int64_t bias_group_stride = 0; ///< elements between the groups' bias vectors
+
+    /// kDGelu: Z, the GELU's pre-activation (tanh approximation, as GemmEpilogue::kDGelu), only read, in C's dtype.
+    /// kDGelu needs grouped_dim kN, beta 0, and D and Z both packed by the grouped rows with the same leading dimension
+    /// m (group_stride 0, row_stride = ld = m: a [total, m] row-major matrix each), not overlapping.
+    GroupedOperand aux{};
 
     Device device;
 };
@@ -79,6 +85,10 @@ struct GroupedGemmOp {
 /// Runs the grouped GEMM through the dispatcher (like Gemm, a nested call inherits its caller's provider). Default
 /// provider: a loop of Gemm over the non-empty groups (OpenBLAS on the CPU, the cached cuBLASLt plans on CUDA), which
 /// reads device-resident sizes on the host first (one synchronisation; refused while a CUDA graph is captured).
+/// kDGelu: the loop passes each group's Gemm the kDGelu epilogue (the CPU: the GEMM, then D ⊙ gelu_tanh'(Z) in
+/// double, as GeluBackward; CUDA: cuBLASLt's DGELU epilogue, or the GEMM and the dGELU kernel); the CUDA CUTLASS path
+/// fuses it into the cooperative 256×128 kernel's epilogue (bf16/fp16; an EVT reading Z as the source C), and for its
+/// other configs runs the GEMM, then one dGELU kernel over the packed [total, m] D (docs/kernels.md).
 void GroupedGemm(const GroupedGemmParams& params);
 
 /// The CUDA provider's implementation choice. kAuto: per shape class, by measurement (the first call of a class times
@@ -115,7 +125,8 @@ void SetGroupedGemmChoice(const GroupedGemmChoice& choice);
 /// What the default provider runs for this problem now: "cutlass <config> (tuned)" (the class's winner), "loop
 /// (tuned)", "cutlass <config> (forced)", or, before the class is tuned, the heuristic's pick: "cutlass <config>
 /// (heuristic)" / "loop (<why>)". <config>: cooperative256x128, cooperative128x128, pingpong128x128, pingpong128x64,
-/// cooperative128x256, each followed by " along-n" when the raster is along n.
+/// cooperative128x256, each followed by " along-n" when the raster is along n. A kDGelu problem on CUTLASS adds
+/// " dgelu-epilogue" (fused in the kernel) or " dgelu-kernel" (a kernel after).
 std::string GroupedGemmPath(const GroupedGemmParams& params);
 /// The path the CUDA default provider took on this thread's last GroupedGemm, in GroupedGemmPath's words (a first
 /// call of a class says "(tuned)": it ran the winner last); empty before the first.

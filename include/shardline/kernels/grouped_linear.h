@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include <shardline/core/tensor.h>
+#include <shardline/kernels/linear.h>
 
 namespace shardline::kernels {
 
@@ -33,12 +34,17 @@ struct GroupedLinearBackwardInputArgs {
     const Tensor& weight;      ///< [E, out, in]
     const Tensor& group_sizes; ///< [E] int64
     Tensor& dx;                ///< [T, in], overwritten
+    /// kGeluTanh: x was gelu_tanh(pre_activation) (an expert MLP's fc1 → GELU → this layer); dx becomes the
+    /// pre-activation's gradient (dy_e·W_e) ⊙ gelu_tanh'(pre_activation_e), in the grouped GEMM's epilogue
+    /// (GroupedGemmParams's kDGelu).
+    LinearActivation input_activation = LinearActivation::kNone;
+    const Tensor* pre_activation = nullptr; ///< [T, in], dx's dtype and device; required with input_activation
 };
 struct GroupedLinearBackwardInputOp {
     static constexpr std::string_view kName = "GroupedLinearBackwardInput";
     using Fn = void (*)(const GroupedLinearBackwardInputArgs&);
 };
-/// dx_e = dy_e·W_e.
+/// dx_e = dy_e·W_e (⊙ gelu_tanh'(pre_activation_e) with input_activation).
 void GroupedLinearBackwardInput(const GroupedLinearBackwardInputArgs& args);
 
 struct GroupedLinearBackwardWeightArgs {
@@ -83,6 +89,9 @@ struct GroupedLinearBackwardArgs {
     Tensor* dweight = nullptr;      ///< [E, out, in]; x's dtype, or float32 (a main grad) when accumulating
     Tensor* dbias = nullptr;        ///< [E, out]; dy's dtype or float32
     bool accumulate = false;        ///< dweight and dbias += instead of =
+    /// As GroupedLinearBackwardInputArgs's: dx becomes the pre-activation's gradient (needs dx).
+    LinearActivation input_activation = LinearActivation::kNone;
+    const Tensor* pre_activation = nullptr; ///< [T, in]; required with input_activation
 };
 struct GroupedLinearBackwardOp {
     static constexpr std::string_view kName = "GroupedLinearBackward";

@@ -58,6 +58,11 @@ struct MoEMLPOptions {
     kernels::GeluApproximation approximation = kernels::GeluApproximation::kTanh;
     /// The GELU between fc1 and fc2; false makes each expert linear (fc2·fc1: exact integer arithmetic in tests).
     bool activation = true;
+    /// The tanh GELU's gradient in fc2's grouped dgrad epilogue (autograd::GeluRowParallelGroupedLinear: no GELU node,
+    /// no GeluBackward kernel; the forward GELU stays a kernel, docs/moe.md), on the CPU and for bf16/fp16 experts on
+    /// CUDA. false, the erf GELU or fp32 experts on CUDA: the separate GELU node (ParallelMLPOptions::gelu_fusion's
+    /// switch for the experts).
+    bool gelu_fusion = true;
 };
 
 /// One forward's routing statistics (this rank's tokens; no communication).

@@ -35,6 +35,7 @@
 #include "candidate_timer.h"
 #include "cuda_ops.h"
 #include "cutlass/grouped_cutlass.h"
+#include "epilogue_kernels.h"
 #include "grouped_gemm_cuda.h"
 #include "grouped_kernels.h"
 #include "kernels/grouped_internal.h"
@@ -81,8 +82,9 @@ const char* CutlassIneligible(const GroupedGemmParams& p, cg::Args& args) {
     if (p.c_type != p.a_type && !(p.c_type == DType::kFloat32 && args.layout == cg::Layout::kNT)) {
         return "D is neither the operands' dtype nor a float32 wgrad";
     }
-    if (p.epilogue != GemmEpilogue::kNone && !(p.epilogue == GemmEpilogue::kBias && by_n)) {
-        return "an epilogue other than a forward bias";
+    if (p.epilogue != GemmEpilogue::kNone && !(p.epilogue == GemmEpilogue::kBias && by_n) &&
+        !(p.epilogue == GemmEpilogue::kDGelu && args.layout == cg::Layout::kNN && p.c_type == p.a_type)) {
+        return "an epilogue other than a forward bias or a dgrad's dgelu";
     }
     // Packed leading dims: the shared dims of column-major op(A) m×k, op(B) k×n, D m×n.
     const bool packed = args.layout == cg::Layout::kTN   ? p.a.ld == p.k && p.b.ld == p.k
@@ -97,7 +99,8 @@ const char* CutlassIneligible(const GroupedGemmParams& p, cg::Args& args) {
         return Aligned16(o.data) && (o.ld * bytes) % 16 == 0 && (o.group_stride * bytes) % 16 == 0 &&
                (o.row_stride * bytes) % 16 == 0;
     };
-    if (!operand_aligned(p.a, ab) || !operand_aligned(p.b, ab) || !operand_aligned(p.c, cd)) {
+    if (!operand_aligned(p.a, ab) || !operand_aligned(p.b, ab) || !operand_aligned(p.c, cd) ||
+        (p.epilogue == GemmEpilogue::kDGelu && !operand_aligned(p.aux, cd))) {
         return "an operand is not 16-byte aligned for every group";
     }
     constexpr std::int64_t kInt32Max = 2147483647;
@@ -194,6 +197,14 @@ bool PrepareCutlass(const GroupedGemmParams& p, PreparedGroupedGemm& call) {
     args.a = {.data = p.a.data, .ld = p.a.ld, .group_stride = p.a.group_stride, .row_stride = p.a.row_stride};
     args.b = {.data = p.b.data, .ld = p.b.ld, .group_stride = p.b.group_stride, .row_stride = p.b.row_stride};
     args.c = {.data = p.c.data, .ld = p.c.ld, .group_stride = p.c.group_stride, .row_stride = p.c.row_stride};
+    // kDGelu: the fused kernel where this build has it for the config (C = Z as the epilogue's source, D apart); else
+    // the config's plain GEMM, and LaunchPreparedGroupedGemm applies the dGELU to D after it.
+    args.dgelu = p.epilogue == GemmEpilogue::kDGelu && cg::BuiltDGelu(args.ab, args.config);
+    if (args.dgelu) {
+        args.d = args.c;
+        args.c = {
+            .data = p.aux.data, .ld = p.aux.ld, .group_stride = p.aux.group_stride, .row_stride = p.aux.row_stride};
+    }
     args.beta = static_cast<float>(p.beta);
     args.device = p.device.index;
     args.sm_count = ctx.multiprocessors();
@@ -318,6 +329,15 @@ std::string PathText(const Pick& pick) {
     return fmt::format("cutlass {} ({})", detail::GroupedCandidateName(pick.candidate), pick.how);
 }
 
+/// PathText, and for a kDGelu problem on CUTLASS whether the dGELU runs in the kernel's epilogue or as a kernel after.
+std::string PathText(const GroupedGemmParams& p, const cg::Args& args, const Pick& pick) {
+    std::string text = PathText(pick);
+    if (p.epilogue == GemmEpilogue::kDGelu && pick.candidate != detail::kLoopCandidate) {
+        text += cg::BuiltDGelu(args.ab, ConfigOf(pick.candidate)) ? " dgelu-epilogue" : " dgelu-kernel";
+    }
+    return text;
+}
+
 void CudaGroupedGemm(const GroupedGemmParams& p) {
     cg::Args args;
     const char* why_not = CutlassIneligible(p, args);
@@ -330,7 +350,7 @@ void CudaGroupedGemm(const GroupedGemmParams& p) {
     }
     if (why_not == nullptr) {
         const Pick pick = Choose(p, args, capturing, /*may_tune=*/true);
-        detail::SetLastGroupedGemmPath(PathText(pick));
+        detail::SetLastGroupedGemmPath(PathText(p, args, pick));
         if (pick.candidate == detail::kLoopCandidate) {
             detail::LoopGroupedGemm(p);
             return;
@@ -386,6 +406,12 @@ bool LaunchPreparedGroupedGemm(const PreparedGroupedGemm& call, cudaStream_t str
         SHARDLINE_CHECK_CUDA(LaunchGroupedBiasAdd(const_cast<void*>(p.c.data), p.c_type, p.total, p.m, p.c.ld, p.bias,
                                                   p.bias_type, p.bias_group_stride, args.sizes, args.groups, stream));
     }
+    if (p.epilogue == GemmEpilogue::kDGelu && !args.dgelu && p.total > 0 && p.m > 0) {
+        // A config without the fused kernel: D ⊙= gelu_tanh'(Z) over the packed column-major m × total D (the
+        // validation asks both packed, ld m), whatever the sizes: one launch, no host read.
+        SHARDLINE_CHECK_CUDA(
+            LaunchDGelu(const_cast<void*>(p.c.data), p.c_type, p.m, p.total, p.c.ld, p.aux.data, p.aux.ld, stream));
+    }
     return true;
 }
 
@@ -426,7 +452,7 @@ std::optional<PreparedGroupedGemm> PrepareCutlassGroupedGemm(const GroupedGemmPa
     }
     call.args.config = ConfigOf(pick.candidate);
     call.args.raster_along_n = detail::CandidateAlongN(pick.candidate);
-    call.path = PathText(pick);
+    call.path = PathText(p, call.args, pick);
     if (!PrepareCutlass(p, call)) {
         return std::nullopt;
     }
@@ -445,7 +471,7 @@ std::string GroupedGemmPath(const GroupedGemmParams& p) {
     if (const char* why_not = cuda::CutlassIneligible(p, args); why_not != nullptr) {
         return std::string("loop (") + why_not + ")";
     }
-    return cuda::PathText(cuda::Choose(p, args, /*capturing=*/false, /*may_tune=*/false));
+    return cuda::PathText(p, args, cuda::Choose(p, args, /*capturing=*/false, /*may_tune=*/false));
 }
 
 } // namespace shardline::kernels

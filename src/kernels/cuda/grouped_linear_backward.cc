@@ -57,8 +57,12 @@ void CudaGroupedLinearBackward(const GroupedLinearBackwardArgs& args) {
         detail::CompositeGroupedLinearBackward(args);
         return;
     }
-    const GroupedGemmParams dgrad = detail::GroupedDgradProblem(
-        {.dy = args.dy, .weight = *args.weight, .group_sizes = args.group_sizes, .dx = *args.dx});
+    const GroupedGemmParams dgrad = detail::GroupedDgradProblem({.dy = args.dy,
+                                                                 .weight = *args.weight,
+                                                                 .group_sizes = args.group_sizes,
+                                                                 .dx = *args.dx,
+                                                                 .input_activation = args.input_activation,
+                                                                 .pre_activation = args.pre_activation});
     if (GroupedGemmWouldTune(dgrad)) {
         detail::CompositeGroupedLinearBackward(args);
         return;

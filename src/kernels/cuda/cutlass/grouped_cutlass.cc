@@ -59,6 +59,8 @@ int Run_bf16_pingpong128x64(const Args &args, void *scratch, std::size_t scratch
 int Run_bf16_128x256(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_fp16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 int Run_fp16_128x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
+int RunDGelu_bf16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
+int RunDGelu_fp16_256x128(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed);
 } // namespace detail
 
 namespace {
@@ -100,9 +102,29 @@ RunFn Find(Element ab, Config config) {
     return nullptr;
 }
 
+/// The dgelu kernels (grouped_cutlass_dgelu.cuh): the cooperative 256x128 config only, for bf16 and fp16.
+RunFn FindDGelu(Element ab, Config config) {
+    if (config != Config::kCooperative256x128) {
+        return nullptr;
+    }
+    switch (ab) {
+    case Element::kBFloat16:
+        return &detail::RunDGelu_bf16_256x128;
+    case Element::kFloat16:
+        return &detail::RunDGelu_fp16_256x128;
+    case Element::kFloat32:
+        return nullptr;
+    }
+    return nullptr;
+}
+
 int Dispatch(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed) {
     if (args.groups <= 0 || args.groups > 65535) {
         return kCannotImplement;
+    }
+    if (args.dgelu) {
+        const RunFn run = args.layout == Layout::kNN && args.cd == args.ab ? FindDGelu(args.ab, args.config) : nullptr;
+        return run == nullptr ? kNotBuilt : run(args, scratch, scratch_bytes, needed);
     }
     const RunFn run = Find(args.ab, args.config);
     return run == nullptr ? kNotBuilt : run(args, scratch, scratch_bytes, needed);
@@ -111,6 +133,7 @@ int Dispatch(const Args &args, void *scratch, std::size_t scratch_bytes, std::si
 
 bool Built() { return true; }
 bool Built(Element ab, Config config) { return Find(ab, config) != nullptr; }
+bool BuiltDGelu(Element ab, Config config) { return FindDGelu(ab, config) != nullptr; }
 int ScratchBytes(const Args &args, std::size_t *bytes) { return Dispatch(args, nullptr, 0, bytes); }
 int Run(const Args &args, void *scratch, std::size_t scratch_bytes) {
     return Dispatch(args, scratch, scratch_bytes, nullptr);
@@ -118,6 +141,7 @@ int Run(const Args &args, void *scratch, std::size_t scratch_bytes) {
 #else
 bool Built() { return false; }
 bool Built(Element, Config) { return false; }
+bool BuiltDGelu(Element, Config) { return false; }
 int ScratchBytes(const Args &, std::size_t *bytes) {
     *bytes = 0;
     return kNotBuilt;

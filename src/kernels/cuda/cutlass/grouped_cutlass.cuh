@@ -154,6 +154,7 @@ struct SetupParams {
     std::int64_t m, n, k, total;
     Operand a, b, c;
     int ab_bytes, cd_bytes;
+    Operand d = {}; ///< D apart from C (Args::d with dgelu); data null: D is C
 };
 
 constexpr int kSetupThreads = 256;
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kSetupThreads)
                 ptr_a[e] = at(p.a, p.ab_bytes, e, first);
                 ptr_b[e] = at(p.b, p.ab_bytes, e, first);
                 ptr_c[e] = at(p.c, p.cd_bytes, e, first);
-                ptr_d[e] = const_cast<char *>(at(p.c, p.cd_bytes, e, first));
+                ptr_d[e] = const_cast<char *>(at(p.d.data != nullptr ? p.d : p.c, p.cd_bytes, e, first));
                 stride_a[e] = sa;
                 stride_b[e] = sb;
                 stride_c[e] = sc;
@@ -247,19 +248,29 @@ __global__ void __launch_bounds__(kSetupThreads)
         __syncthreads(); // the scan's storage and the empty list are reused by the next round
     }
 }
+/// The epilogue's fusion arguments of a GEMM type: LinearCombination's alpha = 1 and beta (a GEMM type with another
+/// fusion specialises this, e.g. the dgelu kernels of grouped_cutlass_dgelu.cuh).
+template <class G> struct FusionArguments {
+    template <class Fusion> static Fusion Make(const Args &args) {
+        Fusion fusion{};
+        fusion.alpha = 1.0f;
+        fusion.beta = args.beta;
+        fusion.alpha_ptr = nullptr;
+        fusion.beta_ptr = nullptr;
+        fusion.alpha_ptr_array = nullptr;
+        fusion.beta_ptr_array = nullptr;
+        fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
+        fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+        return fusion;
+    }
+};
+
 template <class G, class CD> typename G::Device::Arguments MakeArguments(const Args &args, void *scratch) {
     const ScratchLayout<G> s(args.groups);
     using ElementAB = typename G::Mainloop::ElementA;
     typename G::Device::Arguments arguments;
-    decltype(arguments.epilogue.thread) fusion{};
-    fusion.alpha = 1.0f;
-    fusion.beta = args.beta;
-    fusion.alpha_ptr = nullptr;
-    fusion.beta_ptr = nullptr;
-    fusion.alpha_ptr_array = nullptr;
-    fusion.beta_ptr_array = nullptr;
-    fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
-    fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+    using Fusion = decltype(arguments.epilogue.thread);
+    const Fusion fusion = FusionArguments<G>::template Make<Fusion>(args);
     cutlass::KernelHardwareInfo hw;
     hw.device_id = args.device;
     hw.sm_count = args.sm_count;
@@ -343,10 +354,10 @@ inline int ZeroBlocks(std::int64_t bytes, int sm_count) {
     return static_cast<int>(std::clamp<std::int64_t>((bytes + per_block - 1) / per_block, 1, std::max(sm_count, 1)));
 }
 
-/// ScratchBytes (scratch == nullptr: *needed) or Run for one kernel.
-template <class AB, class CD, Layout kLayout, Config kConfig>
+/// ScratchBytes (scratch == nullptr: *needed) or Run for one kernel (G: the GEMM type, GroupedGemm's unless another
+/// fusion's, e.g. the dgelu kernels).
+template <class AB, class CD, Layout kLayout, Config kConfig, class G = GroupedGemm<AB, CD, kLayout, kConfig>>
 int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::size_t *needed) {
-    using G = GroupedGemm<AB, CD, kLayout, kConfig>;
     const ScratchLayout<G> layout(args.groups);
     // The workspace size depends on the group count and the hardware, not on the pointers.
     typename G::Device::Arguments arguments = MakeArguments<G, CD>(args, nullptr);
@@ -370,7 +381,8 @@ int RunKernel(const Args &args, void *scratch, std::size_t scratch_bytes, std::s
                         .b = args.b,
                         .c = args.c,
                         .ab_bytes = static_cast<int>(sizeof(AB)),
-                        .cd_bytes = static_cast<int>(sizeof(CD))};
+                        .cd_bytes = static_cast<int>(sizeof(CD)),
+                        .d = args.dgelu ? args.d : Operand{}};
     // beta = 0 zeroes the empty groups' D; beta = 1 leaves it (D = C).
     const bool zero_empty = args.grouped_k && args.beta == 0.0f;
     const int blocks =

@@ -66,11 +66,16 @@ struct Args {
     std::int64_t m = 0, n = 0, k = 0;    ///< the shared dims (the grouped one is ignored)
     std::int64_t total = 0;              ///< rows the packed operands hold
     Operand a, b;
-    Operand c;         ///< written: D over C
+    Operand c;         ///< written: D over C (with dgelu: only read, the pre-activation Z)
     float beta = 0.0f; ///< 0 or 1
     int device = 0;
     int sm_count = 0;
     cudaStream_t stream = nullptr;
+    /// D = acc ⊙ gelu_tanh'(C): the grouped dgrad through a GELU, C = the pre-activation Z read as the epilogue's
+    /// source (beta ignored), D written to `d`. Built for Layout::kNN, D in AB, bf16/fp16, kCooperative256x128 only
+    /// (BuiltDGelu); Run answers kNotBuilt otherwise.
+    bool dgelu = false;
+    Operand d{}; ///< written, with dgelu (data null: D is C)
 };
 
 enum Status : int {
@@ -85,6 +90,8 @@ enum Status : int {
 bool Built();
 /// Whether this build has the kernels of `config` for operands of `ab` (Run answers kNotBuilt otherwise).
 bool Built(Element ab, Config config);
+/// Whether this build has the dgelu kernel (Args::dgelu) of `config` for operands of `ab`.
+bool BuiltDGelu(Element ab, Config config);
 /// The device scratch `Run` needs for `args` (the per-group arrays and CUTLASS's workspace), in `*bytes`.
 int ScratchBytes(const Args& args, std::size_t* bytes);
 /// Enqueues the grouped GEMM on args.stream: the setup kernel, then the grouped kernel (two launches). `scratch` is

@@ -69,10 +69,11 @@ protected:
                                                      .group_sizes = SizesView(),
                                                      .group_sizes_on_device = SizesOnDevice()},
                                                     tp_);
-        } else if (input_activation_ != kernels::LinearActivation::kNone) {
-            // x is the pre-activation Z: the layer's input is h = gelu_tanh(Z). Saved, each only for the gradient
-            // that needs it: h for dW, Z for dZ (the dgrad's dGELU epilogue reads it).
-            Tensor h = kernels::GeluForward(x, kernels::GeluApproximation::kTanh);
+        } else {
+            // With an input activation x is the pre-activation Z and the layer's input is h = gelu_tanh(Z), saved
+            // each only for the gradient that needs it: h for dW, Z for dZ (the dgrad's dGELU epilogue reads it).
+            const bool activated = input_activation_ != kernels::LinearActivation::kNone;
+            Tensor h = activated ? kernels::GeluForward(x, kernels::GeluApproximation::kTanh) : x;
             functional::RowParallelLinearForward(options_,
                                                  {.x = View(h),
                                                   .weight = View(in[1].local()),
@@ -81,21 +82,12 @@ protected:
                                                   .group_sizes = SizesView(),
                                                   .group_sizes_on_device = SizesOnDevice()},
                                                  tp_);
-            if (needs_input_grad(1)) {
+            if (activated && needs_input_grad(1)) {
                 x_ = std::move(h);
             }
-            if (needs_input_grad(0)) {
+            if (activated && needs_input_grad(0)) {
                 pre_ = x;
             }
-        } else {
-            functional::RowParallelLinearForward(options_,
-                                                 {.x = View(x),
-                                                  .weight = View(in[1].local()),
-                                                  .bias = View(bias),
-                                                  .y = View(y),
-                                                  .group_sizes = SizesView(),
-                                                  .group_sizes_on_device = SizesOnDevice()},
-                                                 tp_);
         }
         Shape y_global = in[0].global_shape();
         y_global.back() = options_.out_features;

@@ -6,7 +6,8 @@
 // bytes: the counts' exact, the dispatch rows' equal to the rule's dropless bound, every row exchange within it (times
 // ep for the side that holds the experts). The layer's input needs no move under the rule, the rule's expert rows are
 // what the grouped_linear rule wants with the layer's real fc1 parameters, and the layer itself asks the rule (once per
-// input configuration) for the layouts of its exchange.
+// input configuration) for the layouts of its exchange. With etp 1 below tp the layer first splits its tokens over tp
+// (a free slice) and asks the rules for that slice: the same predictions hold per slice, and the exchange stays on ep.
 
 #include <cstdint>
 #include <string>
@@ -35,6 +36,7 @@ struct SpmdMoeCase {
     std::int64_t ep = 1;
     std::int64_t tp = 1;
     int topk = 2;
+    std::int64_t etp = 0; ///< 0: etp = tp; 1 with tp 2: whole experts, the tokens split over tp
 };
 
 /// Expert of copy j of global token t: experts 0-2 only (expert 3 gets no token), as nn_moe_test's given routing.
@@ -67,24 +69,27 @@ Predicted PredictedOn(const std::vector<const spmd::CachedRule *> &rules, int d)
 void RunCase(const SpmdMoeCase &c) {
     DeviceMesh &mesh = MoeMesh(c.ep, c.tp);
     const int ep_dim = mesh.dim_index("ep");
-    const std::string name = fmt::format("ep{}_tp{}_top{}", c.ep, c.tp, c.topk);
-    nn::MoEMLP layer({.hidden = kH, .ffn = kF, .num_experts = kE, .topk = c.topk, .activation = false}, mesh,
-                     WithName(Param(DType::kFloat32), "moe"));
+    const bool split = c.etp == 1 && c.tp > 1;
+    const std::string name = fmt::format("ep{}_tp{}_top{}{}", c.ep, c.tp, c.topk, split ? "_etp1" : "");
+    nn::MoEMLP layer({.hidden = kH, .ffn = kF, .num_experts = kE, .topk = c.topk, .etp = c.etp, .activation = false},
+                     mesh, WithName(Param(DType::kFloat32), "moe"));
     const DType f32 = DType::kFloat32;
-    Variable x(DistTensor::Sharded(MakeFull({kT, kH}, "moe.x", Data::kInteger, f32, 5), mesh,
-                                   {{.dim = 0, .over = {"dp", "ep"}}}),
-               true);
+    const Tensor full_x = MakeFull({kT, kH}, "moe.x", Data::kInteger, f32, 5);
+    Variable x(DistTensor::Sharded(full_x, mesh, {{.dim = 0, .over = {"dp", "ep"}}}), true);
+    // The tokens the layer routes and exchanges: x, or with etp 1 below tp x's slice over tp (tp the minor shard).
+    const DistTensor routed_x =
+        split ? DistTensor::Sharded(full_x, mesh, {{.dim = 0, .over = {"dp", "ep", "tp"}}}) : x.value();
+    const spmd::TensorSpec x_spec = routed_x.spec();
 
     // The rules, with the layer's layouts, from the runtime's cache.
     const spmd::MoEDispatchAttrs attrs{.num_experts = kE, .topk = c.topk};
-    const auto dispatch =
-        dist::LookupRule("test", mesh, {.op = "moe_dispatch", .inputs = {x.value().spec()}, .attrs = attrs});
+    const auto dispatch = dist::LookupRule("test", mesh, {.op = "moe_dispatch", .inputs = {x_spec}, .attrs = attrs});
     const spmd::TensorSpec rows = dispatch->info.outputs[0];
     const auto combine = dist::LookupRule("test", mesh, {.op = "moe_combine", .inputs = {rows}, .attrs = attrs});
     const auto dispatch_grad = dist::LookupRule("test", mesh,
                                                 {.op = "moe_dispatch",
                                                  .direction = spmd::RuleDirection::kGrad,
-                                                 .inputs = {x.value().spec()},
+                                                 .inputs = {x_spec},
                                                  .out_grad = rows,
                                                  .attrs = attrs});
     const auto combine_grad = dist::LookupRule("test", mesh,
@@ -94,8 +99,8 @@ void RunCase(const SpmdMoeCase &c) {
                                                 .out_grad = combine->info.outputs[0],
                                                 .attrs = attrs});
     EXPECT_TRUE(dispatch->input_plans[0].steps.empty()) << name << ": the layer's x is the rule's token layout";
-    EXPECT_TRUE(dist::SameLayout(mesh, combine->info.outputs[0].layout, x.value().layout()))
-        << name << ": combine gives x's layout back, got " << combine->info.outputs[0].layout.ToString();
+    EXPECT_TRUE(dist::SameLayout(mesh, combine->info.outputs[0].layout, routed_x.layout()))
+        << name << ": combine gives the routed tokens' layout back, got " << combine->info.outputs[0].layout.ToString();
     // The experts' rows are what grouped_linear wants with the layer's fc1 (experts over ep, ffn over tp): no move.
     const auto fc1 = dist::LookupRule(
         "test", mesh,
@@ -104,11 +109,16 @@ void RunCase(const SpmdMoeCase &c) {
         EXPECT_TRUE(plan.steps.empty()) << name << ": grouped_linear moves an input of the experts";
     }
 
-    // This rank's tokens and the given routing.
-    const std::int64_t per = x.local().shape()[0];
+    // This rank's routed tokens and the given routing: chunk (dp, ep[, tp]) of the global tokens.
+    const std::int64_t per = routed_x.local().shape()[0];
     const std::int64_t dp_coord = mesh.coordinate()[0];
     const std::int64_t ep_coord = mesh.coordinate()[static_cast<std::size_t>(ep_dim)];
-    const std::int64_t chunk = dp_coord * c.ep + ep_coord;
+    const std::int64_t tp_coord = mesh.coordinate()[static_cast<std::size_t>(mesh.dim_index("tp"))];
+    auto chunk_of = [&](std::int64_t ep_rank) {
+        const std::int64_t outer = dp_coord * c.ep + ep_rank;
+        return split ? outer * c.tp + tp_coord : outer;
+    };
+    const std::int64_t chunk = chunk_of(ep_coord);
     std::vector<double> idx, w;
     for (std::int64_t t = chunk * per; t < (chunk + 1) * per; ++t) {
         for (int j = 0; j < c.topk; ++j) {
@@ -122,7 +132,7 @@ void RunCase(const SpmdMoeCase &c) {
     const std::int64_t local_experts = kE / c.ep;
     std::int64_t received = 0;
     for (std::int64_t peer = 0; peer < c.ep; ++peer) {
-        const std::int64_t peer_chunk = dp_coord * c.ep + peer;
+        const std::int64_t peer_chunk = chunk_of(peer);
         for (std::int64_t t = peer_chunk * per; t < (peer_chunk + 1) * per; ++t) {
             for (int j = 0; j < c.topk; ++j) {
                 received += ExpertOf(t, j) / local_experts == ep_coord ? 1 : 0;
@@ -149,7 +159,7 @@ void RunCase(const SpmdMoeCase &c) {
     const nn::MoEOutput out = layer.ForwardRouted(x, indices, weights);
     const spmd::RuleKey key(spmd::RuleRequest{.op = "moe_dispatch",
                                               .mesh = spmd::ProcessMesh(mesh.shape(), mesh.dim_names()),
-                                              .inputs = {x.value().spec()},
+                                              .inputs = {x_spec},
                                               .attrs = attrs});
     EXPECT_NE(dist::Rules().Lookup(key), nullptr) << name << ": the layer asked the moe_dispatch rule for its x";
     EXPECT_EQ(dist::Rules().GetStats().size, 1U) << name << ": and no other rule through the runtime's cache";
@@ -192,6 +202,9 @@ TEST(MoESpmdTest, RulesPredictTheExchangeTheCountersSee) {
     for (const auto &[ep, tp] : MeshShapes()) {
         for (int topk : {1, 2}) {
             RunCase({.ep = ep, .tp = tp, .topk = topk});
+            if (tp > 1) {
+                RunCase({.ep = ep, .tp = tp, .topk = topk, .etp = 1});
+            }
         }
     }
 }

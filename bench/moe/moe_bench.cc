@@ -32,6 +32,7 @@
 #include <shardline/core/error.h>
 #include <shardline/core/random.h>
 #include <shardline/core/tensor.h>
+#include <shardline/kernels/grouped_gemm.h>
 #include <shardline/kernels/grouped_linear.h>
 
 #include "common/bench_util.h"
@@ -263,6 +264,12 @@ int main(int argc, char **argv) try {
             out << rec.dump() << "\n";
             out.flush();
         }
+        // What the grouped GEMMs' per-shape tuning chose for this case (a dgelu class: only cooperative256x128 has
+        // the dGELU in its epilogue; another winner runs the dGELU as a kernel after it).
+        for (const kernels::GroupedGemmTuningInfo &info : kernels::GroupedGemmTuningInfos()) {
+            std::printf("#   tuned %s -> %s\n", info.key.c_str(), info.winner.c_str());
+        }
+        kernels::ClearGroupedGemmTuning();
     }
     return status;
 } catch (const std::exception &e) {

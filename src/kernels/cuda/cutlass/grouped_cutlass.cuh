@@ -77,8 +77,11 @@ template <> struct LayoutTraits<Layout::kNT> {
     using B = cutlass::layout::RowMajor;
 };
 
-/// The TMA warp-specialized pointer-array grouped GEMM of one Config, fp32 accumulation, D = alpha·acc + beta·C.
-template <class AB, class CD, Layout kLayout, Config kConfig> struct GroupedGemm {
+/// The TMA warp-specialized pointer-array grouped GEMM of one Config, fp32 accumulation, D = alpha·acc + beta·C, or
+/// another epilogue `Fusion` (the dgelu kernels of grouped_cutlass_dgelu.cuh; FusionArguments gives its arguments).
+template <class AB, class CD, Layout kLayout, Config kConfig,
+          class Fusion = cutlass::epilogue::fusion::LinearCombination<CD, float>>
+struct GroupedGemm {
     using TileShape = typename ConfigTraits<kConfig>::Shape;
     using ClusterShape = typename ConfigTraits<kConfig>::Cluster;
     using LayoutA = typename LayoutTraits<kLayout>::A;
@@ -90,8 +93,7 @@ template <class AB, class CD, Layout kLayout, Config kConfig> struct GroupedGemm
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
         cutlass::epilogue::collective::EpilogueTileAuto, float, float, CD, LayoutC *, kAlignCD, CD, LayoutC *, kAlignCD,
-        typename ConfigTraits<kConfig>::Epilogue,
-        cutlass::epilogue::fusion::LinearCombination<CD, float>>::CollectiveOp;
+        typename ConfigTraits<kConfig>::Epilogue, Fusion>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, AB, LayoutA *, kAlignAB, AB, LayoutB *, kAlignAB, float,
         TileShape, ClusterShape,

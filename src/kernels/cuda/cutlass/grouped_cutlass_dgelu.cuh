@@ -37,41 +37,17 @@ template <class T, int N> struct DGeluTanhMul<cutlass::Array<T, N>> {
     }
 };
 
+/// D = acc ⊙ gelu_tanh'(C), computed in fp32, rounded once to D's type.
+template <class AB>
+using DGeluFusion = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<DGeluTanhMul, AB, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch, cutlass::epilogue::fusion::Sm90SrcFetch<AB>>;
+
 /// GroupedGemm's kernel (the same mainloop, schedule, tile and cluster) for Layout::kNN with the dGELU epilogue.
-template <class AB, Config kConfig> struct GroupedDGeluGemm {
-    using TileShape = typename ConfigTraits<kConfig>::Shape;
-    using ClusterShape = typename ConfigTraits<kConfig>::Cluster;
-    using LayoutA = typename LayoutTraits<Layout::kNN>::A;
-    using LayoutB = typename LayoutTraits<Layout::kNN>::B;
-    using LayoutC = cutlass::layout::ColumnMajor;
-    static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<AB>::value;
-    static constexpr int kAlignCD = kAlignAB;
-
-    /// D = acc ⊙ gelu_tanh'(C), computed in fp32, rounded once to D's type.
-    using Fusion = cutlass::epilogue::fusion::Sm90EVT<
-        cutlass::epilogue::fusion::Sm90Compute<DGeluTanhMul, AB, float, cutlass::FloatRoundStyle::round_to_nearest>,
-        cutlass::epilogue::fusion::Sm90AccFetch, cutlass::epilogue::fusion::Sm90SrcFetch<AB>>;
-
-    using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-        cutlass::epilogue::collective::EpilogueTileAuto, float, float, AB, LayoutC *, kAlignCD, AB, LayoutC *, kAlignCD,
-        typename ConfigTraits<kConfig>::Epilogue, Fusion>::CollectiveOp;
-    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, AB, LayoutA *, kAlignAB, AB, LayoutB *, kAlignAB, float,
-        TileShape, ClusterShape,
-        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-        typename ConfigTraits<kConfig>::Kernel>::CollectiveOp;
-    using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-    using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-    using StrideA = typename Kernel::InternalStrideA;
-    using StrideB = typename Kernel::InternalStrideB;
-    using StrideC = typename Kernel::InternalStrideC;
-    using StrideD = typename Kernel::InternalStrideD;
-};
+template <class AB, Config kConfig> using GroupedDGeluGemm = GroupedGemm<AB, AB, Layout::kNN, kConfig, DGeluFusion<AB>>;
 
 /// The EVT's arguments: none (the accumulator and the source fetches and the compute node take no parameters).
-template <class AB, Config kConfig> struct FusionArguments<GroupedDGeluGemm<AB, kConfig>> {
+template <class AB, Config kConfig> struct FusionArguments<GroupedGemm<AB, AB, Layout::kNN, kConfig, DGeluFusion<AB>>> {
     template <class Fusion> static Fusion Make(const Args &) { return Fusion{}; }
 };
 

@@ -12,6 +12,8 @@ namespace {
 /// CUDA's router kernels keep a row's scores in registers: one warp per token.
 constexpr int kCudaMaxExperts = 256;
 constexpr int kCudaMaxTopk = 8;
+/// CUDA's permutation kernels hold a token's slots in the lanes of its warp.
+constexpr int kCudaMaxRowTopk = 32;
 
 void CheckRouterConfig(const Tensor& logits, const MoERouterConfig& c, std::string_view op) {
     CheckTensor(logits, op, "logits");
@@ -82,6 +84,9 @@ void CheckRowMap(const Tensor& row_map, std::int64_t tokens, std::int64_t rows, 
                        row_map.ToString());
     SHARDLINE_CHECK_AS(ShapeError, row_map.rank() == 2 && row_map.size(0) == tokens, op,
                        "row_map must be [tokens = {}, topk], got {}", tokens, row_map.ToString());
+    SHARDLINE_CHECK_AS(ShapeError, device.is_cpu() || row_map.size(1) <= kCudaMaxRowTopk, op,
+                       "the CUDA permutation kernels take topk <= {} (row_map's columns), got {}", kCudaMaxRowTopk,
+                       row_map.ToString());
     if (row_map.device().is_cpu()) {
         const auto* m = row_map.data_as<std::int64_t>();
         for (std::int64_t i = 0; i < row_map.numel(); ++i) {

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <shardline/autograd/functions.h>
@@ -105,7 +106,9 @@ class MoECudaPermuteTest : public CudaTest {};
 
 TEST_F(MoECudaPermuteTest, MapMatchesTheCpuWithAndWithoutCapacity) {
     for (const auto &[tokens, topk, experts] :
-         std::vector<std::tuple<int, int, int>>{{16384, 8, 128}, {8192, 2, 8}, {30000, 1, 300}, {5, 8, 8}}) {
+         // 2000 experts: more than the key kernel's shared-memory histogram holds (its global-atomic path).
+         std::vector<std::tuple<int, int, int>>{
+             {16384, 8, 128}, {8192, 2, 8}, {30000, 1, 300}, {5, 8, 8}, {4096, 3, 2000}}) {
         const Tensor ids = RandomTensor({tokens, topk}, DType::kInt64, Device::CPU(), 9, "ids",
                                         RandomDistribution::kInteger, 0, experts - 1);
         for (const std::int64_t capacity : {std::int64_t{-1}, std::int64_t{0}, std::int64_t{tokens * topk / experts}}) {
@@ -137,12 +140,30 @@ TEST_F(MoECudaPermuteTest, OutOfRangeIdsAreDroppedOnTheDevice) {
     EXPECT_EQ(sizes.ToDoubleVector(), (Values{1, 0, 2}));
 }
 
+TEST_F(MoECudaPermuteTest, RowKernelsRejectMoreSlotsThanAWarpHasLanes) {
+    const Tensor x = RandomGpu({4, 16}, DType::kFloat32, 1, "x");
+    const Tensor row_map = Tensor::Zeros({4, 33}, DType::kInt64, Gpu());
+    Tensor out = Tensor::Empty({1, 16}, DType::kFloat32, Gpu());
+    try {
+        kernels::MoEPermuteRows({.x = x, .row_map = row_map, .out = out});
+        FAIL() << "topk 33 was accepted";
+    } catch (const ShapeError &e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("topk <= 32"));
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("[4, 33]"));
+    }
+    Tensor y = Tensor::Empty({4, 16}, DType::kFloat32, Gpu());
+    EXPECT_THROW(kernels::MoEUnpermuteRows({.tokens = out, .row_map = row_map, .y = y}), ShapeError);
+}
+
 class MoECudaRowsTest : public CudaParamTest<DType> {};
 
 TEST_P(MoECudaRowsTest, GatherCombineAndWeightsGradAtMoEWidths) {
     const DType dtype = GetParam();
     for (const auto &[tokens, topk, hidden, experts] :
-         std::vector<std::tuple<int, int, int, int>>{{2048, 2, 4096, 8}, {1024, 8, 2048, 64}, {777, 3, 1001, 5}}) {
+         // The widths of the MoE cases, an odd hidden (no 16-byte vectors), topk 12 (more slots than the router's
+         // eight) with a hidden of several vector chunks and a partial last one.
+         std::vector<std::tuple<int, int, int, int>>{
+             {2048, 2, 4096, 8}, {1024, 8, 2048, 64}, {777, 3, 1001, 5}, {96, 12, 2056, 16}}) {
         SCOPED_TRACE(::testing::Message() << "T " << tokens << " topk " << topk << " H " << hidden);
         const Tensor ids =
             RandomTensor({tokens, topk}, DType::kInt64, Gpu(), 3, "ids", RandomDistribution::kInteger, 0, experts - 1);
@@ -173,6 +194,17 @@ TEST_P(MoECudaRowsTest, GatherCombineAndWeightsGradAtMoEWidths) {
                 dw[i] += dyv[(i / topk) * hidden + h] * tv[r * hidden + h];
             }
         }
+        // Weighted gather (the combine's backward): w·x rounded once to the dtype.
+        Tensor scaled = Tensor::Empty({rows, hidden}, dtype, Gpu());
+        kernels::MoEPermuteRows({.x = x, .row_map = row_map, .weights = &w, .out = scaled});
+        Values scaled_ref(static_cast<std::size_t>(rows * hidden), 0.0);
+        for (std::int64_t i = 0; i < tokens * topk; ++i) {
+            const auto r = static_cast<std::int64_t>(map[i]);
+            for (std::int64_t h = 0; r >= 0 && h < hidden; ++h) {
+                scaled_ref[r * hidden + h] = wv[i] * xv[(i / topk) * hidden + h];
+            }
+        }
+        EXPECT_TRUE(ValuesMatch(scaled, scaled_ref, dtype)) << "weighted gather";
         Tensor y = Tensor::Empty({tokens, hidden}, dtype, Gpu());
         kernels::MoEUnpermuteRows({.tokens = tokens_out, .row_map = row_map, .weights = &w, .y = y});
         EXPECT_TRUE(ValuesMatch(y, combine, dtype, topk + 1)) << "combine";

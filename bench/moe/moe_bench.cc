@@ -10,6 +10,14 @@
 //   The non-GEMM share is 1 - experts / layer: routing, permutation, GELU, the combine, the aux loss and the one host
 //   sync of the group sizes. tokens/s = T / layer.
 //
+// The floor: the bytes this design must move outside the GEMMs at the device's copy bandwidth (measured once: a
+// device-to-device cudaMemcpyAsync of 1 GiB, median of 5), with C = T·topk copies, h = hidden, f = ffn, 2-byte
+// elements: the gather of x into expert order (reads T·h, writes C·h) and its backward (the combine of the copies'
+// gradients: reads C·h, writes T·h), the combine (C·h → T·h) and its backward (the weighted gather of dy, T·h → C·h,
+// and the routing-weight gradient, reading C·h and T·h), and the GELU forward (reads and writes C·f): 2·(5·C·h +
+// 5·T·h + 2·C·f) bytes. floor share = floor / (experts + floor): the non-GEMM share if every one of those kernels ran
+// at the copy bandwidth and nothing else (router, sort, launches, the host sync) took any time.
+//
 // Routing: logits = N(0, 1) + log w_e with Zipf weights w_e = 1/(e+1)^s (the last `zero` experts get -30), so the loads
 // are skewed like the Grouped GEMM cases'. Timing: CUDA events around every iteration; warm-ups, then `rounds` rounds
 // of (layer, experts); median and p90.
@@ -109,6 +117,31 @@ struct Layer {
     }
 };
 
+/// The device-to-device copy bandwidth in bytes/s: the median of 5 cudaMemcpyAsync of 1 GiB (read + write counted).
+double CopyBandwidth(bench::EventTimer &timer, cudaStream_t stream) {
+    constexpr std::size_t kBytes = std::size_t{1} << 30;
+    const auto elements = static_cast<std::int64_t>(kBytes / sizeof(std::int64_t));
+    const Tensor a = Tensor::Empty({elements}, DType::kInt64, Device::CUDA(0));
+    Tensor b = Tensor::Empty({elements}, DType::kInt64, Device::CUDA(0));
+    std::vector<double> us;
+    for (int i = 0; i < 6; ++i) {
+        const double t = timer.Microseconds([&] {
+            SHARDLINE_CHECK_CUDA(cudaMemcpyAsync(b.data(), a.data(), kBytes, cudaMemcpyDeviceToDevice, stream));
+        });
+        if (i > 0) {
+            us.push_back(t);
+        }
+    }
+    return 2.0 * static_cast<double>(kBytes) / (bench::Percentile(us, 0.5) * 1e-6);
+}
+
+/// The bytes the design moves outside the GEMMs (see the header).
+double FloorBytes(const Case &c) {
+    const double t = static_cast<double>(c.tokens), copies = t * static_cast<double>(c.topk);
+    const double h = static_cast<double>(c.hidden), f = static_cast<double>(c.ffn);
+    return 2.0 * (5.0 * copies * h + 5.0 * t * h + 2.0 * copies * f);
+}
+
 /// The six grouped GEMMs of the layer on fixed operands.
 struct Experts {
     Tensor tokens, h, a, o, dtokens, da, dh, do_, dw1, dw2, w1, w2, sizes;
@@ -150,10 +183,12 @@ int main(int argc, char **argv) try {
     if (!opt.json_path.empty()) {
         out.open(opt.json_path, std::ios::app);
     }
-    std::printf("# %s, shardline MoE MLP fwd+bwd, ep = 1, bf16\n", prop.name);
-    std::printf("%-14s %10s %10s %12s %10s %12s\n", "case", "layer_us", "gemm_us", "tokens/s", "non-GEMM",
-                "max/min load");
     bench::EventTimer timer(stream);
+    const double bandwidth = CopyBandwidth(timer, stream);
+    std::printf("# %s, shardline MoE MLP fwd+bwd, ep = 1, bf16; device-to-device copy %.2f TB/s\n", prop.name,
+                bandwidth * 1e-12);
+    std::printf("%-14s %10s %10s %12s %10s %12s %10s %8s\n", "case", "layer_us", "gemm_us", "tokens/s", "non-GEMM",
+                "max/min load", "floor_us", "floor");
     int status = 0;
     for (const Case &c : kCases) {
         if (!opt.cases.empty() && opt.cases.count(c.name) == 0) {
@@ -240,8 +275,11 @@ int main(int argc, char **argv) try {
         const double gemm_med = bench::Percentile(gemm_us, 0.5);
         const double tokens_per_s = static_cast<double>(c.tokens) / (layer_med * 1e-6);
         const double non_gemm = 1.0 - gemm_med / layer_med;
-        std::printf("%-14s %10.1f %10.1f %12.0f %9.1f%% %6lld/%lld\n", c.name.c_str(), layer_med, gemm_med,
-                    tokens_per_s, 100.0 * non_gemm, static_cast<long long>(max_load), static_cast<long long>(min_load));
+        const double floor_us = FloorBytes(c) / bandwidth * 1e6;
+        const double floor_share = floor_us / (gemm_med + floor_us);
+        std::printf("%-14s %10.1f %10.1f %12.0f %9.1f%% %6lld/%-5lld %10.1f %7.1f%%\n", c.name.c_str(), layer_med,
+                    gemm_med, tokens_per_s, 100.0 * non_gemm, static_cast<long long>(max_load),
+                    static_cast<long long>(min_load), floor_us, 100.0 * floor_share);
         if (out.is_open()) {
             const json rec = {{"tool", "shardline-moe-bench"},
                               {"impl", "shardline"},
@@ -260,7 +298,11 @@ int main(int argc, char **argv) try {
                               {"gemm_median_us", gemm_med},
                               {"gemm_p90_us", bench::Percentile(gemm_us, 0.9)},
                               {"tokens_per_s", tokens_per_s},
-                              {"non_gemm_share", non_gemm}};
+                              {"non_gemm_share", non_gemm},
+                              {"copy_bandwidth_bytes_per_s", bandwidth},
+                              {"floor_bytes", FloorBytes(c)},
+                              {"floor_us", floor_us},
+                              {"floor_share", floor_share}};
             out << rec.dump() << "\n";
             out.flush();
         }

@@ -405,8 +405,12 @@ TEST_P(ParallelMLPFusionTest, ResidualForwardMatchesAddOfTheBlock) {
 class ParallelMLPPipelineTest : public ::testing::TestWithParam<MlpCase> {};
 
 // comm_chunks = C on the block (fc1 and fc2): every collective of the step runs as C, with the same bytes, and the
-// values are those of C = 0: bit for bit on the CPU; on CUDA within the fusion test's budget (a GEMM on fewer rows may
-// take another algorithm, and the GELU leaves the integers). C = 3 does not divide the rows at tp 2 and 4.
+// values are those of C = 0 within the fusion test's budget on both devices: a GEMM on fewer rows may take another
+// kernel (cuBLASLt; and OpenBLAS, whose kernels for the core it detects need not round a row the same at every row
+// count: on a VM where OpenBLAS 0.3.21 picked its Prescott or Haswell kernels, C = 3 changed the last bits of y and
+// dX), and the GELU leaves the integers, so no operands make the whole block exact. The chunked pipelines' bitwise
+// equality on integer-valued operands is asserted per layer in functional_pipeline_test.cc. C = 3 does not divide the
+// rows at tp 2 and 4.
 TEST_P(ParallelMLPPipelineTest, ChunkedStepMatchesTheUnchunkedWithEveryCollectiveSplitInC) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     const MlpCase &c = GetParam();
@@ -435,10 +439,6 @@ TEST_P(ParallelMLPPipelineTest, ChunkedStepMatchesTheUnchunkedWithEveryCollectiv
         for (const auto &[name, pair] : outputs) {
             ASSERT_EQ(pair.first->defined(), pair.second->defined()) << name;
             if (!pair.first->defined()) {
-                continue;
-            }
-            if (TestDevice().is_cpu()) {
-                EXPECT_EQ(pair.first->ToDoubleVector(), pair.second->ToDoubleVector()) << name << ": bit for bit";
                 continue;
             }
             const double rtol =

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cmath>
 #include <initializer_list>
+#include <type_traits>
 
 #include "device_utils.cuh"
 #include "moe_common.cuh"
@@ -15,9 +16,9 @@ using moe::AlignUp;
 using moe::kFullMask;
 using moe::WarpSum;
 
-constexpr int kPerLane = kMoEMaxExperts / 32; ///< experts per lane of a router warp
-constexpr int kRouterWarps = 4;               ///< tokens per router block
-constexpr float kSigmoidEps = 1e-20f;         ///< sigmoid's renormalisation guard (Megatron's)
+constexpr int kMaxLanes = kMoEMaxExperts / 32; ///< experts per lane of a router warp at the most
+constexpr int kRouterWarps = 4;                ///< tokens per router block
+constexpr float kSigmoidEps = 1e-20f;          ///< sigmoid's renormalisation guard (Megatron's)
 // The loss statistics' column sums: blocks of 32 columns × 8 row lanes over fixed chunks of rows.
 constexpr int kColTile = 32;
 constexpr int kRowLanes = 8;
@@ -35,16 +36,18 @@ __device__ __forceinline__ float WarpMax(float v) {
 /// warp's butterfly finds the same winner on every lane as a sequential scan would.
 __device__ __forceinline__ bool Better(float v, int e, float bv, int be) { return v > bv || (v == bv && e < be); }
 
-/// One router row in registers: lane owns experts lane, lane + 32, ... (kPerLane of them).
-struct RouterRow {
-    float l[kPerLane];
-    float s[kPerLane];
+/// One router row in registers: lane owns experts lane, lane + 32, ... (kLanes of them: the kernels are instantiated
+/// for 1, 2, 4 and 8, the fewest that hold the layer's experts, so that E = 64 does not loop over 256 slots. A slot
+/// past E adds 0.0f to every sum and is never chosen, so every instantiation gives the same bits).
+template <int kLanes> struct RouterRow {
+    float l[kLanes];
+    float s[kLanes];
     float m, sum_exp, lse, s_sum;
 
     __device__ __forceinline__ void Load(const float *__restrict__ row, int experts, bool sigmoid, int lane) {
         m = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             const int e = lane + 32 * i;
             l[i] = e < experts ? row[e] : -INFINITY;
             m = e < experts ? fmaxf(m, l[i]) : m;
@@ -52,14 +55,14 @@ struct RouterRow {
         m = WarpMax(m);
         float local = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             local += lane + 32 * i < experts ? expf(l[i] - m) : 0.0f;
         }
         sum_exp = WarpSum(local);
         lse = m + logf(sum_exp);
         local = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             const bool valid = lane + 32 * i < experts;
             s[i] = !valid ? 0.0f : (sigmoid ? 1.0f / (1.0f + expf(-l[i])) : expf(l[i] - m) / sum_exp);
             local += s[i];
@@ -72,6 +75,7 @@ struct RouterRow {
     }
 };
 
+template <int kLanes>
 __global__ void __launch_bounds__(32 * kRouterWarps)
     RouterForwardKernel(const float *__restrict__ logits, std::int64_t tokens, int experts, int topk, bool sigmoid,
                         bool normalize, float *__restrict__ weights, std::int64_t *__restrict__ indices,
@@ -81,7 +85,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
     if (t >= tokens) {
         return; // the whole warp: t is the warp's
     }
-    RouterRow row;
+    RouterRow<kLanes> row;
     row.Load(logits + t * experts, experts, sigmoid, lane);
     unsigned taken = 0; // bit i: this lane's expert lane + 32·i is chosen
     float chosen_sum = sigmoid ? kSigmoidEps : 0.0f;
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
         float bv = -INFINITY;
         int be = INT_MAX;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             const int e = lane + 32 * i;
             if (e < experts && ((taken >> i) & 1u) == 0 && Better(row.l[i], e, bv, be)) {
                 bv = row.l[i];
@@ -113,7 +117,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
         }
         float mine = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             if (be == lane + 32 * i) {
                 mine = row.s[i];
                 taken |= 1u << i;
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
         float *srow = stats + t * (experts + 1);
         const float d = row.s_sum + kSigmoidEps;
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             const int e = lane + 32 * i;
             if (e < experts) {
                 srow[e] = sigmoid ? row.s[i] / d : row.s[i];
@@ -208,6 +212,7 @@ __global__ void RouterLossesKernel(const float *__restrict__ partial, std::int64
     }
 }
 
+template <int kLanes>
 __global__ void __launch_bounds__(32 * kRouterWarps)
     RouterBackwardKernel(const float *__restrict__ logits, std::int64_t tokens, int experts, int topk, bool sigmoid,
                          bool normalize, const std::int64_t *__restrict__ indices,
@@ -220,12 +225,12 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
         return;
     }
     const float *lrow = logits + t * experts;
-    RouterRow row;
+    RouterRow<kLanes> row;
     row.Load(lrow, experts, sigmoid, lane);
     // g: the gradient w.r.t. the scores s (then through softmax/sigmoid); direct: w.r.t. the logits themselves.
-    float g[kPerLane], direct[kPerLane];
+    float g[kLanes], direct[kLanes];
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < kLanes; ++i) {
         g[i] = 0.0f;
         direct[i] = 0.0f;
     }
@@ -264,7 +269,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
                                 : normalize    ? (dwj[j] - w_dot_dw) / chosen
                                                : dwj[j];
 #pragma unroll
-                for (int i = 0; i < kPerLane; ++i) {
+                for (int i = 0; i < kLanes; ++i) {
                     const bool mine = ej[j] == lane + 32 * i;
                     (direct_softmax ? direct[i] : g[i]) += mine ? d : 0.0f;
                 }
@@ -278,14 +283,14 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
         float p_dot_a = 0.0f;
         if (sigmoid) {
 #pragma unroll
-            for (int i = 0; i < kPerLane; ++i) {
+            for (int i = 0; i < kLanes; ++i) {
                 const int e = lane + 32 * i;
                 p_dot_a += e < experts ? row.s[i] / d * (da * static_cast<float>(counts[e])) : 0.0f;
             }
             p_dot_a = WarpSum(p_dot_a);
         }
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             const int e = lane + 32 * i;
             if (e < experts) {
                 const float a = da * static_cast<float>(counts[e]);
@@ -296,7 +301,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
     float s_dot_g = 0.0f;
     if (!sigmoid) {
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
+        for (int i = 0; i < kLanes; ++i) {
             s_dot_g += row.s[i] * g[i]; // zero for the padding slots
         }
         s_dot_g = WarpSum(s_dot_g);
@@ -304,7 +309,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
     const float zc = dz != nullptr ? *dz * z_scale * row.lse : 0.0f;
     float *out = dlogits + t * experts;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < kLanes; ++i) {
         const int e = lane + 32 * i;
         if (e < experts) {
             float d = (sigmoid ? g[i] * row.s[i] * (1.0f - row.s[i]) : row.s[i] * (g[i] - s_dot_g)) + direct[i];
@@ -314,6 +319,21 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
             out[e] = d;
         }
     }
+}
+
+/// f(std::integral_constant<int, kLanes>) with the fewest experts per lane that hold `experts` (<= kMoEMaxExperts).
+template <class F> cudaError_t WithLanes(int experts, F &&f) {
+    static_assert(kMaxLanes == 8);
+    if (experts <= 32) {
+        return f(std::integral_constant<int, 1>{});
+    }
+    if (experts <= 64) {
+        return f(std::integral_constant<int, 2>{});
+    }
+    if (experts <= 128) {
+        return f(std::integral_constant<int, 4>{});
+    }
+    return f(std::integral_constant<int, 8>{});
 }
 
 } // namespace
@@ -358,10 +378,13 @@ cudaError_t LaunchMoERouterForward(const float *logits, const MoERouterShape &sh
     }
     float *stats = losses ? static_cast<float *>(workspace) : nullptr;
     const auto blocks = static_cast<unsigned>((shape.tokens + kRouterWarps - 1) / kRouterWarps);
-    RouterForwardKernel<<<blocks, 32 * kRouterWarps, 0, stream>>>(logits, shape.tokens, shape.experts, shape.topk,
-                                                                  shape.sigmoid, shape.normalize, weights, indices,
-                                                                  ucounts, stats);
-    if ((status = cudaGetLastError()) != cudaSuccess || !losses) {
+    status = WithLanes(shape.experts, [&](auto lanes) {
+        RouterForwardKernel<decltype(lanes)::value>
+            <<<blocks, 32 * kRouterWarps, 0, stream>>>(logits, shape.tokens, shape.experts, shape.topk, shape.sigmoid,
+                                                       shape.normalize, weights, indices, ucounts, stats);
+        return cudaGetLastError();
+    });
+    if (status != cudaSuccess || !losses) {
         return status;
     }
     const int cols = shape.experts + 1;
@@ -389,10 +412,12 @@ cudaError_t LaunchMoERouterBackward(const float *logits, const MoERouterShape &s
         return cudaSuccess;
     }
     const auto blocks = static_cast<unsigned>((shape.tokens + kRouterWarps - 1) / kRouterWarps);
-    RouterBackwardKernel<<<blocks, 32 * kRouterWarps, 0, stream>>>(logits, shape.tokens, shape.experts, shape.topk,
-                                                                   shape.sigmoid, shape.normalize, indices, counts,
-                                                                   dweights, daux, aux_scale, dz, z_scale, dlogits);
-    return cudaGetLastError();
+    return WithLanes(shape.experts, [&](auto lanes) {
+        RouterBackwardKernel<decltype(lanes)::value><<<blocks, 32 * kRouterWarps, 0, stream>>>(
+            logits, shape.tokens, shape.experts, shape.topk, shape.sigmoid, shape.normalize, indices, counts, dweights,
+            daux, aux_scale, dz, z_scale, dlogits);
+        return cudaGetLastError();
+    });
 }
 
 } // namespace shardline::kernels::cuda

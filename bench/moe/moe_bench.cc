@@ -46,6 +46,7 @@
 #include "common/bench_util.h"
 #include "common/cli.h"
 #include "common/event_timer.h"
+#include "kernels/cuda/cutlass/grouped_cutlass.h"
 #include "moe_cli.h"
 
 namespace {
@@ -263,13 +264,26 @@ int main(int argc, char **argv) try {
             ex.Step();
         }
         std::vector<double> layer_us, gemm_us;
+        // The CUTLASS kernels' cached Params (kernels/cuda/cutlass/grouped_cutlass.cuh): a miss rebuilds them on the
+        // host (TMA descriptors, a cudaFuncSetAttribute) before the launch.
+        namespace cg = kernels::cuda::cutlass_grouped;
+        cg::CachedParamsStats layer_params{}, gemm_params{};
+        auto add_params = [](cg::CachedParamsStats &into, const cg::CachedParamsStats &before) {
+            const cg::CachedParamsStats now = cg::GetCachedParamsStats();
+            into.hits += now.hits - before.hits;
+            into.misses += now.misses - before.misses;
+        };
         for (int round = 0; round < opt.rounds; ++round) {
+            cg::CachedParamsStats before = cg::GetCachedParamsStats();
             for (int i = 0; i < opt.iters; ++i) {
                 layer_us.push_back(timer.Microseconds([&] { layer.Step(); }));
             }
+            add_params(layer_params, before);
+            before = cg::GetCachedParamsStats();
             for (int i = 0; i < opt.iters; ++i) {
                 gemm_us.push_back(timer.Microseconds([&] { ex.Step(); }));
             }
+            add_params(gemm_params, before);
         }
         const double layer_med = bench::Percentile(layer_us, 0.5);
         const double gemm_med = bench::Percentile(gemm_us, 0.5);
@@ -306,6 +320,11 @@ int main(int argc, char **argv) try {
             out << rec.dump() << "\n";
             out.flush();
         }
+        const double steps = static_cast<double>(opt.rounds) * opt.iters;
+        std::printf(
+            "#   cached CUTLASS Params per step: layer %.1f hits, %.1f misses; the six GEMMs %.1f hits, %.1f misses\n",
+            static_cast<double>(layer_params.hits) / steps, static_cast<double>(layer_params.misses) / steps,
+            static_cast<double>(gemm_params.hits) / steps, static_cast<double>(gemm_params.misses) / steps);
         // What the grouped GEMMs' per-shape tuning chose for this case (a dgelu class: only cooperative256x128 has
         // the dGELU in its epilogue; another winner runs the dGELU as a kernel after it).
         for (const kernels::GroupedGemmTuningInfo &info : kernels::GroupedGemmTuningInfos()) {

@@ -12,8 +12,14 @@ namespace {
 /// CUDA's router kernels keep a row's scores in registers: one warp per token.
 constexpr int kCudaMaxExperts = 256;
 constexpr int kCudaMaxTopk = 8;
-/// CUDA's permutation kernels hold a token's slots in the lanes of its warp.
+/// CUDA's gather and combine hold a token's slots in the lanes of its warp.
 constexpr int kCudaMaxRowTopk = 32;
+
+void CheckCudaRowTopk(const Tensor& row_map, std::string_view op) {
+    SHARDLINE_CHECK_AS(ShapeError, row_map.device().is_cpu() || row_map.size(1) <= kCudaMaxRowTopk, op,
+                       "the CUDA gather and combine take topk <= {} (row_map's columns), got {}", kCudaMaxRowTopk,
+                       row_map.ToString());
+}
 
 void CheckRouterConfig(const Tensor& logits, const MoERouterConfig& c, std::string_view op) {
     CheckTensor(logits, op, "logits");
@@ -84,9 +90,6 @@ void CheckRowMap(const Tensor& row_map, std::int64_t tokens, std::int64_t rows, 
                        row_map.ToString());
     SHARDLINE_CHECK_AS(ShapeError, row_map.rank() == 2 && row_map.size(0) == tokens, op,
                        "row_map must be [tokens = {}, topk], got {}", tokens, row_map.ToString());
-    SHARDLINE_CHECK_AS(ShapeError, device.is_cpu() || row_map.size(1) <= kCudaMaxRowTopk, op,
-                       "the CUDA permutation kernels take topk <= {} (row_map's columns), got {}", kCudaMaxRowTopk,
-                       row_map.ToString());
     if (row_map.device().is_cpu()) {
         const auto* m = row_map.data_as<std::int64_t>();
         for (std::int64_t i = 0; i < row_map.numel(); ++i) {
@@ -175,6 +178,7 @@ void MoEPermuteRows(const MoEPermuteRowsArgs& args) {
     SHARDLINE_CHECK_AS(ShapeError, args.out.rank() == 2 && args.out.size(1) == args.x.size(1), kOp,
                        "out must be [rows, {}] (x's hidden), got {}", args.x.size(1), args.out.ToString());
     CheckRowMap(args.row_map, args.x.size(0), args.out.size(0), args.x.device(), kOp);
+    CheckCudaRowTopk(args.row_map, kOp);
     if (args.weights != nullptr) {
         CheckWeights(*args.weights, "weights", args.row_map, args.x, kOp);
     }
@@ -192,6 +196,7 @@ void MoEUnpermuteRows(const MoEUnpermuteRowsArgs& args) {
                        "y must be [tokens, {}] (the permuted tokens' hidden), got {}", args.tokens.size(1),
                        args.y.ToString());
     CheckRowMap(args.row_map, args.y.size(0), args.tokens.size(0), args.tokens.device(), kOp);
+    CheckCudaRowTopk(args.row_map, kOp);
     if (args.weights != nullptr) {
         CheckWeights(*args.weights, "weights", args.row_map, args.tokens, kOp);
     }

@@ -102,6 +102,35 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoECudaTest,
                                            std::tuple{128, 8, false}, std::tuple{256, 8, false},
                                            std::tuple{256, 1, true}, std::tuple{33, 3, false}));
 
+TEST_F(CudaTest, RouterCountsLeaveOutTheEmptySlotsOfANanRow) {
+    // A NaN row chooses no expert: its slots get id -1 and no count (the counts come from a pass over the ids).
+    constexpr int kTokens = 64, kExperts = 40, kTopk = 3;
+    std::vector<double> l = RandomTensor({kTokens, kExperts}, DType::kFloat32, Device::CPU(), 5, "l").ToDoubleVector();
+    for (int e = 0; e < kExperts; ++e) {
+        l[static_cast<std::size_t>(7 * kExperts + e)] = std::nan("");
+    }
+    const Tensor logits = Tensor::FromVector(l, {kTokens, kExperts}, DType::kFloat32).To(Gpu());
+    Tensor weights = Tensor::Empty({kTokens, kTopk}, DType::kFloat32, Gpu());
+    Tensor indices = Tensor::Empty({kTokens, kTopk}, DType::kInt64, Gpu());
+    Tensor counts = Tensor::Empty({kExperts}, DType::kInt64, Gpu());
+    kernels::MoERouterForward({.logits = logits,
+                               .config = {.num_experts = kExperts, .topk = kTopk},
+                               .weights = weights,
+                               .indices = indices,
+                               .tokens_per_expert = counts});
+    const Values ids = indices.ToDoubleVector();
+    Values want(kExperts, 0.0);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i / kTopk == 7) {
+            EXPECT_EQ(ids[i], -1.0) << "slot " << i % kTopk << " of the NaN row";
+        } else {
+            ASSERT_GE(ids[i], 0.0);
+            want[static_cast<std::size_t>(ids[i])] += 1.0;
+        }
+    }
+    EXPECT_EQ(counts.ToDoubleVector(), want);
+}
+
 class MoECudaPermuteTest : public CudaTest {};
 
 TEST_F(MoECudaPermuteTest, MapMatchesTheCpuWithAndWithoutCapacity) {

@@ -233,9 +233,11 @@ __global__ void __launch_bounds__(32 * kRowWarps)
             }
 #pragma unroll
             for (int u = 0; u < kChunk; ++u) {
+                if (base + 32 * u < vecs_per_row) {
 #pragma unroll
-                for (int q = 0; q < kVec; ++q) {
-                    acc[u][q] += w * ToFloat(val[u].val[q]);
+                    for (int q = 0; q < kVec; ++q) {
+                        acc[u][q] += w * ToFloat(val[u].val[q]);
+                    }
                 }
             }
         }
@@ -291,8 +293,11 @@ __global__ void __launch_bounds__(32 * kDotWarps)
     }
 }
 
-/// The launch of the token-major kernels: kRowWarps tokens per block.
-unsigned TokenBlocks(std::int64_t tokens) { return static_cast<unsigned>((tokens + kRowWarps - 1) / kRowWarps); }
+/// The launch of the token-major kernels: kRowWarps tokens per block (0 when the grid would exceed CUDA's limit).
+unsigned TokenBlocks(std::int64_t tokens) {
+    const std::int64_t blocks = (tokens + kRowWarps - 1) / kRowWarps;
+    return blocks > INT_MAX ? 0U : static_cast<unsigned>(blocks);
+}
 
 /// Elements per 16-byte vector when the rows and both pointers allow it, else 1.
 template <class T> int VectorWidth(std::int64_t hidden, const void *a, const void *b) {
@@ -356,7 +361,7 @@ cudaError_t LaunchMoEPermuteMap(const std::int64_t *ids, std::int64_t copies, in
 cudaError_t LaunchMoEPermuteRows(const void *x, std::int64_t tokens, int topk, std::int64_t hidden, DType dtype,
                                  const std::int64_t *row_map, const void *weights, DType weights_dtype, void *out,
                                  cudaStream_t stream) {
-    if (topk < 1 || topk > kMoEMaxRowTopk) {
+    if (topk < 1 || topk > kMoEMaxRowTopk || (TokenBlocks(tokens) == 0 && tokens > 0)) {
         return cudaErrorInvalidValue;
     }
     if (tokens == 0) {
@@ -381,7 +386,7 @@ cudaError_t LaunchMoEPermuteRows(const void *x, std::int64_t tokens, int topk, s
 cudaError_t LaunchMoEUnpermuteRows(const void *tokens, std::int64_t hidden, DType dtype, const std::int64_t *row_map,
                                    std::int64_t num_tokens, int topk, const void *weights, DType weights_dtype, void *y,
                                    cudaStream_t stream) {
-    if (topk < 1 || topk > kMoEMaxRowTopk) {
+    if (topk < 1 || topk > kMoEMaxRowTopk || (TokenBlocks(num_tokens) == 0 && num_tokens > 0)) {
         return cudaErrorInvalidValue;
     }
     if (num_tokens == 0) {

@@ -17,7 +17,8 @@ namespace shardline::kernels::cuda {
 /// The router kernels keep a row's scores in registers: one warp per token, 8 experts per lane.
 inline constexpr int kMoEMaxExperts = 256;
 inline constexpr int kMoEMaxTopk = 8;
-/// The permutation kernels (gather, combine, the combine's weight gradient) hold a token's slots in its warp's lanes.
+/// The gather and the combine hold a token's slots in its warp's lanes: their launchers return cudaErrorInvalidValue
+/// for topk > kMoEMaxRowTopk (kernels/moe.cc raises a ShapeError first).
 inline constexpr int kMoEMaxRowTopk = 32;
 
 struct MoERouterShape {

@@ -444,18 +444,27 @@ Variable CharLM::Forward(const Tensor &ids_full) const {
     }
     // MoE blocks: the layers' auxiliary losses are summed for the loss, their routing statistics for the log.
     aux_ = Variable();
-    stats_ = {};
+    stats_.clear();
     for (const auto &block : moe_blocks_) {
         nn::MoEOutput out = block->Forward(x);
         x = autograd::Add(x, out.output);
         aux_ = aux_.defined() ? autograd::Add(aux_, out.aux_loss) : out.aux_loss;
-        const bool first = stats_.tokens == 0;
-        stats_.tokens = out.stats.tokens;
-        stats_.load_min = first ? out.stats.load_min : std::min(stats_.load_min, out.stats.load_min);
-        stats_.load_max = std::max(stats_.load_max, out.stats.load_max);
-        stats_.dropped += out.stats.dropped;
+        stats_.push_back(std::move(out.stats));
     }
     return head_->Forward(x).output;
+}
+
+CharLM::MoELog CharLM::moe_stats() const {
+    MoELog log;
+    for (std::size_t i = 0; i < stats_.size(); ++i) {
+        const nn::MoEStats &s = stats_[i];
+        const std::int64_t lo = s.load_min(), hi = s.load_max();
+        log.tokens = s.tokens;
+        log.load_min = i == 0 ? lo : std::min(log.load_min, lo);
+        log.load_max = std::max(log.load_max, hi);
+        log.dropped += s.dropped;
+    }
+    return log;
 }
 
 Variable CharLM::Loss(const Batch &b, Device device) const {

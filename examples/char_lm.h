@@ -179,8 +179,15 @@ public:
     /// The last forward's auxiliary losses summed over the MoE blocks (Partial over dp and ep, as the loss).
     const Variable& aux() const { return aux_; }
     /// The last forward's routing: tokens this rank routed, the least and most loaded expert over all blocks (copies
-    /// of this rank's tokens), dropped copies.
-    const shardline::nn::MoEStats& moe_stats() const { return stats_; }
+    /// of this rank's tokens), dropped copies. Reads the blocks' expert loads back from the device (call it where the
+    /// step is logged: the blocks themselves keep them on the device and make no host sync at ep 1).
+    struct MoELog {
+        std::int64_t tokens = 0;
+        std::int64_t load_min = 0;
+        std::int64_t load_max = 0;
+        std::int64_t dropped = 0;
+    };
+    MoELog moe_stats() const;
 
     /// The MoE blocks' parameters that are data-parallel over more mesh dims than dp and ep (etp 1 below tp: tp), for
     /// GradSync.
@@ -197,7 +204,7 @@ private:
     std::vector<std::shared_ptr<shardline::nn::ParallelMLP>> blocks_;
     std::vector<std::shared_ptr<shardline::nn::MoEMLP>> moe_blocks_;
     mutable Variable aux_;
-    mutable shardline::nn::MoEStats stats_;
+    mutable std::vector<shardline::nn::MoEStats> stats_; ///< the last forward's, one per MoE block
     std::shared_ptr<shardline::nn::ColumnParallelLinear> head_;
 };
 

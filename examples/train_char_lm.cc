@@ -106,7 +106,7 @@ int Run(launch::Environment &env, Config c) {
         }
         const double train_loss = LossValue(loss); // a collective: every rank takes part
         const double aux_loss = model.moe() ? LossValue(model.aux()) : 0.0;
-        const nn::MoEStats moe_stats = model.moe_stats();
+        const CharLM::MoELog moe_stats = model.moe_stats();
         Synchronize(env.device());
         const double ms = window.MsPerStep(step, StepWindow::Clock::now());
         const double host_ms = window.HostMsPerStep(step);

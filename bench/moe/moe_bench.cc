@@ -2,13 +2,14 @@
 // reference MoE (bench/peers/moe_peer.py, the same command: bench/moe/run_moe_bench.sh), following the project's
 // benchmark rules (shared/BENCHMARKS.md; the expert shapes of its "Grouped GEMM" table, one layer per -w1 case).
 //
-//   layer   Router (softmax top-k, renormalised, aux loss 0.01) → Permute (dropless) → GroupedLinear fc1 → GELU →
+//   layer   Router (softmax top-k, renormalised, aux loss 0.01) → Permute (dropless, the group sizes left on the
+//           device as nn::MoEMLP does at ep 1: no host sync) → GroupedLinear fc1 → GELU →
 //           GroupedLinear fc2 → Unpermute, forward and autograd backward of y (given dy) and the aux loss, through
 //           x, the logits and both expert weights. The logits [T, E] fp32 are an input (the gate Linear's output:
 //           its tiny GEMM is left out on both sides). bf16 tokens and weights, no biases.
 //   experts the six grouped GEMMs of that layer alone (fc1/fc2 forward, dgrad, wgrad) on the same group sizes.
-//   The non-GEMM share is 1 - experts / layer: routing, permutation, GELU, the combine, the aux loss and the one host
-//   sync of the group sizes. tokens/s = T / layer.
+//   The non-GEMM share is 1 - experts / layer: routing, permutation, GELU, the combine, the aux loss and the launch
+//   gaps. tokens/s = T / layer.
 //
 // The floor: the bytes this design must move outside the GEMMs at the device's copy bandwidth (measured once: a
 // device-to-device cudaMemcpyAsync of 1 GiB, median of 5), with C = T·topk copies, h = hidden, f = ffn, 2-byte
@@ -16,7 +17,7 @@
 // gradients: reads C·h, writes T·h), the combine (C·h → T·h) and its backward (the weighted gather of dy, T·h → C·h,
 // and the routing-weight gradient, reading C·h and T·h), and the GELU forward (reads and writes C·f): 2·(5·C·h +
 // 5·T·h + 2·C·f) bytes. floor share = floor / (experts + floor): the non-GEMM share if every one of those kernels ran
-// at the copy bandwidth and nothing else (router, sort, launches, the host sync) took any time.
+// at the copy bandwidth and nothing else (router, sort, launches) took any time.
 //
 // Routing: logits = N(0, 1) + log w_e with Zipf weights w_e = 1/(e+1)^s (the last `zero` experts get -30), so the loads
 // are skewed like the Grouped GEMM cases'. Timing: CUDA events around every iteration; warm-ups, then `rounds` rounds
@@ -97,7 +98,7 @@ struct Layer {
     Tensor dy;
     Tensor one; ///< d loss / d aux
     std::int64_t experts = 0, topk = 0;
-    std::vector<std::int64_t> loads; ///< the last forward's host group sizes
+    Tensor sizes; ///< the last forward's group sizes (on the GPU: the step makes no host sync, as nn::MoEMLP at ep 1)
 
     /// Forward and backward through every input; returns y for the gate.
     Tensor Step() {
@@ -107,13 +108,13 @@ struct Layer {
         const autograd::RouterOutput r = autograd::Router(logits, {.num_experts = static_cast<int>(experts),
                                                                    .topk = static_cast<int>(topk),
                                                                    .aux_loss_coeff = kAuxLossCoeff});
-        const autograd::PermuteOutput p = autograd::Permute(x, r.indices, static_cast<int>(experts));
+        const autograd::PermuteOutput p = autograd::Permute(x, r.indices, static_cast<int>(experts), -1, false);
         const autograd::Variable h = autograd::GroupedLinear(p.tokens, w1, {}, p.group_sizes);
         // The GELU and fc2 as nn::MoEMLP runs them: GELU's gradient in fc2's grouped dgrad epilogue.
         const autograd::Variable o = autograd::GeluGroupedLinear(h, w2, {}, p.group_sizes);
         const autograd::Variable y = autograd::Unpermute(o, p.row_map, r.weights);
         autograd::Backward({y, r.aux_loss}, {dist::DistTensor::Local(dy), dist::DistTensor::Local(one)});
-        loads = p.host_group_sizes;
+        sizes = p.group_sizes;
         return y.local();
     }
 };
@@ -229,8 +230,12 @@ int main(int argc, char **argv) try {
                 finite = finite && std::isfinite(g);
             }
         }
+        std::vector<std::int64_t> loads;
+        for (double s : layer.sizes.ToDoubleVector()) {
+            loads.push_back(static_cast<std::int64_t>(s));
+        }
         std::int64_t rows = 0, max_load = 0, min_load = c.tokens * c.topk;
-        for (std::int64_t s : layer.loads) {
+        for (std::int64_t s : loads) {
             rows += s;
             max_load = std::max(max_load, s);
             min_load = std::min(min_load, s);
@@ -243,9 +248,7 @@ int main(int argc, char **argv) try {
         }
 
         Experts ex;
-        ex.sizes = Tensor::FromVector(std::vector<double>(layer.loads.begin(), layer.loads.end()), Shape{c.experts},
-                                      DType::kInt64)
-                       .To(gpu);
+        ex.sizes = layer.sizes;
         ex.tokens = Random({rows, c.hidden}, bf16, "tokens", 1.0);
         ex.a = Random({rows, c.ffn}, bf16, "a", 1.0);
         ex.do_ = Random({rows, c.hidden}, bf16, "do", 1.0);
@@ -306,7 +309,7 @@ int main(int argc, char **argv) try {
                               {"topk", c.topk},
                               {"hidden", c.hidden},
                               {"ffn", c.ffn},
-                              {"loads", layer.loads},
+                              {"loads", loads},
                               {"layer_median_us", layer_med},
                               {"layer_p90_us", bench::Percentile(layer_us, 0.9)},
                               {"gemm_median_us", gemm_med},

@@ -216,7 +216,8 @@ RouterOutput Router(const Variable& logits, const RouterOptions& options) {
     return r;
 }
 
-PermuteOutput Permute(const Variable& x, const Tensor& indices, int num_experts, std::int64_t capacity) {
+PermuteOutput Permute(const Variable& x, const Tensor& indices, int num_experts, std::int64_t capacity,
+                      bool host_sizes) {
     constexpr std::string_view kOp = "Permute";
     CheckLocal(x, "x", kOp);
     const Tensor& xl = x.local();
@@ -229,6 +230,10 @@ PermuteOutput Permute(const Variable& x, const Tensor& indices, int num_experts,
     SHARDLINE_CHECK_AS(DeviceError, indices.device() == xl.device(), kOp, "indices must be on x's device {}, got {}",
                        ToString(xl.device()), indices.ToString());
     SHARDLINE_CHECK_AS(ShapeError, num_experts > 0, kOp, "num_experts must be > 0, got {}", num_experts);
+    SHARDLINE_CHECK(host_sizes || capacity < 0, kOp,
+                    "without host_sizes the permutation must be dropless (capacity < 0, got {}): a capacity's row "
+                    "count is known only on the device",
+                    capacity);
     PermuteOutput r;
     const Tensor ids = indices.Contiguous();
     r.row_map = Tensor::Empty(ids.shape(), DType::kInt64, ids.device());
@@ -238,14 +243,17 @@ PermuteOutput Permute(const Variable& x, const Tensor& indices, int num_experts,
                             .capacity = capacity,
                             .row_map = r.row_map,
                             .group_sizes = r.group_sizes});
-    const Tensor host = r.group_sizes.device().is_cpu() ? r.group_sizes : r.group_sizes.To(Device::CPU());
-    const auto* sizes = host.data_as<std::int64_t>();
-    r.host_group_sizes.assign(sizes, sizes + num_experts);
-    std::int64_t rows = 0;
-    for (std::int64_t s : r.host_group_sizes) {
-        rows += s;
+    std::int64_t rows = ids.numel();
+    if (host_sizes) {
+        const Tensor host = r.group_sizes.device().is_cpu() ? r.group_sizes : r.group_sizes.To(Device::CPU());
+        const auto* sizes = host.data_as<std::int64_t>();
+        r.host_group_sizes.assign(sizes, sizes + num_experts);
+        rows = 0;
+        for (std::int64_t s : r.host_group_sizes) {
+            rows += s;
+        }
+        r.dropped = ids.numel() - rows;
     }
-    r.dropped = ids.numel() - rows;
     r.tokens = Function::Apply(std::make_shared<PermuteFunction>(r.row_map, rows), {x}).at(0);
     return r;
 }

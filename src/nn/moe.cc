@@ -272,28 +272,41 @@ MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Var
                        name_, tokens, options_.topk, indices.defined() ? indices.ToString() : "undefined",
                        weights.defined() ? weights.value().ToString() : "undefined");
 
+    // On CUDA at ep 1 without a capacity nothing on the host needs the group sizes: the grouped GEMMs read them on
+    // the device, the row count is T·topk, and the statistics keep them on the device (MoEStats::expert_load). The
+    // layer then makes no host sync, so the host can queue the rest of the step while the routing runs (the read-back
+    // left the GPU idle for 36-132 µs per deepseek-64e layer step on H100 hosts, docs/PERFORMANCE.md).
+    const std::int64_t capacity = Capacity(tokens);
+    const bool device_sizes = ep_ == 1 && capacity < 0 && tokens > 0 && !x.local().device().is_cpu();
     const autograd::PermuteOutput perm =
-        autograd::Permute(autograd::LocalPart(x, {tokens, h}), indices, static_cast<int>(e), Capacity(tokens));
+        autograd::Permute(autograd::LocalPart(x, {tokens, h}), indices, static_cast<int>(e), capacity, !device_sizes);
     comm::Communicator *ep = ep_ > 1 ? &mesh_.group(ep_dim_) : nullptr;
-    const autograd::ExpertExchangePlan plan = autograd::PlanExpertExchange(perm.host_group_sizes, ep);
-    const Variable rows = autograd::ExpertDispatch(perm.tokens, plan, ep);
+    autograd::ExpertExchangePlan plan;
+    Variable rows = perm.tokens;
+    Tensor sizes = perm.group_sizes;
+    std::int64_t r = tokens * options_.topk;
+    if (!device_sizes) {
+        plan = autograd::PlanExpertExchange(perm.host_group_sizes, ep);
+        rows = autograd::ExpertDispatch(perm.tokens, plan, ep);
+        r = plan.expert_rows(); // received(), or the pad row when none arrives
+        const std::vector<std::int64_t> group_sizes = plan.expert_group_sizes();
+        sizes = Tensor::FromVector(std::vector<double>(group_sizes.begin(), group_sizes.end()),
+                                   Shape{plan.local_experts}, DType::kInt64);
+    }
+    const std::int64_t local_experts = device_sizes ? e : plan.local_experts;
 
     // The local experts' rows on the mesh: the moe_dispatch rule's expert rows (ep the major shard, then the other
     // token dims) without ep, which the local experts' grouped layers do not see: sharded over the expert-data-parallel
     // dims (over which the experts' gradients are Partial; tp among them at etp 1 < tp, where the tp ranks hold
     // different tokens), else replicated over tp. The global row count is nominal: each
     // rank holds a different number of rows, and only the local shards are ever read.
-    const std::shared_ptr<const spmd::CachedRule> exchange = ExchangeRule(x, Capacity(tokens));
+    const std::shared_ptr<const spmd::CachedRule> exchange = ExchangeRule(x, capacity);
     std::vector<int> expert_data_dims = exchange->info.outputs.at(0).layout.MeshDims(0);
     std::erase(expert_data_dims, ep_dim_);
     std::int64_t parts = 1;
     for (int d : expert_data_dims) {
         parts *= DimSize(mesh_, d);
     }
-    const std::int64_t r = plan.expert_rows(); // received(), or the pad row when none arrives
-    const std::vector<std::int64_t> group_sizes = plan.expert_group_sizes();
-    const std::vector<double> sizes_values(group_sizes.begin(), group_sizes.end());
-    const Tensor sizes = Tensor::FromVector(sizes_values, Shape{plan.local_experts}, DType::kInt64);
     const Variable rows_on_mesh = autograd::AsShard(
         rows, {r, h}, {r * parts, h}, spmd::Layout(std::vector<std::vector<int>>{expert_data_dims, {}}), mesh_);
     // etp = tp: fc1 column- and fc2 row-parallel over tp. etp 1 < tp: whole experts, a group of one rank (the rows are
@@ -302,12 +315,12 @@ MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Var
         .mesh = &mesh_, .tp_dim = split_tokens_ ? functional::TensorParallelGroup::kNoTensorParallel : tp_dim_};
     Variable hidden = autograd::ColumnParallelGroupedLinear(
         rows_on_mesh, fc1_weight, fc1_bias, sizes,
-        {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = plan.local_experts}, tp);
+        {.in_features = h, .out_features = options_.ffn, .bias = options_.bias, .num_experts = local_experts}, tp);
     const functional::RowParallelLinearOptions fc2{.in_features = options_.ffn,
                                                    .out_features = h,
                                                    .bias = options_.bias,
                                                    .input_is_parallel = true,
-                                                   .num_experts = plan.local_experts};
+                                                   .num_experts = local_experts};
     // The tanh GELU with gelu_fusion: fc2's Function runs the GELU and its dgrad yields fc1's output gradient (the
     // dGELU in the grouped dgrad's epilogue): no GELU node, no GeluBackward kernel. On CUDA only for bf16/fp16, the
     // dtypes of the CUTLASS kernel with the fused epilogue (fp32 would take cuBLASLt's DGELU per expert, whose gelu'
@@ -324,17 +337,40 @@ MoEOutput MoEMLP::RunExperts(const Variable &x, const Tensor &indices, const Var
         }
         y = autograd::RowParallelGroupedLinear(hidden, fc2_weight, fc2_bias, sizes, fc2, tp);
     }
-    const Variable back = autograd::ExpertCombine(autograd::LocalPart(y, {r, h}), plan, ep);
+    const Variable back = device_sizes ? autograd::LocalPart(y, {r, h})
+                                       : autograd::ExpertCombine(autograd::LocalPart(y, {r, h}), plan, ep);
     const Variable combined = autograd::Unpermute(back, perm.row_map, weights);
 
     MoEOutput out;
     out.output = autograd::AsShard(combined, x.local().shape(), x.shape(), x.value().layout(), mesh_);
     out.stats.tokens = tokens;
     out.stats.dropped = perm.dropped;
-    const auto [lo, hi] = std::minmax_element(perm.host_group_sizes.begin(), perm.host_group_sizes.end());
-    out.stats.load_min = *lo;
-    out.stats.load_max = *hi;
+    out.stats.expert_load =
+        device_sizes
+            ? perm.group_sizes
+            : Tensor::FromVector(std::vector<double>(perm.host_group_sizes.begin(), perm.host_group_sizes.end()),
+                                 Shape{e}, DType::kInt64);
     return out;
+}
+
+namespace {
+
+/// The experts' loads on the host (one read-back when they are on a device).
+std::vector<double> HostLoads(const Tensor &expert_load) {
+    SHARDLINE_CHECK(expert_load.defined(), "MoEStats", "expert_load is undefined (no forward filled these statistics)");
+    return expert_load.ToDoubleVector();
+}
+
+} // namespace
+
+std::int64_t MoEStats::load_min() const {
+    const std::vector<double> loads = HostLoads(expert_load);
+    return loads.empty() ? 0 : static_cast<std::int64_t>(*std::min_element(loads.begin(), loads.end()));
+}
+
+std::int64_t MoEStats::load_max() const {
+    const std::vector<double> loads = HostLoads(expert_load);
+    return loads.empty() ? 0 : static_cast<std::int64_t>(*std::max_element(loads.begin(), loads.end()));
 }
 
 } // namespace shardline::nn

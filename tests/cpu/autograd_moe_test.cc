@@ -141,6 +141,27 @@ TEST(AutogradMoETest, PermuteOutputs) {
     EXPECT_EQ(p.tokens.local().ToDoubleVector(), (Values{0, 1, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 2, 3, 6, 7, 10, 11}));
 }
 
+TEST(AutogradMoETest, PermuteWithoutHostSizesGivesTheSameRowsAndLeavesTheSizesOnTheDevice) {
+    const Tensor x = Tensor::FromVector({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, Shape{6, 2}, DType::kFloat32);
+    const PermuteOutput with = Permute(Variable(x), Indices(), 5);
+    const PermuteOutput without = Permute(Variable(x), Indices(), 5, -1, false);
+    EXPECT_TRUE(without.host_group_sizes.empty());
+    EXPECT_EQ(without.dropped, 0);
+    EXPECT_EQ(without.group_sizes.ToDoubleVector(), (Values{0, 5, 0, 4, 3}));
+    EXPECT_EQ(without.row_map.ToDoubleVector(), with.row_map.ToDoubleVector());
+    EXPECT_EQ(without.tokens.local().ToDoubleVector(), with.tokens.local().ToDoubleVector());
+    ExpectGradientsMatch([&](const auto &v) { return Permute(v[0], Indices(), 5, -1, false).tokens; },
+                         {Data({6, 4}, "x")}, {true});
+    // A capacity's row count is known only after the read-back.
+    try {
+        Permute(Variable(x), Indices(), 5, 2, false);
+        FAIL() << "capacity 2 without host sizes was accepted";
+    } catch (const Error &e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("Permute"));
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("dropless (capacity < 0, got 2)"));
+    }
+}
+
 TEST(AutogradMoETest, UnpermuteGradientsOfTokensAndWeights) {
     for (const std::int64_t capacity : {std::int64_t{-1}, std::int64_t{2}}) {
         const PermuteOutput p = Permute(Variable(Data({6, 3}, "x")), Indices(), 5, capacity);

@@ -64,8 +64,8 @@ TEST_P(MoELayerTest, OutputAndEveryGradientMatchTheDenseReferenceWithExactAllToA
         EXPECT_GT(got.stats.dropped, 0) << "the capacity drops copies in every capacity case";
     }
     if (c.routing == Routing::kOneExpert && c.topk == 1) {
-        EXPECT_EQ(got.stats.load_min, 0) << "zero-token experts";
-        EXPECT_EQ(got.stats.load_max, capacity < 0 ? per : std::min(per, capacity));
+        EXPECT_EQ(got.stats.load_min(), 0) << "zero-token experts";
+        EXPECT_EQ(got.stats.load_max(), capacity < 0 ? per : std::min(per, capacity));
     }
 }
 

@@ -45,17 +45,23 @@ RouterOutput Router(const Variable& logits, const RouterOptions& options);
 
 struct PermuteOutput {
     Variable tokens;    // [R, H]: the kept (t, j) copies of x's rows in expert order, stable in (t, j) order
-    Tensor group_sizes; // [E] int64 on x's device: rows of tokens per expert (sum = R)
+    Tensor group_sizes; // [E] int64 on x's device: rows of tokens per expert (sum = R, or <= R without host_sizes)
     Tensor row_map;     // [T, topk] int64 on x's device: row of copy (t, j) in tokens, -1 when dropped
     std::vector<std::int64_t> host_group_sizes; // the same sizes on the host (the EP dispatcher needs them for
-                                                // all-to-all-v counts; reading them back is the layer's one host sync)
+                                                // all-to-all-v counts; reading them back is the layer's one host sync);
+                                                // empty without host_sizes
     std::int64_t dropped = 0;                   // copies dropped by the capacity
 };
 
 /// x [T, H] (any float dtype of its device), indices [T, topk] int64 < num_experts on x's device. capacity < 0:
 /// dropless (R = T*topk); otherwise each expert keeps its first `capacity` copies in (t, j) order and the others are
 /// dropped. Backward: dx[t] = sum over j of dtokens[row_map[t, j]] (fixed j order, no atomics: bitwise deterministic).
-PermuteOutput Permute(const Variable& x, const Tensor& indices, int num_experts, std::int64_t capacity = -1);
+/// host_sizes = false skips the read-back of the group sizes (no host sync: the caller passes the device group_sizes
+/// on, e.g. to the grouped GEMMs): dropless only (a capacity's R is known only on the device; Error naming "Permute"
+/// otherwise), R = T*topk, host_group_sizes empty. Copies whose id is out of range (the CUDA kernels drop them: a NaN
+/// router row's) then leave rows past sum(group_sizes) unwritten, which no grouped GEMM, combine or backward reads.
+PermuteOutput Permute(const Variable& x, const Tensor& indices, int num_experts, std::int64_t capacity = -1,
+                      bool host_sizes = true);
 
 /// The combine: y[t] = sum_j weights[t, j] * tokens[row_map[t, j]] (dropped copies contribute zero), y [T, H] in
 /// tokens' dtype, accumulated in fp32, fixed j order. weights [T, topk] float32 (or tokens' dtype). The non-negative

@@ -67,10 +67,16 @@ struct MoEMLPOptions {
 
 /// One forward's routing statistics (this rank's tokens; no communication).
 struct MoEStats {
-    std::int64_t tokens = 0;   ///< T, this rank's tokens
-    std::int64_t load_min = 0; ///< min over experts of the token copies routed to it (after the capacity)
-    std::int64_t load_max = 0; ///< max over experts
-    std::int64_t dropped = 0;  ///< copies dropped by the capacity
+    std::int64_t tokens = 0;  ///< T, this rank's tokens
+    std::int64_t dropped = 0; ///< copies dropped by the capacity
+    /// [E] int64: the copies of this rank's tokens kept per expert (after the capacity). On the layer's device where
+    /// the layer did not read the routing back to the host (CUDA at ep 1 without a capacity: the layer makes no host
+    /// sync), on the host otherwise.
+    Tensor expert_load;
+    /// min / max over the experts of expert_load: reads it back to the host when it is on a device (a sync: call it
+    /// where the step is logged, not in the forward).
+    std::int64_t load_min() const;
+    std::int64_t load_max() const;
 };
 
 struct MoEOutput {

@@ -33,12 +33,15 @@ inline cudaDataType_t LtType(DType d) {
     return CUDA_R_32F;
 }
 
-/// One column-major GEMM D[m,n] = op(A)·op(B) with the heuristic's top 8 candidates.
+/// One column-major GEMM D[m,n] = op(A)·op(B) with the heuristic's top 8 candidates; with `bias_epilogue`,
+/// D = op(A)·op(B) + bias (CUBLASLT_EPILOGUE_BIAS, a bias of m elements of `dtype`, set per Run as torch's F.linear
+/// sets it per call), the call torch makes for a Linear forward.
 class LtFloor {
 public:
     LtFloor(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
-            std::int64_t ldb, std::int64_t ldc, DType dtype, DType c_dtype, bool tf32, float beta)
-        : beta_(beta) {
+            std::int64_t ldb, std::int64_t ldc, DType dtype, DType c_dtype, bool tf32, float beta,
+            bool bias_epilogue = false)
+        : beta_(beta), bias_epilogue_(bias_epilogue) {
         CudaContext& ctx = CudaContext::Current();
         handle_ = ctx.lt_handle();
         const cublasComputeType_t compute =
@@ -48,6 +51,13 @@ public:
         const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
         SHARDLINE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
         SHARDLINE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        if (bias_epilogue_) {
+            const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+            SHARDLINE_CHECK_CUBLAS(
+                cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+            SHARDLINE_CHECK_CUDA(cudaMalloc(&bias_placeholder_, static_cast<std::size_t>(m) * 4));
+            SetBias(bias_placeholder_); // the heuristic reads the bias pointer's alignment
+        }
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a_, LtType(dtype), trans_a ? k : m, trans_a ? m : k, lda));
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b_, LtType(dtype), trans_b ? n : k, trans_b ? k : n, ldb));
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&c_, LtType(c_dtype), m, n, ldc));
@@ -73,6 +83,7 @@ public:
     }
     ~LtFloor() {
         cudaFree(workspace_);
+        cudaFree(bias_placeholder_);
         cublasLtMatrixLayoutDestroy(a_);
         cublasLtMatrixLayoutDestroy(b_);
         cublasLtMatrixLayoutDestroy(c_);
@@ -82,13 +93,24 @@ public:
     LtFloor& operator=(const LtFloor&) = delete;
 
     std::size_t candidates() const { return algos_.size(); }
-    bool Run(std::size_t algo, const void* a, const void* b, void* c, cudaStream_t stream) const {
+    /// `bias` is required with a bias epilogue and ignored without.
+    bool Run(std::size_t algo, const void* a, const void* b, void* c, cudaStream_t stream,
+             const void* bias = nullptr) const {
+        if (bias_epilogue_) {
+            SHARDLINE_CHECK(bias != nullptr, "bench::LtFloor", "a bias-epilogue floor needs a bias pointer");
+            SetBias(bias);
+        }
         const float alpha = 1.0f;
         return cublasLtMatmul(handle_, desc_, &alpha, a, a_, b, b_, &beta_, c, c_, c, c_, &algos_[algo], workspace_,
                               workspace_bytes_, stream) == CUBLAS_STATUS_SUCCESS;
     }
 
 private:
+    void SetBias(const void* bias) const {
+        SHARDLINE_CHECK_CUBLAS(
+            cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+
     cublasLtHandle_t handle_ = nullptr;
     cublasLtMatmulDesc_t desc_ = nullptr;
     cublasLtMatrixLayout_t a_ = nullptr;
@@ -97,6 +119,8 @@ private:
     void* workspace_ = nullptr;
     std::size_t workspace_bytes_ = 0;
     float beta_ = 0.0f;
+    bool bias_epilogue_ = false;
+    void* bias_placeholder_ = nullptr;
     std::vector<cublasLtMatmulAlgo_t> algos_;
 };
 

@@ -376,6 +376,7 @@ struct Variant {
     std::function<void(int)> run; ///< one iteration on operand set i
     std::function<std::string()> gate;
     std::vector<double> samples_us;
+    int calls = 1; ///< layer calls per iteration (a CUDA graph of several): samples are per call
 };
 
 struct CaseResult {
@@ -421,6 +422,13 @@ public:
         }
         Synchronize(gpu);
     }
+    ~CaseRunner() {
+        if (graph_ != nullptr) {
+            cudaGraphExecDestroy(graph_);
+        }
+    }
+    CaseRunner(const CaseRunner&) = delete;
+    CaseRunner& operator=(const CaseRunner&) = delete;
 
     CaseResult Execute() {
         BuildVariants();
@@ -467,7 +475,7 @@ public:
                 for (int i = 0; i < iters; ++i) {
                     float ms = 0.0f;
                     SHARDLINE_CHECK_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-                    v.samples_us.push_back(1000.0 * ms);
+                    v.samples_us.push_back(1000.0 * ms / v.calls);
                 }
             }
         }
@@ -582,7 +590,7 @@ private:
     }
 
     void AddVariant(std::string name, std::string provider, double flops, std::function<void(int)> fn,
-                    std::function<std::string()> gate) {
+                    std::function<std::string()> gate, int calls = 1) {
         const bool tf32 = tf32_;
         std::function<void()> before = [provider, tf32] {
             if (provider == "legacy") {
@@ -598,7 +606,8 @@ private:
                                     .before = std::move(before),
                                     .run = std::move(fn),
                                     .gate = std::move(gate),
-                                    .samples_us = {}});
+                                    .samples_us = {},
+                                    .calls = calls});
     }
 
     void BuildVariants() {
@@ -692,6 +701,9 @@ private:
                     return GateBackward(false, true, true);
                 });
         }
+        if (c_.regime == "decode") {
+            AddDecodeGraphVariant();
+        }
         if (!c_.floors) {
             return;
         }
@@ -699,60 +711,103 @@ private:
         //   fwd   Yᶜ[N,M] = Wᶜᵀ·Xᶜ:   m=N n=M k=K, A = W (ld K, T), B = X (ld K)
         //   dgrad dXᶜ[K,M] = Wᶜ·dYᶜ:  m=K n=M k=N, A = W (ld K),    B = dY (ld N)
         //   wgrad dWᶜ[K,N] = Xᶜ·dYᶜᵀ: m=K n=N k=M, A = X (ld K),    B = dY (ld N, T)
+        //   fwdbias: fwd + b through CUBLASLT_EPILOGUE_BIAS, the call torch's F.linear makes (its h1 is torch's
+        //   pick: the heuristic's first), timed in this process beside shardline's tuned forward.
         const std::int64_t M = c_.m, K = c_.k, N = c_.n;
-        floors_.push_back(std::make_unique<LtFloor>(true, false, N, M, K, K, K, N, dtype_, dtype_, tf32_, 0.0f));
-        if (c_.backward) {
-            floors_.push_back(std::make_unique<LtFloor>(false, false, K, M, N, K, N, K, dtype_, dtype_, tf32_, 0.0f));
-            floors_.push_back(std::make_unique<LtFloor>(false, true, K, N, M, K, N, K, dtype_, dtype_, tf32_, 0.0f));
-        }
         struct Product {
             const char* name;
+            std::unique_ptr<LtFloor> floor;
             std::function<const void*(int)> a, b;
             std::function<void*(int)> c;
+            std::function<const void*(int)> bias;
+            std::function<std::string()> gate;
         };
-        std::vector<Product> products = {{"fwd", [this](int i) { return S(i).w.data(); },
-                                          [this](int i) { return S(i).x.data(); },
-                                          [this](int i) { return S(i).y.data(); }}};
-        if (c_.backward) {
-            products.push_back({"dgrad", [this](int i) { return S(i).w.data(); },
-                                [this](int i) { return S(i).dy.data(); }, [this](int i) { return S(i).dx.data(); }});
-            products.push_back({"wgrad", [this](int i) { return S(i).x.data(); },
-                                [this](int i) { return S(i).dy.data(); }, [this](int i) { return S(i).dw.data(); }});
+        std::vector<Product> products;
+        auto w = [this](int i) { return S(i).w.data(); };
+        auto x = [this](int i) { return S(i).x.data(); };
+        auto dy = [this](int i) { return S(i).dy.data(); };
+        products.push_back({"fwd",
+                            std::make_unique<LtFloor>(true, false, N, M, K, K, K, N, dtype_, dtype_, tf32_, 0.0f), w, x,
+                            [this](int i) { return S(i).y.data(); }, nullptr, [this] { return GateForward(false); }});
+        if (c_.dtype == "bf16") {
+            products.push_back({"fwdbias",
+                                std::make_unique<LtFloor>(true, false, N, M, K, K, K, N, dtype_, dtype_, tf32_, 0.0f,
+                                                          /*bias_epilogue=*/true),
+                                w, x, [this](int i) { return S(i).y.data(); }, [this](int i) { return S(i).b.data(); },
+                                [this] { return GateForward(true); }});
         }
-        for (std::size_t pi = 0; pi < products.size(); ++pi) {
-            const LtFloor* floor = floors_[pi].get();
-            const Product prod = products[pi];
+        if (c_.backward) {
+            products.push_back({"dgrad",
+                                std::make_unique<LtFloor>(false, false, K, M, N, K, N, K, dtype_, dtype_, tf32_, 0.0f),
+                                w, dy, [this](int i) { return S(i).dx.data(); }, nullptr,
+                                [this] { return GateBackward(true, false, false); }});
+            products.push_back({"wgrad",
+                                std::make_unique<LtFloor>(false, true, K, N, M, K, N, K, dtype_, dtype_, tf32_, 0.0f),
+                                x, dy, [this](int i) { return S(i).dw.data(); }, nullptr,
+                                [this] { return GateBackward(false, true, false); }});
+        }
+        for (Product& prod : products) {
+            const LtFloor* floor = prod.floor.get();
+            floors_.push_back(std::move(prod.floor));
+            auto a = prod.a, b = prod.b;
+            auto out = prod.c;
+            auto bias = prod.bias ? prod.bias : [](int) -> const void* { return nullptr; };
             const FloorChoice choice = ChooseBest(
                 *floor, sets_,
-                [floor, prod, stream](std::size_t algo, int i) {
-                    return floor->Run(algo, prod.a(i), prod.b(i), prod.c(i), stream);
+                [floor, a, b, out, bias, stream](std::size_t algo, int i) {
+                    return floor->Run(algo, a(i), b(i), out(i), stream, bias(i));
                 },
                 stream);
             for (const bool best : {false, true}) {
                 const std::string name = fmt::format("floor_{}_{}", prod.name, best ? "top8" : "h1");
                 const std::size_t algo = best ? choice.best : 0;
                 floor_choice_[name] = {static_cast<int>(floor->candidates()), static_cast<int>(algo)};
-                std::function<std::string()> gate;
-                if (pi == 0) {
-                    gate = [this] { return GateForward(false); };
-                } else if (pi == 1) {
-                    gate = [this] { return GateBackward(true, false, false); };
-                } else {
-                    gate = [this] { return GateBackward(false, true, false); };
-                }
+                auto gate = prod.gate;
                 AddVariant(
                     name, "cublaslt", f,
-                    [floor, prod, algo, stream](int i) {
-                        SHARDLINE_CHECK(floor->Run(algo, prod.a(i), prod.b(i), prod.c(i), stream), kTool,
+                    [floor, a, b, out, bias, algo, stream](int i) {
+                        SHARDLINE_CHECK(floor->Run(algo, a(i), b(i), out(i), stream, bias(i)), kTool,
                                         "cublasLtMatmul failed");
                     },
-                    [floor, prod, algo, stream, gate] {
-                        SHARDLINE_CHECK(floor->Run(algo, prod.a(0), prod.b(0), prod.c(0), stream), kTool,
+                    [floor, a, b, out, bias, algo, stream, gate] {
+                        SHARDLINE_CHECK(floor->Run(algo, a(0), b(0), out(0), stream, bias(0)), kTool,
                                         "cublasLtMatmul failed");
                         return gate();
                     });
             }
         }
+    }
+
+    /// Decode under a CUDA graph: the forward of every operand set (at least 8 calls) captured once and replayed, so
+    /// the GPU time per call shows without the host's launch cost (what a serving loop that captures its decode step
+    /// pays). Captured after the first eager call built and tuned the plan.
+    void AddDecodeGraphVariant() {
+        const int calls = sets_ * ((8 + sets_ - 1) / sets_); // at least 8, every set as often
+        const cudaStream_t stream = run_.stream;
+        auto capture = [this, calls, stream] {
+            if (graph_ != nullptr) {
+                return;
+            }
+            Forward(0, true); // the plan, built and tuned outside the capture
+            SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
+            cudaGraph_t graph = nullptr;
+            SHARDLINE_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < calls; ++i) {
+                Forward((i + 1) % sets_, true); // set 0 last: the gate reads its output
+            }
+            SHARDLINE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+            SHARDLINE_CHECK_CUDA(cudaGraphInstantiate(&graph_, graph, 0));
+            SHARDLINE_CHECK_CUDA(cudaGraphDestroy(graph));
+        };
+        const double f = 2.0 * static_cast<double>(c_.m) * static_cast<double>(c_.n) * static_cast<double>(c_.k);
+        AddVariant(
+            "fwd_graph", "default", f, [this, stream](int) { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(graph_, stream)); },
+            [this, capture, stream] {
+                capture();
+                SHARDLINE_CHECK_CUDA(cudaGraphLaunch(graph_, stream));
+                return GateForward(true);
+            },
+            calls);
     }
 
     Run& run_;
@@ -765,6 +820,7 @@ private:
     Tensor main_dw_;
     std::vector<Variant> variants_;
     std::vector<std::unique_ptr<LtFloor>> floors_;
+    cudaGraphExec_t graph_ = nullptr; ///< decode: the captured forwards of fwd_graph
     std::map<std::string, std::pair<int, int>> floor_choice_;
     int gate_failures_ = 0;
 };

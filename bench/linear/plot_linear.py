@@ -123,10 +123,11 @@ def main():
 
     # ---- bias epilogue, floors, tuning, main grad, side stream ----------------------------------------------------
     print("\n### forward with bias against the plain GEMM (cuBLASLt best of top 8), and the floors")
-    print("| regime | shape | M | fwd+bias µs | fwd µs | plain h1 µs | plain top8 µs | bias/plain | fwdbwd floor µs | "
-          "fwdbwd/floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| regime | shape | M | fwd+bias µs | fwd µs | plain h1 µs | plain top8 µs | bias/plain | torch's call µs | "
+          "fwd+bias / torch's call | fwdbwd floor µs | fwdbwd/floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = []
+    vs_call = []
     for c in cases(med):
         fb = get(med, "default", c, "fwd")
         f0 = get(med, "default", c, "fwd_nobias")
@@ -139,17 +140,26 @@ def main():
         floor3 = [get(med, "cublaslt", c, f"floor_{p}_top8") for p in ("fwd", "dgrad", "wgrad")]
         fwdbwd = get(med, "default", c, "fwdbwd")
         fl = sum(floor3) if all(floor3) else None
+        # torch's call: the BIAS-epilogue GEMM with the heuristic's first pick, as F.linear makes it, in this process
+        call = get(med, "cublaslt", c, "floor_fwdbias_h1")
         if c[0] != "decode":
             ratios.append(ratio)
-        print(f"| {c[0]} | {c[1]} | {c[2]} | {f1(fb)} | {f1(f0)} | {f1(h1)} | {f1(t8)} | {ratio:.3f} | {f1(fl)} | "
-              f"{f3(fwdbwd / fl if fl and fwdbwd else None)} |")
+            if call:
+                vs_call.append(fb / call)
+        print(f"| {c[0]} | {c[1]} | {c[2]} | {f1(fb)} | {f1(f0)} | {f1(h1)} | {f1(t8)} | {ratio:.3f} | {f1(call)} | "
+              f"{f3(fb / call if call else None)} | {f1(fl)} | {f3(fwdbwd / fl if fl and fwdbwd else None)} |")
     if ratios:
         print(f"- M >= 2048: forward with bias / plain GEMM: median {statistics.median(ratios):.3f}, max "
               f"{max(ratios):.3f} (target <= 1.02)")
+    if vs_call:
+        print(f"- M >= 2048: forward with bias / torch's call (same process, interleaved): geomean "
+              f"{geomean(vs_call):.3f}, min {min(vs_call):.3f}, max {max(vs_call):.3f}")
 
     print("\n### decode (forward, bf16 + bias) against the weight-streaming floor")
-    print("| shape | M | shardline µs | legacy µs | torch µs | floor µs | limit 1.25·floor+3 µs | met |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | M | shardline µs | legacy µs | torch µs | floor µs | limit 1.25·floor+3 µs | met | "
+          "CUDA graph µs/call | met under a graph |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    met = [0, 0, 0]
     for c in cases(med):
         if c[0] != "decode":
             continue
@@ -161,8 +171,14 @@ def main():
         floor = es * (n * k + m * k + m * n + n) / (copy * 1e12) * 1e6 if copy else float("nan")
         limit = 1.25 * floor + 3.0
         lg, t = get(med, "legacy", c, "fwd"), get(med, "torch", c, "fwd")
+        g = get(med, "default", c, "fwd_graph")
+        met[0] += 1
+        met[1] += s <= limit
+        met[2] += bool(g) and g <= limit
         print(f"| {shape} | {m} | {f1(s)} | {f1(lg)} | {f1(t)} | {floor:.1f} | {limit:.1f} | "
-              f"{'yes' if s <= limit else 'no'} |")
+              f"{'yes' if s <= limit else 'no'} | {f1(g)} | {('yes' if g <= limit else 'no') if g else '—'} |")
+    if met[0]:
+        print(f"- decode within 1.25·floor + 3 µs: {met[1]} of {met[0]} eager, {met[2]} of {met[0]} under a CUDA graph")
 
     print("\n### fp32 main-grad accumulation (beta = 1) against a bf16 dW, and the bias grad")
     print("| shape | M | wgrad bf16 µs | wgrad fp32 main grad µs | ratio | wgrad + db µs | bwd µs | bwd split µs | "

@@ -1,16 +1,22 @@
 // The CUDA mixture-of-experts kernels' own behaviour at training sizes: the router (softmax and sigmoid, E up to 256,
-// topk up to 8) against the CPU provider on the same fp32 logits — the same experts bit for bit, weights, counts, aux
-// and z losses and dlogits within fp32 tolerance; the permutation map (CUB's multi-block sort) equal to the CPU's
-// with and without capacity; the gather, combine and weight gradient in bf16/fp16/fp32 at MoE widths, vectorised and
-// not, against float64 references; every kernel bitwise equal run to run; and Router → Permute → Unpermute through
+// every per-lane width, topk up to 8) against the CPU provider on the same fp32 logits — the same experts and counts
+// bit for bit, weights, aux and z losses and dlogits within fp32 tolerance; the permutation map (CUB's multi-block
+// sort) equal to the CPU's with and without capacity; the gather, combine and weight gradient in bf16/fp16/fp32 at MoE
+// widths, vectorised and not, against float64 references, and the gather and combine bit for bit against fp32 host
+// references that follow the kernels' order (topk up to 32, rows of fewer vectors than a warp has lanes, partial
+// chunks, dropped slots); every kernel bitwise equal run to run; and Router → Permute → Unpermute through
 // autograd on the GPU against the same graph on the CPU (values and gradients). The tests/kernels cases cover the
 // small and edge routings on both devices.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <optional>
+#include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -101,6 +107,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoECudaTest,
                          ::testing::Values(std::tuple{8, 2, false}, std::tuple{64, 6, false}, std::tuple{64, 8, true},
                                            std::tuple{128, 8, false}, std::tuple{256, 8, false},
                                            std::tuple{256, 1, true}, std::tuple{33, 3, false}));
+
+/// "E96_top8_softmax": a router shape as a test name.
+std::string RouterShapeName(const ::testing::TestParamInfo<std::tuple<int, int, bool>> &info) {
+    const auto [experts, topk, sigmoid] = info.param;
+    return "E" + std::to_string(experts) + "_top" + std::to_string(topk) + (sigmoid ? "_sigmoid" : "_softmax");
+}
+
+// The router kernels are instantiated for 1, 2, 4 and 8 experts per lane (the fewest that hold E <= 32, 64, 128, 256).
+// Above, E = 8 and 33 leave padding slots in the 1- and 2-wide rows, but E = 128 and 256 fill the 4- and 8-wide ones;
+// these put E inside those two bands, so that their top per-lane slots hold padding experts (E = 96: the 4th slot of
+// every lane; E = 100: the 4th slot of lanes 4..31; E = 200: the 7th slot of lanes 8..31 and the whole 8th), which
+// must add nothing to the sums and never be chosen.
+INSTANTIATE_TEST_SUITE_P(LaneBands, MoECudaTest,
+                         ::testing::Values(std::tuple{96, 8, false}, std::tuple{100, 4, true},
+                                           std::tuple{200, 8, false}, std::tuple{200, 3, true}),
+                         RouterShapeName);
 
 TEST_F(CudaTest, RouterCountsLeaveOutTheEmptySlotsOfANanRow) {
     // A NaN row chooses no expert: its slots get id -1 and no count (the counts come from a pass over the ids).
@@ -247,6 +269,232 @@ TEST_P(MoECudaRowsTest, GatherCombineAndWeightsGradAtMoEWidths) {
         Tensor dweights2 = Tensor::Empty({tokens, topk}, DType::kFloat32, Gpu());
         kernels::MoEUnpermuteWeightsGrad({.dy = dy, .tokens = tokens_out, .row_map = row_map, .dweights = dweights2});
         EXPECT_EQ(HostBytes(dweights2), HostBytes(dweights));
+    }
+}
+
+// ---- the gather and the combine, bit for bit against fp32 host references ------------------------------------------
+//
+// Both kernels are token-major, one warp per token: slot j's row and weight sit in lane j (topk <= 32, so at topk 32
+// every lane holds one) and reach the other lanes by shuffles; each lane moves 16-byte vectors of the row, 8 per step
+// in the gather (256 vectors a warp step), 4 in the combine (128), when the hidden size is a multiple of a vector and
+// both pointers are 16-byte aligned, else single elements. Per element the math is fixed: the gather stores x, or
+// round(w·x) (one fp32 multiply, then round to nearest even to the dtype); the combine runs acc = 0, then for the kept
+// slots in increasing j acc += w_j·v_j, then rounds once. nvcc's default --fmad=true (the build keeps it) compiles
+// that += into one fma.rn.f32 per slot: the PTX of every UnpermuteRowsKernel instantiation holds fma.rn.f32 and no
+// separate fp32 mul or add. So the host can redo both exactly, with std::fma for the combine.
+
+/// The values of a float tensor as fp32 (exact for the kernels' dtypes).
+std::vector<float> HostFloats(const Tensor &t) {
+    const Values v = t.ToDoubleVector();
+    return std::vector<float>(v.begin(), v.end());
+}
+
+/// Whether `actual` holds bitwise `expected` (fp32 values, each rounded once to actual's dtype, round to nearest even,
+/// as the kernels' FromFloat and the host conversion do); a failure names the first differing element.
+::testing::AssertionResult SameBits(const Tensor &actual, const std::vector<float> &expected) {
+    const Tensor want = Tensor::FromVector(Values(expected.begin(), expected.end()), actual.shape(), actual.dtype());
+    const std::vector<unsigned char> a = HostBytes(actual), b = HostBytes(want);
+    if (a == b) {
+        return ::testing::AssertionSuccess();
+    }
+    const std::size_t size = ElementSize(actual.dtype());
+    const Values av = actual.ToDoubleVector(), bv = want.ToDoubleVector();
+    std::size_t differ = 0, first = 0;
+    for (std::size_t i = 0; i < av.size(); ++i) {
+        if (!std::equal(a.begin() + i * size, a.begin() + (i + 1) * size, b.begin() + i * size) && differ++ == 0) {
+            first = i;
+        }
+    }
+    return ::testing::AssertionFailure() << differ << " of " << av.size()
+                                         << " elements differ in their bits; the first, "
+                                         << "flat index " << first << ": got " << av[first] << ", want " << bv[first];
+}
+
+/// A routing of the row kernels: row_map [T, topk] on the host and the GPU, over `rows` rows of permuted tokens.
+struct RowRouting {
+    std::vector<std::int64_t> map;
+    std::int64_t rows = 0;
+    Tensor row_map;
+};
+
+/// A random routing, each kept slot on its own row and the rows in a random order (not the expert order: the kernels
+/// take any). Dropless: every slot has a row and every row a slot. With drops: about 3 slots in 10 are -1, token 0
+/// keeps none (the combine gives it zeros) and 5 rows get no copy (the gather leaves them as they were).
+RowRouting RandomRouting(std::int64_t tokens, std::int64_t topk, bool drops, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::int64_t> kept;
+    for (std::int64_t i = 0; i < tokens * topk; ++i) {
+        if (!drops || (i >= topk && rng() % 10 >= 3)) {
+            kept.push_back(i);
+        }
+    }
+    RowRouting r;
+    r.rows = static_cast<std::int64_t>(kept.size()) + (drops ? 5 : 0);
+    std::vector<std::int64_t> order(static_cast<std::size_t>(r.rows));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    for (std::size_t i = order.size(); i > 1; --i) { // Fisher-Yates, the same on every standard library
+        std::swap(order[i - 1], order[rng() % i]);
+    }
+    r.map.assign(static_cast<std::size_t>(tokens * topk), -1);
+    for (std::size_t n = 0; n < kept.size(); ++n) {
+        r.map[static_cast<std::size_t>(kept[n])] = order[n];
+    }
+    r.row_map = Tensor::FromVector(Values(r.map.begin(), r.map.end()), {tokens, topk}, DType::kInt64).To(Gpu());
+    return r;
+}
+
+/// The gather on the host over `out`'s prior values: out[row_map[t, j]] = x[t], or the fp32 product w[t, j]·x[t].
+std::vector<float> RefGather(const std::vector<float> &x, std::int64_t hidden, const RowRouting &r, std::int64_t topk,
+                             const std::vector<float> *w, std::vector<float> out) {
+    for (std::size_t i = 0; i < r.map.size(); ++i) {
+        const std::int64_t row = r.map[i];
+        const auto t = static_cast<std::int64_t>(i) / topk;
+        for (std::int64_t h = 0; row >= 0 && h < hidden; ++h) {
+            const float v = x[static_cast<std::size_t>(t * hidden + h)];
+            out[static_cast<std::size_t>(row * hidden + h)] = w != nullptr ? (*w)[i] * v : v;
+        }
+    }
+    return out;
+}
+
+/// How the host adds a token's slots: the kernel's fma chain in increasing j; the same in decreasing j; or rounding
+/// each product before its add. The last two are what the kernel does not do (the tests check the data tells them
+/// apart, and a failure says whether the kernel matched the unfused chain instead).
+enum class Chain { kFma, kFmaReversed, kRoundedProducts };
+
+/// The combine on the host: y[t] = the chain over the kept slots from acc = +0 (w = 1 without weights: fma(1, v, acc)
+/// is acc + v rounded once, so the kinds agree there).
+std::vector<float> RefCombine(const std::vector<float> &tokens, std::int64_t hidden, const RowRouting &r,
+                              std::int64_t topk, const std::vector<float> *w, Chain chain) {
+    const auto num_tokens = static_cast<std::int64_t>(r.map.size()) / topk;
+    std::vector<float> y(static_cast<std::size_t>(num_tokens * hidden), 0.0f);
+    for (std::int64_t t = 0; t < num_tokens; ++t) {
+        for (std::int64_t h = 0; h < hidden; ++h) {
+            float acc = 0.0f;
+            for (std::int64_t n = 0; n < topk; ++n) {
+                const std::int64_t j = chain == Chain::kFmaReversed ? topk - 1 - n : n;
+                const auto i = static_cast<std::size_t>(t * topk + j);
+                const std::int64_t row = r.map[i];
+                if (row < 0) {
+                    continue;
+                }
+                const float wj = w != nullptr ? (*w)[i] : 1.0f;
+                const float v = tokens[static_cast<std::size_t>(row * hidden + h)];
+                if (chain == Chain::kRoundedProducts) {
+                    // The product rounded to fp32 through double (exact there), so that no compiler fuses it.
+                    acc += static_cast<float>(static_cast<double>(wj) * static_cast<double>(v));
+                } else {
+                    acc = std::fma(wj, v, acc);
+                }
+            }
+            y[static_cast<std::size_t>(t * hidden + h)] = acc;
+        }
+    }
+    return y;
+}
+
+struct ExactRowsCase {
+    std::int64_t tokens, topk;
+    std::int64_t vectors;    ///< 16-byte vectors per row: hidden = vectors · (16 / element size) + extra
+    std::int64_t extra = 0;  ///< not 0: the hidden size is no multiple of a vector (the element-wise form)
+    bool misaligned = false; ///< the input starts one element past an allocation (the element-wise form too)
+};
+// 19 and 9 tokens: the last block of 8 warps is partly idle.
+const std::vector<ExactRowsCase> kExactRowsCases = {
+    {19, 32, 8},          // topk 32: every lane holds a slot; 8 vectors (bf16 hidden 64): fewer vectors than lanes
+    {19, 32, 9},          // an odd number of vectors (bf16 72, fp32 36)
+    {19, 32, 5},          // (bf16 40, fp32 20)
+    {9, 32, 257},         // a partial last step in both kernels: 256 + 1 vectors (gather), 2·128 + 1 (combine)
+    {19, 32, 0, 7},       // element-wise, fewer elements than lanes
+    {19, 32, 0, 37},      // element-wise, a partial second step
+    {19, 32, 8, 0, true}, // a vector multiple, but a misaligned input: element-wise
+    {19, 1, 257},         // one slot: lane 0 alone holds a row
+    {19, 7, 9},           // an odd topk: lanes 7.. hold none
+};
+
+std::int64_t ExactRowsHidden(const ExactRowsCase &c, DType dtype) {
+    return c.vectors * static_cast<std::int64_t>(16 / ElementSize(dtype)) + c.extra;
+}
+
+/// No weights, fp32 weights, and weights of the rows' dtype (the kernels' second template type).
+std::vector<std::optional<DType>> WeightDTypes(DType dtype) {
+    std::vector<std::optional<DType>> w{std::nullopt, DType::kFloat32};
+    if (dtype != DType::kFloat32) {
+        w.emplace_back(dtype);
+    }
+    return w;
+}
+
+// Pins the gather's bits: a plain gather copies x's rows bit for bit, a weighted one stores round(w·x) of one fp32
+// multiply; rows no copy maps to keep their bits; at topk 32, fewer vectors than lanes, partial chunks, element-wise.
+TEST_P(MoECudaRowsTest, GatherIsBitwiseTheHostFp32Product) {
+    const DType dtype = GetParam();
+    for (const ExactRowsCase &c : kExactRowsCases) {
+        const std::int64_t hidden = ExactRowsHidden(c, dtype);
+        for (const bool drops : {false, true}) {
+            const RowRouting r =
+                RandomRouting(c.tokens, c.topk, drops, static_cast<std::uint64_t>(hidden * 64 + c.topk));
+            const Tensor x = RandomGpu({c.tokens, hidden}, dtype, 31, "x");
+            const MisalignedTensor shifted = c.misaligned ? MisalignedCopy(x) : MisalignedTensor{};
+            const Tensor &input = c.misaligned ? shifted.view : x;
+            const Tensor prior = RandomGpu({r.rows, hidden}, dtype, 31, "prior");
+            const std::vector<float> xv = HostFloats(x), prior_v = HostFloats(prior);
+            for (const std::optional<DType> wdtype : WeightDTypes(dtype)) {
+                SCOPED_TRACE(::testing::Message()
+                             << "T " << c.tokens << " topk " << c.topk << " H " << hidden
+                             << (c.misaligned ? " misaligned" : "") << (drops ? " with drops" : " dropless")
+                             << " weights " << (wdtype ? DTypeName(*wdtype) : "none"));
+                const Tensor w = RandomGpu({c.tokens, c.topk}, wdtype.value_or(DType::kFloat32), 32, "w");
+                const std::vector<float> wv = HostFloats(w);
+                Tensor out = prior.Clone();
+                kernels::MoEPermuteRows(
+                    {.x = input, .row_map = r.row_map, .weights = wdtype ? &w : nullptr, .out = out});
+                EXPECT_TRUE(SameBits(out, RefGather(xv, hidden, r, c.topk, wdtype ? &wv : nullptr, prior_v)));
+            }
+        }
+    }
+}
+
+// Pins the combine's bits: y[t] is acc = fma(w_j, v_j, acc) over the kept slots in increasing j from +0, rounded once
+// to the dtype (a token with no kept slot: +0), with and without weights, at the shapes of the gather's test. The
+// data must tell that order from the reverse one and the fused from the unfused chain, or the check could not fail.
+TEST_P(MoECudaRowsTest, CombineIsBitwiseTheHostFmaChainInSlotOrder) {
+    const DType dtype = GetParam();
+    for (const ExactRowsCase &c : kExactRowsCases) {
+        const std::int64_t hidden = ExactRowsHidden(c, dtype);
+        for (const bool drops : {false, true}) {
+            const RowRouting r =
+                RandomRouting(c.tokens, c.topk, drops, static_cast<std::uint64_t>(hidden * 64 + c.topk));
+            const Tensor tokens = RandomGpu({r.rows, hidden}, dtype, 41, "tokens");
+            const MisalignedTensor shifted = c.misaligned ? MisalignedCopy(tokens) : MisalignedTensor{};
+            const Tensor &input = c.misaligned ? shifted.view : tokens;
+            const std::vector<float> tv = HostFloats(tokens);
+            for (const std::optional<DType> wdtype : WeightDTypes(dtype)) {
+                SCOPED_TRACE(::testing::Message()
+                             << "T " << c.tokens << " topk " << c.topk << " H " << hidden
+                             << (c.misaligned ? " misaligned" : "") << (drops ? " with drops" : " dropless")
+                             << " weights " << (wdtype ? DTypeName(*wdtype) : "none"));
+                const Tensor w = RandomGpu({c.tokens, c.topk}, wdtype.value_or(DType::kFloat32), 42, "w");
+                const std::vector<float> wv = HostFloats(w);
+                const std::vector<float> *wp = wdtype ? &wv : nullptr;
+                Tensor y = RandomGpu({c.tokens, hidden}, dtype, 43, "poison", 100.0); // overwritten, token 0 too
+                kernels::MoEUnpermuteRows(
+                    {.tokens = input, .row_map = r.row_map, .weights = wdtype ? &w : nullptr, .y = y});
+                const std::vector<float> want = RefCombine(tv, hidden, r, c.topk, wp, Chain::kFma);
+                EXPECT_TRUE(SameBits(y, want))
+                    << (wp != nullptr && SameBits(y, RefCombine(tv, hidden, r, c.topk, wp, Chain::kRoundedProducts))
+                            ? "the kernel matches the chain of rounded products instead: built without FMA contraction?"
+                            : "");
+                if (dtype == DType::kFloat32 && c.topk == 32 && !drops) {
+                    EXPECT_TRUE(RefCombine(tv, hidden, r, c.topk, wp, Chain::kFmaReversed) != want)
+                        << "order-blind data";
+                    if (wp != nullptr) {
+                        EXPECT_TRUE(RefCombine(tv, hidden, r, c.topk, wp, Chain::kRoundedProducts) != want)
+                            << "fma-blind data";
+                    }
+                }
+            }
+        }
     }
 }
 

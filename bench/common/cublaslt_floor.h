@@ -33,15 +33,16 @@ inline cudaDataType_t LtType(DType d) {
     return CUDA_R_32F;
 }
 
-/// One column-major GEMM D[m,n] = op(A)·op(B) with the heuristic's top 8 candidates; with `bias_epilogue`,
-/// D = op(A)·op(B) + bias (CUBLASLT_EPILOGUE_BIAS, a bias of m elements of `dtype`, set per Run as torch's F.linear
-/// sets it per call), the call torch makes for a Linear forward.
+/// One column-major GEMM D[m,n] = op(A)·op(B) with the heuristic's top 8 candidates; with a `bias` (m elements of
+/// `dtype`), D = op(A)·op(B) + bias through CUBLASLT_EPILOGUE_BIAS, the call torch's F.linear makes for a Linear
+/// forward. The heuristic sees that bias pointer; Run sets the bias of each call on the shared descriptor, as torch
+/// sets it per call, so a bias-epilogue floor is not for concurrent use from several threads.
 class LtFloor {
 public:
     LtFloor(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t lda,
             std::int64_t ldb, std::int64_t ldc, DType dtype, DType c_dtype, bool tf32, float beta,
-            bool bias_epilogue = false)
-        : beta_(beta), bias_epilogue_(bias_epilogue) {
+            const void* bias = nullptr)
+        : beta_(beta), bias_epilogue_(bias != nullptr) {
         CudaContext& ctx = CudaContext::Current();
         handle_ = ctx.lt_handle();
         const cublasComputeType_t compute =
@@ -55,8 +56,7 @@ public:
             const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
             SHARDLINE_CHECK_CUBLAS(
                 cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-            SHARDLINE_CHECK_CUDA(cudaMalloc(&bias_placeholder_, static_cast<std::size_t>(m) * 4));
-            SetBias(bias_placeholder_); // the heuristic reads the bias pointer's alignment
+            SetBias(bias); // the heuristic reads the bias pointer's alignment
         }
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&a_, LtType(dtype), trans_a ? k : m, trans_a ? m : k, lda));
         SHARDLINE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&b_, LtType(dtype), trans_b ? n : k, trans_b ? k : n, ldb));
@@ -83,7 +83,6 @@ public:
     }
     ~LtFloor() {
         cudaFree(workspace_);
-        cudaFree(bias_placeholder_);
         cublasLtMatrixLayoutDestroy(a_);
         cublasLtMatrixLayoutDestroy(b_);
         cublasLtMatrixLayoutDestroy(c_);
@@ -120,7 +119,6 @@ private:
     std::size_t workspace_bytes_ = 0;
     float beta_ = 0.0f;
     bool bias_epilogue_ = false;
-    void* bias_placeholder_ = nullptr;
     std::vector<cublasLtMatmulAlgo_t> algos_;
 };
 

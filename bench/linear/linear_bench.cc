@@ -4,7 +4,9 @@
 //   1. Calibration: an 8192³ bf16 GEMM (cuBLASLt, best of the heuristic's top 8: the ceiling) and a 1 GiB device copy.
 //   2. Cases (shape, M, dtype): shardline forward (with and without bias), backward (LinearBackward: dX, dW, db;
 //      and the split ops), forward+backward, with the default and legacy providers; plain cuBLASLt GEMMs for the three
-//      products (the heuristic's first pick and the best of its top 8); fp32 main-grad accumulation against a bf16 dW.
+//      products (the heuristic's first pick and the best of its top 8) and, in bf16, the BIAS-epilogue forward that
+//      torch's F.linear issues (floor_fwdbias_h1: its first pick, timed beside ours in this process); decode under a
+//      CUDA graph (fwd_graph: the GPU time per call without the launch); fp32 main-grad accumulation against a bf16 dW.
 //      Each variant passes a correctness gate (sampled outputs against float64 host sums) before it is timed.
 //   3. Host cost: 2000 back-to-back calls without synchronising (LinearForward, a raw cublasLtMatmul, a fwd+bwd step
 //      through the kernels) and the same step replayed as a CUDA graph.
@@ -729,12 +731,13 @@ private:
         products.push_back({"fwd",
                             std::make_unique<LtFloor>(true, false, N, M, K, K, K, N, dtype_, dtype_, tf32_, 0.0f), w, x,
                             [this](int i) { return S(i).y.data(); }, nullptr, [this] { return GateForward(false); }});
-        if (c_.dtype == "bf16") {
-            products.push_back({"fwdbias",
-                                std::make_unique<LtFloor>(true, false, N, M, K, K, K, N, dtype_, dtype_, tf32_, 0.0f,
-                                                          /*bias_epilogue=*/true),
-                                w, x, [this](int i) { return S(i).y.data(); }, [this](int i) { return S(i).b.data(); },
-                                [this] { return GateForward(true); }});
+        // Not at decode: torch's addmm takes cuBLASLt's bias path only for more than one row.
+        if (c_.dtype == "bf16" && c_.regime != "decode") {
+            products.push_back(
+                {"fwdbias",
+                 std::make_unique<LtFloor>(true, false, N, M, K, K, K, N, dtype_, dtype_, tf32_, 0.0f, S(0).b.data()),
+                 w, x, [this](int i) { return S(i).y.data(); }, [this](int i) { return S(i).b.data(); },
+                 [this] { return GateForward(true); }});
         }
         if (c_.backward) {
             products.push_back({"dgrad",
@@ -788,12 +791,22 @@ private:
             if (graph_ != nullptr) {
                 return;
             }
-            Forward(0, true); // the plan, built and tuned outside the capture
+            for (int i = 0; i < sets_; ++i) {
+                Forward(i, true); // every set's plan (alignment is in its key), built and tuned outside the capture
+            }
             SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
             cudaGraph_t graph = nullptr;
             SHARDLINE_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < calls; ++i) {
-                Forward((i + 1) % sets_, true); // set 0 last: the gate reads its output
+            try {
+                for (int i = 0; i < calls; ++i) {
+                    Forward((i + 1) % sets_, true); // set 0 last: the gate reads its output
+                }
+            } catch (...) {
+                cudaStreamEndCapture(stream, &graph); // leave the stream usable for the error's report
+                if (graph != nullptr) {
+                    cudaGraphDestroy(graph);
+                }
+                throw;
             }
             SHARDLINE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
             SHARDLINE_CHECK_CUDA(cudaGraphInstantiate(&graph_, graph, 0));
@@ -804,6 +817,8 @@ private:
             "fwd_graph", "default", f, [this, stream](int) { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(graph_, stream)); },
             [this, capture, stream] {
                 capture();
+                // NaN bytes first: the gate then passes only if the replay itself wrote set 0's output.
+                SHARDLINE_CHECK_CUDA(cudaMemsetAsync(S(0).y.data(), 0xFF, S(0).y.nbytes(), stream));
                 SHARDLINE_CHECK_CUDA(cudaGraphLaunch(graph_, stream));
                 return GateForward(true);
             },

@@ -783,7 +783,7 @@ private:
 
     /// Decode under a CUDA graph: the forward of every operand set (at least 8 calls) captured once and replayed, so
     /// the GPU time per call shows without the host's launch cost (what a serving loop that captures its decode step
-    /// pays). Captured after the first eager call built and tuned the plan.
+    /// pays). Captured after an eager call on every set built and tuned their plans.
     void AddDecodeGraphVariant() {
         const int calls = sets_ * ((8 + sets_ - 1) / sets_); // at least 8, every set as often
         const cudaStream_t stream = run_.stream;

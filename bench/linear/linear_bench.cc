@@ -1145,7 +1145,7 @@ int Main(const Options& o) {
         std::fflush(stdout);
     }
     // How the library tuned each GEMM it met (heuristic's first pick vs the kept candidate; fused-or-apart decisions of
-    // the measured epilogues, BGRADB here).
+    // the measured epilogues, BGRADB here; CUTLASS's GEMV against cuBLASLt for the one-token forwards).
     for (const GemmPlanInfo& info : GemmPlanInfos()) {
         run.Emit(json{{"kind", "plan"},
                       {"key", info.key},
@@ -1159,16 +1159,18 @@ int Main(const Options& o) {
                       {"epilogue_separate", info.epilogue_separate},
                       {"epilogue_fused_us", info.epilogue_fused_us},
                       {"epilogue_separate_us", info.epilogue_separate_us},
-                      {"chosen_small_workspace", info.chosen_small_workspace}});
+                      {"chosen_small_workspace", info.chosen_small_workspace},
+                      {"gemv", info.gemv},
+                      {"gemv_us", info.gemv_us}});
     }
     const GemmPlanStats stats = GetGemmPlanStats();
     std::printf(
         "# plans: %llu built, %llu heuristic queries, %llu tuned, %llu from the tuning file; measured epilogues "
-        "fused %llu, separate %llu; gate failures: %d\n",
+        "fused %llu, separate %llu; CUTLASS GEMV %llu; gate failures: %d\n",
         static_cast<unsigned long long>(stats.plans_built), static_cast<unsigned long long>(stats.heuristic_queries),
         static_cast<unsigned long long>(stats.tuned), static_cast<unsigned long long>(stats.file_hits),
         static_cast<unsigned long long>(stats.epilogue_fused), static_cast<unsigned long long>(stats.epilogue_separate),
-        failures);
+        static_cast<unsigned long long>(stats.gemv), failures);
     return failures == 0 ? 0 : 1;
 }
 

@@ -216,6 +216,15 @@ def main():
             print(f"- {'separate' if field(p, 'separate') else 'fused   '} fused {field(p, 'fused_us'):.1f} µs, "
                   f"GEMM + column sum {field(p, 'separate_us'):.1f} µs  ({p['key']})")
 
+    if plans:
+        gv = [p for p in plans.values() if p.get("gemv_us", 0) > 0]
+        if gv:
+            print(f"\n### matrix-vector products: {len(gv)} timed against CUTLASS's GEMV; GEMV kept on "
+                  f"{sum(1 for p in gv if p['gemv'])} (tuning µs, cold: cuBLASLt's kept algorithm / the GEMV)")
+            for p in sorted(gv, key=lambda p: p["key"]):
+                print(f"- {'gemv    ' if p['gemv'] else 'cublaslt'} {p['chosen_us']:.1f} / {p['gemv_us']:.1f} µs  "
+                      f"({p['key']})")
+
     print("\n### host cost (2000 back-to-back calls, no synchronisation; M=1, K=N=256, bf16)")
     print("| impl | what | µs per call | ops | µs per op | device µs per call |")
     print("|---|---|---|---|---|---|")

@@ -101,6 +101,10 @@ nlohmann::json RecordToJson(const GemmTuningRecord& r) {
         j["epilogue_fused_us"] = r.epilogue_fused_us;
         j["epilogue_separate_us"] = r.epilogue_separate_us;
     }
+    if (r.gemv || r.gemv_us != 0.0) {
+        j["kernel"] = r.gemv ? "gemv" : "cublaslt";
+        j["gemv_us"] = r.gemv_us;
+    }
     return j;
 }
 
@@ -153,6 +157,15 @@ GemmTuningRecord RecordFromJson(const nlohmann::json& j, std::string_view source
     }
     r.epilogue_fused_us = number(legacy ? "bgradb_fused_us" : "epilogue_fused_us", 0.0);
     r.epilogue_separate_us = number(legacy ? "bgradb_separate_us" : "epilogue_separate_us", 0.0);
+    // Which kernel a matrix-vector product runs; absent in files written before the GEMV: cuBLASLt.
+    if (j.contains("kernel")) {
+        const nlohmann::json& kernel = j.at("kernel");
+        SHARDLINE_CHECK(kernel == "gemv" || kernel == "cublaslt", kOp,
+                        "{}: record {}: \"kernel\" must be \"gemv\" or \"cublaslt\", got {}", source, index,
+                        kernel.dump());
+        r.gemv = kernel == "gemv";
+    }
+    r.gemv_us = number("gemv_us", 0.0);
     return r;
 }
 
@@ -168,6 +181,8 @@ GemmTuningOptions GemmTuningOptionsFromEnv() {
     if (const auto file = env::Get("SHARDLINE_GEMM_TUNING_FILE")) {
         o.file = *file;
     }
+    const std::string gemv = env::GetChoice("SHARDLINE_GEMM_GEMV", "auto", {"auto", "off", "always"});
+    o.gemv = gemv == "off" ? GemmGemv::kOff : gemv == "always" ? GemmGemv::kAlways : GemmGemv::kAuto;
     return o;
 }
 
@@ -227,7 +242,8 @@ GemmPlanStats GetGemmPlanStats() {
                          .file_rejected = c.file_rejected.load(),
                          .epilogue_fused = c.epilogue_fused.load(),
                          .epilogue_separate = c.epilogue_separate.load(),
-                         .algo_reused = c.algo_reused.load()};
+                         .algo_reused = c.algo_reused.load(),
+                         .gemv = c.gemv.load()};
 }
 
 void ResetGemmPlanStats() {
@@ -240,6 +256,7 @@ void ResetGemmPlanStats() {
     c.epilogue_fused = 0;
     c.epilogue_separate = 0;
     c.algo_reused = 0;
+    c.gemv = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

@@ -21,10 +21,15 @@
 // by cuBLASLt's algorithm check) without a heuristic query and without timing; every newly tuned key is merged into
 // the file (written to a temporary file, then renamed).
 //
+// A matrix-vector product (a Linear forward of one token, the decode step at batch 1: n = 1, A transposed and packed,
+// bf16/fp16, beta 0, no epilogue or a bias) may run CUTLASS's GEMV instead of cuBLASLt (GemmGemv below): tuning times
+// it against the cuBLASLt algorithm it kept, cold, and keeps the faster by the same margin.
+//
 // Environment (read once, at the first use; SetGemmTuningOptions replaces it):
 //   SHARDLINE_GEMM_TUNING=0|1        time the top-k candidates (default 1)
 //   SHARDLINE_GEMM_TUNING_TOP_K=N    candidates asked of the heuristic (default 8, 1..64)
 //   SHARDLINE_GEMM_TUNING_FILE=PATH  the tuning-cache file (default: none)
+//   SHARDLINE_GEMM_GEMV=auto|off|always  CUTLASS's GEMV for matrix-vector products (default auto)
 
 #include <cstdint>
 #include <string>
@@ -32,10 +37,21 @@
 
 namespace shardline::kernels {
 
+/// Where a matrix-vector product runs. Eligible: n = 1 and one batch, op(A) = Aᵀ with lda = k (a row-major weight),
+/// B not transposed, A, B and D of one dtype, bf16 or fp16, alpha any, beta 0, epilogue none or bias (in D's dtype), k
+/// a multiple of 8, A and B 16-byte aligned, m·k < 2^31, an sm_90 device and a build with CUTLASS.
+enum class GemmGemv : std::uint8_t {
+    kAuto,   ///< tuning times the GEMV against the cuBLASLt algorithm it kept and runs the faster; untuned plans:
+             ///< cuBLASLt
+    kOff,    ///< cuBLASLt only
+    kAlways, ///< every eligible plan runs the GEMV, tuned or not (still timed when tuning, for GemmPlanInfo)
+};
+
 struct GemmTuningOptions {
     bool enabled = true;   ///< time the heuristic's top_k candidates on a plan's first call
     int top_k = 8;         ///< 1..64
     std::string file = {}; ///< tuning-cache file; empty: none
+    GemmGemv gemv = GemmGemv::kAuto;
 };
 
 /// The options the environment gives (SHARDLINE_GEMM_TUNING, _TOP_K, _FILE); throws shardline::Error naming the
@@ -73,6 +89,7 @@ struct GemmPlanStats {
     std::uint64_t epilogue_fused = 0;    ///< measured-epilogue plans that keep the fused epilogue
     std::uint64_t epilogue_separate = 0; ///< measured-epilogue plans that run it apart (measured faster)
     std::uint64_t algo_reused = 0;       ///< plans under a GemmTuningPause that took the algorithm of a similar shape
+    std::uint64_t gemv = 0;              ///< plans that run CUTLASS's GEMV instead of cuBLASLt
 };
 GemmPlanStats GetGemmPlanStats();
 void ResetGemmPlanStats();
@@ -91,6 +108,8 @@ struct GemmPlanInfo {
     double epilogue_fused_us = 0.0;      ///< measured epilogues: the fused GEMM, best algorithm (0: not measured)
     double epilogue_separate_us = 0.0;   ///< measured epilogues: the apart GEMM + its kernels
     bool chosen_small_workspace = false; ///< the kept candidate came from the 1 MiB-workspace heuristic query
+    bool gemv = false;                   ///< runs CUTLASS's GEMV (GemmGemv) instead of the cuBLASLt algorithm
+    double gemv_us = 0.0; ///< tuning measurement of the GEMV, cold like chosen_us (0: not eligible or not timed)
 };
 std::vector<GemmPlanInfo> GemmPlanInfos();
 

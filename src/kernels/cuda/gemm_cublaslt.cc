@@ -13,6 +13,9 @@
 // (tuning off). A measured epilogue (GELU_AUX, BGRADB, DGELU, DGELU_BGRAD) is also timed against the same work run
 // apart (e.g. the plain GEMM followed by the separate column sum), and kept fused only where that measures faster.
 //
+// A matrix-vector product (a Linear forward of one token) may run CUTLASS's GEMV instead (cutlass/gemv_cutlass.h),
+// where tuning measured it faster or SHARDLINE_GEMM_GEMV=always says so (GemmGemv in gemm_tuning.h).
+//
 // When cuBLASLt offers no algorithm for a fused epilogue (or the problem is outside what the epilogues support, see
 // FusedIneligibleReason), the plan says so, one warning is logged for that key, and every call runs the plain GEMM
 // followed by the separate epilogue kernels.
@@ -53,11 +56,16 @@ void Prepare(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     }
 }
 
-/// Runs a usable plan: its algorithm, or for a measured epilogue that ran faster apart, the apart GEMM's plan followed
-/// by RunApartEpilogue.
+/// Runs a usable plan: its algorithm, CUTLASS's GEMV where the plan chose it (a matrix-vector product), or for a
+/// measured epilogue that ran faster apart, the apart GEMM's plan followed by RunApartEpilogue.
 void Execute(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     std::unique_lock lock(plan.mutex);
     Prepare(plan, p, ctx);
+    if (plan.gemv) {
+        lock.unlock();
+        SHARDLINE_CHECK_CUDA(RunGemv(p, ctx.stream()));
+        return;
+    }
     if (!plan.epilogue_separate) {
         SHARDLINE_CHECK_CUBLAS(Launch(plan, plan.algo, p, p.c, ctx, ctx.stream()));
         return;

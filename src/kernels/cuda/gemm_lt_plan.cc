@@ -19,6 +19,7 @@
 #include <shardline/kernels/gemm.h>
 #include <shardline/kernels/gemm_tuning.h>
 
+#include "cutlass/gemv_cutlass.h"
 #include "gemm_common.h"
 #include "kernels/gemm_tuning_internal.h"
 
@@ -125,6 +126,7 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
                              GemmEpilogueName(p.epilogue), Describe(p), reason));
         return plan;
     }
+    plan->gemv_eligible = GemvIneligibleReason(p, ctx).empty();
     const cublasComputeType_t compute = GemmComputeType(p, ctx);
     // alpha/beta are float for every dtype here: the compute type is 32F (or 32F_FAST_TF32).
     cublasLtMatmulDesc_t raw_desc = nullptr;
@@ -176,6 +178,7 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
             if (MeasuresEpilogue(p)) {
                 CountEpilogueDecision(*plan); // untuned: the fused epilogue, one launch
             }
+            SetUntimedGemv(*plan, false);
             return plan;
         }
     }
@@ -205,6 +208,8 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
                 }
                 CountEpilogueDecision(*plan);
             }
+            plan->gemv_us = record->gemv_us;
+            SetUntimedGemv(*plan, record->gemv);
             detail::GemmCounters().file_hits.fetch_add(1);
             return plan;
         }
@@ -284,12 +289,16 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     if (options.enabled) {
         if (StreamCapturing(ctx.stream())) {
             plan->needs_tuning = true;
+            SetUntimedGemv(*plan, false); // until the first call outside the capture tunes it
         } else {
             std::lock_guard lock(plan->mutex);
             TuneNow(*plan, p, ctx);
         }
-    } else if (MeasuresEpilogue(p)) {
-        CountEpilogueDecision(*plan); // untuned: the fused epilogue, one launch
+    } else {
+        if (MeasuresEpilogue(p)) {
+            CountEpilogueDecision(*plan); // untuned: the fused epilogue, one launch
+        }
+        SetUntimedGemv(*plan, false);
     }
     return plan;
 }
@@ -355,6 +364,60 @@ bool StreamCapturing(cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     SHARDLINE_CHECK_CUDA(cudaStreamIsCapturing(stream, &status));
     return status != cudaStreamCaptureStatusNone;
+}
+
+std::string GemvIneligibleReason(const GemmParams &p, CudaContext &ctx) {
+    if (!cutlass_gemv::Built()) {
+        return "this build has no CUTLASS GEMV (SHARDLINE_WITH_CUTLASS off)";
+    }
+    if (ctx.compute_capability() != 90) {
+        return "the CUTLASS GEMV is sm_90a code; this device is not an sm_90";
+    }
+    if (p.n != 1 || p.batch_count != 1) {
+        return "not one matrix-vector product (n != 1 or batched)";
+    }
+    if (!p.trans_a || p.lda != p.k || p.trans_b) {
+        return "A is not a packed row-major matrix (trans_a with lda = k) or B is transposed";
+    }
+    if (p.a_type != p.b_type || p.a_type != p.c_type || (p.a_type != DType::kBFloat16 && p.a_type != DType::kFloat16) ||
+        p.compute == GemmCompute::kFloat64) {
+        return "operands and D are not all bf16 or all fp16";
+    }
+    if (p.beta != 0.0 || (p.epilogue != GemmEpilogue::kNone && p.epilogue != GemmEpilogue::kBias) ||
+        (p.epilogue == GemmEpilogue::kBias && p.bias_type != p.c_type)) {
+        return "beta != 0, or an epilogue other than none or a bias in D's dtype";
+    }
+    const auto aligned16 = [](const void *ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+    if (p.k % 8 != 0 || !aligned16(p.a) || !aligned16(p.b) || p.m * p.k >= (std::int64_t{1} << 31)) {
+        return "k not a multiple of 8, A or x not 16-byte aligned, or m·k ≥ 2^31";
+    }
+    return {};
+}
+
+cudaError_t RunGemv(const GemmParams &p, cudaStream_t stream) {
+    cutlass_gemv::Args args;
+    args.element = p.a_type == DType::kBFloat16 ? cutlass_gemv::Element::kBFloat16 : cutlass_gemv::Element::kFloat16;
+    // Column-major D (m×1) = Aᵀ·B: Aᵀ is the row-major m×k weight, B the k-vector.
+    args.rows = p.m;
+    args.cols = p.k;
+    args.a = p.a;
+    args.x = p.b;
+    args.d = p.c;
+    args.alpha = static_cast<float>(p.alpha);
+    if (p.epilogue == GemmEpilogue::kBias) {
+        args.c = p.bias; // D = alpha·Aᵀx + bias, as cuBLASLt's BIAS epilogue (the bias is not scaled)
+        args.beta = 1.0f;
+    }
+    args.stream = stream;
+    return cutlass_gemv::Run(args);
+}
+
+void SetUntimedGemv(LtPlan &plan, bool recorded) {
+    const GemmGemv mode = CurrentGemmTuningOptions().gemv;
+    plan.gemv = plan.gemv_eligible && (mode == GemmGemv::kAlways || (mode == GemmGemv::kAuto && recorded));
+    if (plan.gemv) {
+        detail::GemmCounters().gemv.fetch_add(1);
+    }
 }
 
 /// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning).
@@ -473,7 +536,9 @@ std::vector<GemmPlanInfo> PlanInfos() {
                                      .epilogue_fused_us = plan->epilogue_fused_us,
                                      .epilogue_separate_us = plan->epilogue_separate_us,
                                      .chosen_small_workspace = plan->tuned && !plan->from_file &&
-                                                               plan->chosen >= plan->full_workspace_candidates});
+                                                               plan->chosen >= plan->full_workspace_candidates,
+                                     .gemv = plan->gemv,
+                                     .gemv_us = plan->gemv_us});
     }
     std::sort(infos.begin(), infos.end(), [](const GemmPlanInfo &a, const GemmPlanInfo &b) { return a.key < b.key; });
     return infos;

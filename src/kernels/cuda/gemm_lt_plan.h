@@ -93,6 +93,11 @@ struct LtPlan {
     double epilogue_fused_us = 0.0;
     double epilogue_separate_us = 0.0;
     std::shared_ptr<LtPlan> apart; ///< the plan of ApartGemmParams(p), when epilogue_separate
+
+    // Matrix-vector products (GemvIneligible empty): CUTLASS's GEMV instead of the algorithm, per GemmGemv.
+    bool gemv_eligible = false;
+    bool gemv = false;
+    double gemv_us = 0.0; ///< timed by tuning (0: not timed)
 };
 
 /// The GPU's name (cudaDeviceProp::name) and cuBLASLt's version: the tuning-cache file's record key.
@@ -115,6 +120,11 @@ GemmParams PlainParams(const GemmParams &p);
 /// the call, which must not add into C twice). A bias epilogue costs the GEMM nothing and is always fused.
 bool MeasuresEpilogue(const GemmParams &p);
 bool StreamCapturing(cudaStream_t stream);
+/// Empty when p may run CUTLASS's GEMV (the eligibility of GemmGemv, gemm_tuning.h; it depends only on p's plan key
+/// and the device), else the reason.
+std::string GemvIneligibleReason(const GemmParams &p, CudaContext &ctx);
+/// p through CUTLASS's GEMV on `stream` (p eligible): D = alpha·op(A)·x (+ the bias).
+cudaError_t RunGemv(const GemmParams &p, cudaStream_t stream);
 /// One launch of `plan` with `algo` for p, writing D to `d` (p.c, or a scratch copy while tuning). C is p.c_in with
 /// its own layout when the plan has one, else `d` (D written over C).
 cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const GemmParams &p, void *d, CudaContext &ctx,
@@ -127,6 +137,9 @@ cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const Gemm
 void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
 /// Counts a measured epilogue's decision (GemmPlanStats).
 void CountEpilogueDecision(const LtPlan &plan);
+/// Sets plan.gemv for a plan that is not timed (untuned, or from a tuning-file record saying `recorded`): GemmGemv's
+/// kAlways, or kAuto and recorded; never when not eligible. Counts it (GemmPlanStats::gemv).
+void SetUntimedGemv(LtPlan &plan, bool recorded);
 
 // gemm_cublaslt.cc
 

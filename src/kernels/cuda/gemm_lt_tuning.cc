@@ -1,6 +1,7 @@
 // Tuning the cuBLASLt provider's plans: the heuristic's candidates timed on the call's own operands (the fastest is
-// kept), and for the measured epilogues (GELU_AUX, BGRADB, DGELU, DGELU_BGRAD) the fused epilogue timed against the
-// same work run apart (e.g. the plain GEMM + a separate column sum).
+// kept), for the measured epilogues (GELU_AUX, BGRADB, DGELU, DGELU_BGRAD) the fused epilogue timed against the same
+// work run apart (e.g. the plain GEMM + a separate column sum), and for matrix-vector products CUTLASS's GEMV against
+// the kept algorithm.
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <shardline/core/error.h>
 #include <shardline/core/tensor.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/gemm_tuning.h>
 
 #include "candidate_timer.h"
 #include "gemm_common.h"
@@ -141,6 +143,45 @@ void DecideEpilogue(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     plan.epilogue_separate = !(fused_us < separate_us * (1.0 - kTuningMargin));
 }
 
+/// A matrix-vector product (plan.gemv_eligible): CUTLASS's GEMV against the algorithm TuneCandidates kept, both on p's
+/// operands, interleaved over two passes (beta is 0, so repeats write the same D). GemmGemv::kAuto keeps the GEMV only
+/// where it is faster by the tuning margin; kAlways keeps it anyway; kOff times nothing. Called under plan.mutex,
+/// stream not capturing.
+void DecideGemv(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+    const GemmGemv mode = CurrentGemmTuningOptions().gemv;
+    if (plan.gemv) {
+        detail::GemmCounters().gemv.fetch_sub(1); // counted untimed while the plan waited for its tuning
+    }
+    plan.gemv = false;
+    plan.gemv_us = 0.0;
+    if (!plan.gemv_eligible || mode == GemmGemv::kOff) {
+        return;
+    }
+    const cudaStream_t stream = ctx.stream();
+    const Tensor flush = ColdFlushBuffer(p, ctx);
+    CandidateTimer events(stream, flush.defined() ? flush.data() : nullptr, flush.defined() ? flush.nbytes() : 0);
+    auto gemv = [&] { return RunGemv(p, stream) == cudaSuccess; };
+    auto lt = [&] { return Launch(plan, plan.algo, p, p.c, ctx, stream) == CUBLAS_STATUS_SUCCESS; };
+    const double single = events.Time(1, gemv); // also the warm-up
+    SHARDLINE_CHECK_AS(CudaError, single > 0.0, kOp, "CUTLASS's GEMV failed for the eligible {}: {}", plan.key,
+                       cudaGetErrorString(cudaGetLastError()));
+    (void)events.Time(1, lt);
+    const int reps = RepsFor(single);
+    double gemv_us = 0.0;
+    double lt_us = 0.0;
+    for (int pass = 0; pass < 2; ++pass) {
+        const double g = events.Time(reps, gemv);
+        const double l = events.Time(reps, lt);
+        gemv_us = pass == 0 ? g : std::min(gemv_us, g);
+        lt_us = pass == 0 ? l : std::min(lt_us, l);
+    }
+    plan.gemv_us = gemv_us;
+    plan.gemv = mode == GemmGemv::kAlways || gemv_us < lt_us * (1.0 - kTuningMargin);
+    if (plan.gemv) {
+        detail::GemmCounters().gemv.fetch_add(1);
+    }
+}
+
 GemmTuningRecord MakeRecord(const LtPlan &plan, const DeviceIdentity &id) {
     GemmTuningRecord r;
     r.gpu = id.gpu;
@@ -155,6 +196,8 @@ GemmTuningRecord MakeRecord(const LtPlan &plan, const DeviceIdentity &id) {
     r.epilogue_separate = plan.epilogue_separate;
     r.epilogue_fused_us = plan.epilogue_fused_us;
     r.epilogue_separate_us = plan.epilogue_separate_us;
+    r.gemv = plan.gemv;
+    r.gemv_us = plan.gemv_us;
     return r;
 }
 
@@ -175,6 +218,7 @@ void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
         DecideEpilogue(plan, p, ctx);
         CountEpilogueDecision(plan);
     }
+    DecideGemv(plan, p, ctx);
     plan.needs_tuning = false;
     detail::StoreTuningRecord(MakeRecord(plan, Identity(ctx.device())));
 }

@@ -86,7 +86,7 @@ struct GemmTuningRecord {
     bool epilogue_separate = false; ///< a measured epilogue runs apart (gemm_tuning.h)
     double epilogue_fused_us = 0.0;
     double epilogue_separate_us = 0.0;
-    bool gemv = false;    ///< a matrix-vector product runs CUTLASS's GEMV (GemmGemv)
+    bool gemv = false;    ///< CUTLASS's GEMV measured faster than cuBLASLt (GemmGemv::kAuto then runs it)
     double gemv_us = 0.0; ///< its measured time (0: not timed)
 
     bool operator==(const GemmTuningRecord&) const = default;

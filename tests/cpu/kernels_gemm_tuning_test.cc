@@ -22,6 +22,7 @@ namespace shardline::kernels {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 /// Sets (or unsets) an environment variable for the scope's lifetime.
 class ScopedEnv {
@@ -346,6 +347,83 @@ TEST(GemmTuningTableTest, MalformedFilesAreRefusedWithTheReason) {
               "accepted");
 }
 
+// The GEMV decision of a matrix-vector product's record: "kernel" and "gemv_us", written only when the GEMV was
+// chosen or timed, so that the records of other GEMMs (and files written before the GEMV) are unchanged.
+TEST(GemmTuningTableTest, GemvDecisionRoundTripsAndIsWrittenOnlyWhenTimedOrChosen) {
+    const auto json_of = [](const GemmTuningRecord& r) {
+        GemmTuningTable table;
+        table.Upsert(r);
+        return table.ToJson();
+    };
+    GemmTuningRecord gemv = SampleRecord("tn m=1536 n=1 k=4096 epilogue=bias(bf16)", 11);
+    gemv.gemv = true;
+    gemv.gemv_us = 5.25;
+    GemmTuningRecord cublaslt = SampleRecord("tn m=4096 n=1 k=1024 epilogue=none", 12);
+    cublaslt.gemv_us = 7.5;
+    const GemmTuningRecord plain = SampleRecord("tn m=256 n=384 k=512 epilogue=none", 13);
+
+    EXPECT_THAT(json_of(gemv), HasSubstr("\"kernel\": \"gemv\""));
+    EXPECT_THAT(json_of(gemv), HasSubstr("\"gemv_us\": 5.25"));
+    EXPECT_THAT(json_of(cublaslt), HasSubstr("\"kernel\": \"cublaslt\""));
+    EXPECT_THAT(json_of(cublaslt), HasSubstr("\"gemv_us\": 7.5"));
+    EXPECT_THAT(json_of(plain), Not(HasSubstr("\"kernel\"")));
+    EXPECT_THAT(json_of(plain), Not(HasSubstr("gemv_us")));
+
+    GemmTuningTable table;
+    table.Upsert(gemv);
+    table.Upsert(cublaslt);
+    table.Upsert(plain);
+    const GemmTuningTable back = GemmTuningTable::Parse(table.ToJson());
+    ASSERT_EQ(back.size(), 3u);
+    EXPECT_EQ(back.records()[0], gemv);
+    EXPECT_EQ(back.records()[1], cublaslt);
+    EXPECT_EQ(back.records()[2], plain);
+    EXPECT_TRUE(back.records()[0].gemv);
+    EXPECT_EQ(back.records()[0].gemv_us, 5.25);
+    EXPECT_FALSE(back.records()[1].gemv);
+    EXPECT_EQ(back.records()[1].gemv_us, 7.5);
+}
+
+// A record without "kernel" (every file written before the GEMV) is a cuBLASLt record; "kernel" alone, without
+// "gemv_us", is a GEMV record that was not timed.
+TEST(GemmTuningTableTest, RecordsWithoutAKernelRunCublasLt) {
+    const std::string head = R"({"format": "shardline-gemm-tuning", "version": 1, "records": [)";
+    const std::string algo = R"("algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"])";
+    const GemmTuningTable table =
+        GemmTuningTable::Parse(head + R"({"gpu": "g", "cublaslt": 1, "key": "old", )" + algo + "}, " +
+                               R"({"gpu": "g", "cublaslt": 1, "key": "untimed", "kernel": "gemv", )" + algo + "}]}");
+    ASSERT_EQ(table.size(), 2u);
+    EXPECT_FALSE(table.records()[0].gemv);
+    EXPECT_EQ(table.records()[0].gemv_us, 0.0);
+    EXPECT_TRUE(table.records()[1].gemv);
+    EXPECT_EQ(table.records()[1].gemv_us, 0.0);
+}
+
+TEST(GemmTuningTableTest, MalformedGemvFieldsAreRefusedNamingTheRecordAndField) {
+    auto error = [](const std::string& text) -> std::string {
+        try {
+            (void)GemmTuningTable::Parse(text, "t.json");
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "accepted";
+    };
+    // The bad record is the second one: the message must say which.
+    const std::string head = R"({"format": "shardline-gemm-tuning", "version": 1, "records": [{"gpu": "g",
+        "cublaslt": 1, "key": "good", "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"]}, )";
+    const std::string algo = R"("algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"])";
+    const std::string unknown =
+        error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k", "kernel": "cutlass", )" + algo + "}]}");
+    EXPECT_THAT(unknown, HasSubstr("t.json: record 1"));
+    EXPECT_THAT(unknown, HasSubstr("\"kernel\" must be \"gemv\" or \"cublaslt\", got \"cutlass\""));
+    EXPECT_THAT(error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k", "kernel": 1, )" + algo + "}]}"),
+                HasSubstr("\"kernel\" must be \"gemv\" or \"cublaslt\", got 1"));
+    const std::string not_a_number =
+        error(head + R"({"gpu": "g", "cublaslt": 1, "key": "k", "kernel": "gemv", "gemv_us": "fast", )" + algo + "}]}");
+    EXPECT_THAT(not_a_number, HasSubstr("t.json: record 1"));
+    EXPECT_THAT(not_a_number, HasSubstr("\"gemv_us\" must be a number"));
+}
+
 TEST(GemmTuningTableTest, MissingFileLoadsEmptyAndSaveLoadRoundTrips) {
     TempDir dir;
     const std::string path = dir.File("tuning.json");
@@ -450,6 +528,51 @@ TEST(GemmTuningOptionsTest, MalformedValuesNameTheVariable) {
             EXPECT_THAT(std::string(e.what()), HasSubstr("SHARDLINE_GEMM_TUNING_TOP_K"));
         }
     }
+}
+
+TEST(GemmTuningOptionsTest, GemvModeComesFromTheEnvironmentAndDefaultsToAuto) {
+    {
+        ScopedEnv unset("SHARDLINE_GEMM_GEMV", std::nullopt);
+        EXPECT_EQ(GemmTuningOptionsFromEnv().gemv, GemmGemv::kAuto);
+        EXPECT_EQ(GemmTuningOptions{}.gemv, GemmGemv::kAuto);
+    }
+    {
+        ScopedEnv off("SHARDLINE_GEMM_GEMV", "off");
+        EXPECT_EQ(GemmTuningOptionsFromEnv().gemv, GemmGemv::kOff);
+    }
+    {
+        ScopedEnv always("SHARDLINE_GEMM_GEMV", "always");
+        EXPECT_EQ(GemmTuningOptionsFromEnv().gemv, GemmGemv::kAlways);
+    }
+    {
+        ScopedEnv auto_mode("SHARDLINE_GEMM_GEMV", "auto");
+        EXPECT_EQ(GemmTuningOptionsFromEnv().gemv, GemmGemv::kAuto);
+    }
+    ScopedEnv bad("SHARDLINE_GEMM_GEMV", "sometimes");
+    try {
+        (void)GemmTuningOptionsFromEnv();
+        FAIL() << "accepted SHARDLINE_GEMM_GEMV=sometimes";
+    } catch (const Error& e) {
+        EXPECT_THAT(std::string(e.what()), HasSubstr("SHARDLINE_GEMM_GEMV"));
+        EXPECT_THAT(std::string(e.what()), HasSubstr("'sometimes'"));
+    }
+}
+
+// The GEMV mode is an option like the others: SetGemmTuningOptions replaces it, and a pause (which stops the timing)
+// leaves it alone.
+TEST(GemmTuningOptionsTest, SetOptionsSetsTheGemvModeAndAPauseKeepsIt) {
+    const GemmTuningOptions saved = CurrentGemmTuningOptions();
+    SetGemmTuningOptions(GemmTuningOptions{.enabled = true, .top_k = 8, .gemv = GemmGemv::kAlways});
+    EXPECT_EQ(CurrentGemmTuningOptions().gemv, GemmGemv::kAlways);
+    {
+        const GemmTuningPause pause;
+        EXPECT_FALSE(CurrentGemmTuningOptions().enabled);
+        EXPECT_EQ(CurrentGemmTuningOptions().gemv, GemmGemv::kAlways);
+    }
+    SetGemmTuningOptions(GemmTuningOptions{.gemv = GemmGemv::kOff});
+    EXPECT_EQ(CurrentGemmTuningOptions().gemv, GemmGemv::kOff);
+    SetGemmTuningOptions(saved);
+    EXPECT_EQ(CurrentGemmTuningOptions().gemv, saved.gemv);
 }
 
 TEST(GemmTuningOptionsTest, SetOptionsReplacesTheEnvironmentsAndChecksTopK) {

@@ -1,13 +1,16 @@
 // GEMM tuning on the GPU: tuned plans (timed top-k candidates, the per-shape fused-or-apart decision of BGRADB and the
 // GELU epilogues) against float64 references, the tuning-cache file (a process starts tuned: no heuristic query, no
 // timing, the same bits; both paths of every measured epilogue forced through it), a record cuBLASLt refuses, plans
-// first built inside a CUDA-graph capture, and tuning switched off.
+// first built inside a CUDA-graph capture, tuning switched off, and CUTLASS's GEMV for the matrix-vector products of a
+// one-token Linear forward (GemmGemv: always, off, auto; from the tuning file; inside a capture).
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,8 +19,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <shardline/config.h>
 #include <shardline/kernels/linear.h>
 
+#include "captured_graph.h"
 #include "helpers.h"
 #include "kernels/gemm_tuning.h"
 
@@ -25,6 +30,8 @@ namespace shardline::testing {
 namespace {
 
 using kernels::CurrentGemmTuningOptions;
+using kernels::GemmGemv;
+using kernels::GemmPlanInfo;
 using kernels::GemmPlanInfos;
 using kernels::GemmPlanStats;
 using kernels::GemmTuningOptions;
@@ -447,6 +454,349 @@ TEST_P(CudaGemmTuningTest, PausedShapesOfOneClassShareOneHeuristicQuery) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DType, CudaGemmTuningTest, CudaDTypes(), DTypeParamName);
+
+// ---------------------------------------------------------------------------------------------------------------------
+// CUTLASS's GEMV: the matrix-vector product of a one-token Linear forward (GEMM m = out, n = 1, k = in)
+
+/// Why CUTLASS's GEMV cannot run here (GTEST_SKIP's message), or "" when it can: it is sm_90a code, compiled only in a
+/// build with CUTLASS.
+std::string GemvUnavailableReason() {
+    if (!SHARDLINE_HAVE_CUTLASS) {
+        return "this build has no CUTLASS (SHARDLINE_WITH_CUTLASS off), so no GEMV";
+    }
+    if (const int cc = CudaContext::Get(0).compute_capability(); cc != 90) {
+        return "CUTLASS's GEMV is sm_90a code; device 0 has compute capability " + std::to_string(cc);
+    }
+    return {};
+}
+
+/// A GEMV suite's fixture over Base (CudaTest, or CudaParamTest<DType>): skips where the GEMV cannot run; each case
+/// picks its options with Use (which drops every plan and zeroes the counters), and the options in force before the
+/// case are restored after it.
+template <class Base> class GemvFixture : public Base {
+protected:
+    void SetUp() override {
+        Base::SetUp();
+        if (Base::IsSkipped()) {
+            return;
+        }
+        if (const std::string reason = GemvUnavailableReason(); !reason.empty()) {
+            GTEST_SKIP() << reason;
+        }
+        saved_ = CurrentGemmTuningOptions();
+    }
+    void TearDown() override {
+        if (saved_.has_value()) {
+            SetGemmTuningOptions(*saved_);
+        }
+        Base::TearDown();
+    }
+    static void Use(GemmGemv gemv, bool tuning, const std::string& file = {}) {
+        SetGemmTuningOptions(GemmTuningOptions{.enabled = tuning, .top_k = 8, .file = file, .gemv = gemv});
+        ResetGemmPlanStats();
+    }
+
+private:
+    std::optional<GemmTuningOptions> saved_;
+};
+
+/// The GEMV's dtypes (bf16 and fp16), one case each.
+class CudaGemmGemvTest : public GemvFixture<CudaParamTest<DType>> {};
+/// fp32, which the GEMV does not take.
+class CudaGemmGemvFp32Test : public GemvFixture<CudaTest> {};
+
+/// y = x·Wᵀ (+ b) into a fresh y poisoned from `poison_seed` (two calls get different garbage, so equal bits are the
+/// kernel's), synchronized.
+Tensor Forward(const Layer& l, bool bias, std::uint64_t poison_seed = 999) {
+    Tensor y = RandomGpu({l.m, l.out}, l.dtype, poison_seed, "poison_y", 100.0);
+    LinearForward(LinearForwardArgs{.x = l.x, .weight = l.w, .bias = bias ? &l.b : nullptr, .y = y});
+    Synchronize(Gpu());
+    return y;
+}
+
+/// y against the float64 reference of l's forward, which must not be all zeros (zeros would let a kernel that wrote
+/// only zeros pass).
+::testing::AssertionResult ForwardMatchesFloat64(const Tensor& y, const Layer& l, bool bias, double roundings) {
+    const Values bv = l.b.ToDoubleVector();
+    const Values ref =
+        RefLinearForward(l.x.ToDoubleVector(), l.w.ToDoubleVector(), bias ? &bv : nullptr, l.m, l.out, l.in);
+    if (AbsSum(ref) == 0.0) {
+        return ::testing::AssertionFailure() << "the float64 reference is all zeros";
+    }
+    return ValuesMatch(y, ref, l.dtype, roundings);
+}
+
+/// The GEMV's precision: fp32 accumulation, alpha·acc + bias in fp32, rounded once to the output dtype, with or
+/// without the bias (cuBLASLt's budgets are kEpilogueRoundings for a fused bias, kUnfusedBiasRoundings for its
+/// fallback).
+constexpr double kGemvRoundings = 1;
+
+/// " m=<out> n=<tokens> k=<in> ": the forward GEMM's shape as its plan key spells it.
+std::string ForwardShape(const Layer& l) {
+    return " m=" + std::to_string(l.out) + " n=" + std::to_string(l.m) + " k=" + std::to_string(l.in) + " ";
+}
+
+/// The keys of the cached plans, one a line, for failure messages.
+std::string Keys(const std::vector<GemmPlanInfo>& infos) {
+    std::string keys;
+    for (const GemmPlanInfo& info : infos) {
+        keys += "\n  " + info.key + (info.gemv ? " [gemv]" : "");
+    }
+    return keys;
+}
+
+struct GemvShape {
+    std::int64_t out, in;
+};
+// (1, 8): one row, one 16-byte load, K below one warp's tile (256 elements: the tail loop only); (7, 64): fewer rows
+// than a block's 8; (1536, 4096) and (4100, 1024): decode shapes, 4100 leaving a partial last block; (300, 4104): a
+// tail of 8 past the whole tiles.
+const std::vector<GemvShape> kGemvShapes = {{1, 8}, {7, 64}, {1536, 4096}, {4100, 1024}, {300, 4104}};
+
+// GemmGemv::kAlways, tuning on and off: every eligible one-token forward (with a bias and without) is one plan that
+// runs the GEMV, rounded once, deterministic, timed only when tuning.
+TEST_P(CudaGemmGemvTest, AlwaysRunsTheGemvForOneTokenAndMatchesFloat64) {
+    const DType dtype = GetParam();
+    std::uint64_t seed = 60;
+    for (const bool tuning : {true, false}) {
+        for (const GemvShape& shape : kGemvShapes) {
+            for (const bool bias : {false, true}) {
+                SCOPED_TRACE(::testing::Message() << "tuning=" << tuning << " out=" << shape.out << " in=" << shape.in
+                                                  << (bias ? " with bias" : " without bias"));
+                Use(GemmGemv::kAlways, tuning);
+                const Layer l(1, shape.in, shape.out, dtype, seed++);
+                const Tensor y = Forward(l, bias, 999);
+                const Tensor again = Forward(l, bias, 998);
+                EXPECT_TRUE(ForwardMatchesFloat64(y, l, bias, kGemvRoundings));
+                EXPECT_EQ(HostBytes(again), HostBytes(y)) << "the second call changed the bits";
+                const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+                ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+                const GemmPlanInfo& plan = infos[0];
+                EXPECT_NE(plan.key.find(ForwardShape(l)), std::string::npos) << plan.key;
+                EXPECT_TRUE(plan.usable) << plan.key;
+                EXPECT_TRUE(plan.gemv) << plan.key;
+                EXPECT_EQ(plan.tuned, tuning) << plan.key;
+                if (tuning) {
+                    EXPECT_GT(plan.gemv_us, 0.0) << plan.key << ": the GEMV was not timed";
+                } else {
+                    EXPECT_EQ(plan.gemv_us, 0.0) << plan.key << ": timed with tuning off";
+                }
+                const GemmPlanStats stats = GetGemmPlanStats();
+                EXPECT_EQ(stats.plans_built, 1u);
+                EXPECT_EQ(stats.gemv, 1u);
+                EXPECT_EQ(stats.tuned, tuning ? 1u : 0u);
+            }
+        }
+    }
+}
+
+// Products outside the GEMV's eligibility stay on cuBLASLt under kAlways: K not a multiple of 8, two tokens (n = 2),
+// and an x that is not 16-byte aligned.
+TEST_P(CudaGemmGemvTest, AlwaysLeavesIneligibleProductsToCublasLt) {
+    const DType dtype = GetParam();
+    struct Case {
+        const char* what;
+        std::int64_t tokens, in, out;
+        bool misaligned_x;
+    };
+    const std::vector<Case> cases = {{"in = 12, not a multiple of 8", 1, 12, 64, false},
+                                     {"two tokens", 2, 4096, 1536, false},
+                                     {"x 2-byte aligned", 1, 1024, 256, true}};
+    std::uint64_t seed = 70;
+    for (const Case& c : cases) {
+        for (const bool bias : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << c.what << (bias ? ", with bias" : ", without bias"));
+            Use(GemmGemv::kAlways, true);
+            const Layer l(c.tokens, c.in, c.out, dtype, seed++);
+            Tensor y = RandomGpu({l.m, l.out}, dtype, 999, "poison_y", 100.0);
+            std::optional<MisalignedTensor> x;
+            if (c.misaligned_x) {
+                x = MisalignedCopy(l.x);
+            }
+            LinearForward(
+                LinearForwardArgs{.x = x ? x->view : l.x, .weight = l.w, .bias = bias ? &l.b : nullptr, .y = y});
+            Synchronize(Gpu());
+            EXPECT_TRUE(ForwardMatchesFloat64(y, l, bias, kUnfusedBiasRoundings));
+            const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+            EXPECT_FALSE(infos.empty());
+            for (const GemmPlanInfo& plan : infos) {
+                EXPECT_FALSE(plan.gemv) << plan.key;
+                EXPECT_EQ(plan.gemv_us, 0.0) << plan.key << ": an ineligible product was timed";
+            }
+            EXPECT_EQ(GetGemmPlanStats().gemv, 0u) << Keys(infos);
+        }
+    }
+}
+
+// fp32 operands, otherwise an eligible decode shape: cuBLASLt under kAlways.
+TEST_F(CudaGemmGemvFp32Test, AlwaysLeavesFloat32ToCublasLt) {
+    for (const bool bias : {false, true}) {
+        SCOPED_TRACE(bias ? "with bias" : "without bias");
+        Use(GemmGemv::kAlways, true);
+        const Layer l(1, 4096, 1536, DType::kFloat32, bias ? 81 : 80);
+        EXPECT_TRUE(ForwardMatchesFloat64(Forward(l, bias), l, bias, kUnfusedBiasRoundings));
+        const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+        EXPECT_FALSE(infos.empty());
+        for (const GemmPlanInfo& plan : infos) {
+            EXPECT_FALSE(plan.gemv) << plan.key;
+            EXPECT_EQ(plan.gemv_us, 0.0) << plan.key;
+        }
+        EXPECT_EQ(GetGemmPlanStats().gemv, 0u) << Keys(infos);
+    }
+}
+
+// kOff: a tuned eligible product never runs the GEMV, and the GEMV is not even timed.
+TEST_P(CudaGemmGemvTest, OffKeepsCublasLtAndTimesNoGemv) {
+    const DType dtype = GetParam();
+    Use(GemmGemv::kOff, true);
+    const Layer l(1, 4096, 1536, dtype, 82);
+    EXPECT_TRUE(ForwardMatchesFloat64(Forward(l, true), l, true, kUnfusedBiasRoundings));
+    const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+    ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+    EXPECT_TRUE(infos[0].tuned) << infos[0].key;
+    EXPECT_FALSE(infos[0].gemv) << infos[0].key;
+    EXPECT_EQ(infos[0].gemv_us, 0.0) << infos[0].key;
+    EXPECT_EQ(GetGemmPlanStats().gemv, 0u);
+}
+
+// kAuto, tuning on: the GEMV is timed against cuBLASLt's kept algorithm. Which wins is the hardware's business;
+// whichever it is, the plan says so consistently, the result is right and repeats bit for bit.
+TEST_P(CudaGemmGemvTest, AutoTimesTheGemvAndKeepsOneKernel) {
+    const DType dtype = GetParam();
+    std::uint64_t seed = 83;
+    for (const GemvShape& shape : std::vector<GemvShape>{{1536, 4096}, {4096, 1024}}) {
+        SCOPED_TRACE(::testing::Message() << "out=" << shape.out << " in=" << shape.in);
+        Use(GemmGemv::kAuto, true);
+        const Layer l(1, shape.in, shape.out, dtype, seed++);
+        const Tensor y = Forward(l, true, 999);
+        const Tensor again = Forward(l, true, 998);
+        EXPECT_TRUE(ForwardMatchesFloat64(y, l, true, kUnfusedBiasRoundings));
+        EXPECT_EQ(HostBytes(again), HostBytes(y)) << "the second call changed the bits";
+        const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+        ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+        const GemmPlanInfo& plan = infos[0];
+        EXPECT_TRUE(plan.tuned) << plan.key;
+        EXPECT_GT(plan.gemv_us, 0.0) << plan.key << ": the GEMV was not timed";
+        EXPECT_EQ(GetGemmPlanStats().gemv, plan.gemv ? 1u : 0u);
+        std::printf("[ measured ] %s m=%lld k=%lld: GEMV %.2f us, cuBLASLt (tuned) %.2f us -> %s\n",
+                    std::string(ShortDTypeName(dtype)).c_str(), static_cast<long long>(shape.out),
+                    static_cast<long long>(shape.in), plan.gemv_us, plan.chosen_us, plan.gemv ? "GEMV" : "cuBLASLt");
+    }
+}
+
+// kAuto, tuning off (and no tuning file): nothing measured the GEMV faster, so cuBLASLt.
+TEST_P(CudaGemmGemvTest, AutoWithTuningOffKeepsCublasLt) {
+    const DType dtype = GetParam();
+    Use(GemmGemv::kAuto, false);
+    const Layer l(1, 4096, 1536, dtype, 85);
+    EXPECT_TRUE(ForwardMatchesFloat64(Forward(l, true), l, true, kUnfusedBiasRoundings));
+    const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+    ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+    EXPECT_FALSE(infos[0].gemv) << infos[0].key;
+    EXPECT_EQ(infos[0].gemv_us, 0.0) << infos[0].key;
+    EXPECT_EQ(GetGemmPlanStats().gemv, 0u);
+}
+
+// The tuning file keeps what tuning measured (the GEMV faster or not), not what a mode forced; a plan read from it
+// follows the record under kAuto, runs the GEMV under kAlways and cuBLASLt under kOff, without a heuristic query or
+// timing. Both record values are checked: the measured one, then the record flipped by hand.
+TEST_P(CudaGemmGemvTest, TuningFileKeepsTheMeasuredKernelAndTheModesReadIt) {
+    const DType dtype = GetParam();
+    TempFile file;
+    const Layer l(1, 4096, 1536, dtype, 86);
+    Use(GemmGemv::kAlways, true, file.path());
+    const Tensor first = Forward(l, true, 999);
+    EXPECT_TRUE(ForwardMatchesFloat64(first, l, true, kGemvRoundings));
+    ASSERT_EQ(GemmPlanInfos().size(), 1u);
+    const GemmPlanInfo tuned = GemmPlanInfos()[0];
+    EXPECT_TRUE(tuned.gemv) << "kAlways runs the GEMV";
+    std::stringstream text;
+    text << std::ifstream(file.path()).rdbuf();
+    EXPECT_NE(text.str().find("\"kernel\":"), std::string::npos) << text.str();
+    GemmTuningTable table = GemmTuningTable::Load(file.path());
+    ASSERT_EQ(table.size(), 1u) << text.str();
+    const kernels::GemmTuningRecord measured = table.records()[0];
+    EXPECT_NE(measured.key.find(ForwardShape(l)), std::string::npos) << measured.key;
+    EXPECT_EQ(measured.gemv_us, tuned.gemv_us);
+    EXPECT_GT(measured.gemv_us, 0.0);
+    EXPECT_EQ(measured.chosen_us, tuned.chosen_us);
+    std::printf("[ measured ] %s: GEMV %.2f us, cuBLASLt %.2f us, record says %s\n", DTypeName(dtype).data(),
+                measured.gemv_us, measured.chosen_us, measured.gemv ? "gemv" : "cublaslt");
+
+    for (const bool record_gemv : {measured.gemv, !measured.gemv}) {
+        kernels::GemmTuningRecord record = measured;
+        record.gemv = record_gemv;
+        table.Upsert(record);
+        std::filesystem::remove(file.path());
+        table.Save(file.path());
+        for (const GemmGemv mode : {GemmGemv::kAuto, GemmGemv::kAlways, GemmGemv::kOff}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "record " << (record_gemv ? "gemv" : "cublaslt") << ", mode " << static_cast<int>(mode));
+            Use(mode, true, file.path()); // a new process: no plans, the file read afresh
+            const bool runs_gemv = mode == GemmGemv::kAlways || (mode == GemmGemv::kAuto && record_gemv);
+            const Tensor y = Forward(l, true, 998);
+            EXPECT_TRUE(ForwardMatchesFloat64(y, l, true, runs_gemv ? kGemvRoundings : kUnfusedBiasRoundings));
+            if (runs_gemv) {
+                EXPECT_EQ(HostBytes(y), HostBytes(first)) << "the GEMV from the file wrote other bits";
+            }
+            const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+            ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+            EXPECT_TRUE(infos[0].from_file) << infos[0].key;
+            EXPECT_EQ(infos[0].gemv, runs_gemv) << infos[0].key;
+            const GemmPlanStats stats = GetGemmPlanStats();
+            EXPECT_GE(stats.file_hits, 1u);
+            EXPECT_EQ(stats.heuristic_queries, 0u) << "a cache hit asked the heuristic";
+            EXPECT_EQ(stats.tuned, 0u) << "a cache hit was timed again";
+            EXPECT_EQ(stats.gemv, runs_gemv ? 1u : 0u);
+        }
+    }
+}
+
+// A plan first built inside a capture under kAlways runs the GEMV in the graph (untimed), and the first eager call
+// tunes it and keeps the GEMV: replay and eager write the same bits.
+TEST_P(CudaGemmGemvTest, PlanFirstBuiltInsideACaptureRunsTheGemvInTheGraph) {
+    const DType dtype = GetParam();
+    Use(GemmGemv::kAlways, true);
+    const Layer l(1, 4096, 1536, dtype, 87);
+    Tensor y = RandomGpu({l.m, l.out}, dtype, 999, "poison_y", 100.0);
+    Synchronize(Gpu());
+    CapturedGraph graph(CudaContext::Get(0).stream(),
+                        [&] { LinearForward(LinearForwardArgs{.x = l.x, .weight = l.w, .bias = &l.b, .y = y}); });
+    {
+        const GemmPlanStats stats = GetGemmPlanStats();
+        EXPECT_EQ(stats.plans_built, 1u);
+        EXPECT_EQ(stats.tuned, 0u) << "timed inside a capture";
+        EXPECT_EQ(stats.gemv, 0u) << "counted before its tuning decided";
+        const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+        ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+        EXPECT_TRUE(infos[0].gemv) << infos[0].key;
+        EXPECT_EQ(infos[0].gemv_us, 0.0) << infos[0].key;
+    }
+    graph.Replay();
+    EXPECT_TRUE(ForwardMatchesFloat64(y, l, true, kGemvRoundings)) << "graph";
+
+    // The first eager call tunes the plan (the GEMV stays, now timed).
+    const Tensor eager = Forward(l, true, 998);
+    EXPECT_EQ(HostBytes(y), HostBytes(eager)) << "replay and eager call differ";
+    {
+        const GemmPlanStats stats = GetGemmPlanStats();
+        EXPECT_EQ(stats.plans_built, 1u);
+        EXPECT_EQ(stats.tuned, 1u) << "the first eager call tunes the plan";
+        EXPECT_EQ(stats.gemv, 1u);
+        const std::vector<GemmPlanInfo> infos = GemmPlanInfos();
+        ASSERT_EQ(infos.size(), 1u) << Keys(infos);
+        EXPECT_TRUE(infos[0].tuned) << infos[0].key;
+        EXPECT_TRUE(infos[0].gemv) << infos[0].key;
+        EXPECT_GT(infos[0].gemv_us, 0.0) << infos[0].key;
+    }
+    // The graph replays after the tuning too, over fresh garbage.
+    y.CopyFrom(RandomGpu({l.m, l.out}, dtype, 997, "poison_y", 100.0));
+    Synchronize(Gpu());
+    graph.Replay();
+    EXPECT_EQ(HostBytes(y), HostBytes(eager)) << "replay after tuning";
+}
+
+INSTANTIATE_TEST_SUITE_P(DType, CudaGemmGemvTest, HalfDTypes(), DTypeParamName);
 
 } // namespace
 } // namespace shardline::testing

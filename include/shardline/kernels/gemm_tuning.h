@@ -48,14 +48,14 @@ enum class GemmGemv : std::uint8_t {
 };
 
 struct GemmTuningOptions {
-    bool enabled = true;   ///< time the heuristic's top_k candidates on a plan's first call
-    int top_k = 8;         ///< 1..64
-    std::string file = {}; ///< tuning-cache file; empty: none
-    GemmGemv gemv = GemmGemv::kAuto;
+    bool enabled = true;             ///< time the heuristic's top_k candidates on a plan's first call
+    int top_k = 8;                   ///< 1..64
+    std::string file = {};           ///< tuning-cache file; empty: none
+    GemmGemv gemv = GemmGemv::kAuto; ///< matrix-vector products: CUTLASS's GEMV or cuBLASLt
 };
 
-/// The options the environment gives (SHARDLINE_GEMM_TUNING, _TOP_K, _FILE); throws shardline::Error naming the
-/// variable on a malformed value.
+/// The options the environment gives (SHARDLINE_GEMM_TUNING, _TOP_K, _FILE, SHARDLINE_GEMM_GEMV); throws
+/// shardline::Error naming the variable on a malformed value.
 GemmTuningOptions GemmTuningOptionsFromEnv();
 /// The options in force (the environment's until SetGemmTuningOptions).
 GemmTuningOptions CurrentGemmTuningOptions();
@@ -89,7 +89,7 @@ struct GemmPlanStats {
     std::uint64_t epilogue_fused = 0;    ///< measured-epilogue plans that keep the fused epilogue
     std::uint64_t epilogue_separate = 0; ///< measured-epilogue plans that run it apart (measured faster)
     std::uint64_t algo_reused = 0;       ///< plans under a GemmTuningPause that took the algorithm of a similar shape
-    std::uint64_t gemv = 0;              ///< plans that run CUTLASS's GEMV instead of cuBLASLt
+    std::uint64_t gemv = 0; ///< plans that run CUTLASS's GEMV (one built inside a capture: once its tuning decides)
 };
 GemmPlanStats GetGemmPlanStats();
 void ResetGemmPlanStats();

@@ -289,7 +289,7 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
     if (options.enabled) {
         if (StreamCapturing(ctx.stream())) {
             plan->needs_tuning = true;
-            SetUntimedGemv(*plan, false); // until the first call outside the capture tunes it
+            SetUntimedGemv(*plan, false, false); // until the first call outside the capture tunes it
         } else {
             std::lock_guard lock(plan->mutex);
             TuneNow(*plan, p, ctx);
@@ -412,10 +412,11 @@ cudaError_t RunGemv(const GemmParams &p, cudaStream_t stream) {
     return cutlass_gemv::Run(args);
 }
 
-void SetUntimedGemv(LtPlan &plan, bool recorded) {
+void SetUntimedGemv(LtPlan &plan, bool recorded_faster, bool count) {
     const GemmGemv mode = CurrentGemmTuningOptions().gemv;
-    plan.gemv = plan.gemv_eligible && (mode == GemmGemv::kAlways || (mode == GemmGemv::kAuto && recorded));
-    if (plan.gemv) {
+    plan.gemv_faster = plan.gemv_eligible && recorded_faster;
+    plan.gemv = plan.gemv_eligible && (mode == GemmGemv::kAlways || (mode == GemmGemv::kAuto && recorded_faster));
+    if (plan.gemv && count) {
         detail::GemmCounters().gemv.fetch_add(1);
     }
 }

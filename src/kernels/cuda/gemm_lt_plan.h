@@ -94,10 +94,12 @@ struct LtPlan {
     double epilogue_separate_us = 0.0;
     std::shared_ptr<LtPlan> apart; ///< the plan of ApartGemmParams(p), when epilogue_separate
 
-    // Matrix-vector products (GemvIneligible empty): CUTLASS's GEMV instead of the algorithm, per GemmGemv.
+    // Matrix-vector products (GemvIneligibleReason empty, and cuBLASLt has an algorithm: the plan is usable): CUTLASS's
+    // GEMV instead of the algorithm, per GemmGemv.
     bool gemv_eligible = false;
-    bool gemv = false;
-    double gemv_us = 0.0; ///< timed by tuning (0: not timed)
+    bool gemv = false;        ///< runs the GEMV
+    bool gemv_faster = false; ///< tuning (or the file's record) found the GEMV faster by the margin
+    double gemv_us = 0.0;     ///< timed by tuning (0: not timed)
 };
 
 /// The GPU's name (cudaDeviceProp::name) and cuBLASLt's version: the tuning-cache file's record key.
@@ -137,9 +139,11 @@ cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const Gemm
 void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
 /// Counts a measured epilogue's decision (GemmPlanStats).
 void CountEpilogueDecision(const LtPlan &plan);
-/// Sets plan.gemv for a plan that is not timed (untuned, or from a tuning-file record saying `recorded`): GemmGemv's
-/// kAlways, or kAuto and recorded; never when not eligible. Counts it (GemmPlanStats::gemv).
-void SetUntimedGemv(LtPlan &plan, bool recorded);
+/// Sets plan.gemv for a plan that is not timed now (untuned; from a tuning-file record whose measurement says
+/// `recorded_faster`; built inside a capture, until its tuning): GemmGemv's kAlways, or kAuto and recorded_faster;
+/// never when not eligible. Counts it in GemmPlanStats::gemv when `count` (a plan waiting for its tuning is counted
+/// when DecideGemv decides).
+void SetUntimedGemv(LtPlan &plan, bool recorded_faster, bool count = true);
 
 // gemm_cublaslt.cc
 

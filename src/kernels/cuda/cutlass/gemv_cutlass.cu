@@ -5,6 +5,7 @@
 // keep too few loads in flight at K ≤ 8192.
 
 #include <cutlass/cutlass.h>
+#include <cutlass/device_kernel.h>
 #include <cutlass/epilogue/thread/linear_combination.h>
 #include <cutlass/gemm/device/gemv.h>
 #include <cutlass/gemm/kernel/gemv.h>
@@ -31,12 +32,12 @@ template <class T> cudaError_t RunT(const Args &args) {
     if (Device::can_implement(arguments) != cutlass::Status::kSuccess) {
         return cudaErrorInvalidValue;
     }
-    Device op;
-    if (op(arguments, nullptr, args.stream) != cutlass::Status::kSuccess) {
-        const cudaError_t error = cudaGetLastError();
-        return error != cudaSuccess ? error : cudaErrorLaunchFailure;
-    }
-    return cudaSuccess;
+    // Launched here rather than through Device::run, which calls cudaGetLastError itself and returns only a status.
+    // (The kernel's Params are its Arguments.)
+    const dim3 block = Device::get_block_shape();
+    const dim3 grid = Device::get_grid_shape(arguments, block);
+    cutlass::Kernel<Kernel><<<grid, block, 0, args.stream>>>(arguments);
+    return cudaGetLastError();
 }
 
 } // namespace

@@ -1161,7 +1161,8 @@ int Main(const Options& o) {
                       {"epilogue_separate_us", info.epilogue_separate_us},
                       {"chosen_small_workspace", info.chosen_small_workspace},
                       {"gemv", info.gemv},
-                      {"gemv_us", info.gemv_us}});
+                      {"gemv_us", info.gemv_us},
+                      {"gemv_cublaslt_us", info.gemv_cublaslt_us}});
     }
     const GemmPlanStats stats = GetGemmPlanStats();
     std::printf(

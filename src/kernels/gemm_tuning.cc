@@ -104,6 +104,7 @@ nlohmann::json RecordToJson(const GemmTuningRecord& r) {
     if (r.gemv || r.gemv_us != 0.0) {
         j["kernel"] = r.gemv ? "gemv" : "cublaslt";
         j["gemv_us"] = r.gemv_us;
+        j["gemv_cublaslt_us"] = r.gemv_cublaslt_us;
     }
     return j;
 }
@@ -166,6 +167,7 @@ GemmTuningRecord RecordFromJson(const nlohmann::json& j, std::string_view source
         r.gemv = kernel == "gemv";
     }
     r.gemv_us = number("gemv_us", 0.0);
+    r.gemv_cublaslt_us = number("gemv_cublaslt_us", 0.0);
     return r;
 }
 

@@ -86,8 +86,9 @@ struct GemmTuningRecord {
     bool epilogue_separate = false; ///< a measured epilogue runs apart (gemm_tuning.h)
     double epilogue_fused_us = 0.0;
     double epilogue_separate_us = 0.0;
-    bool gemv = false;    ///< CUTLASS's GEMV measured faster than cuBLASLt (GemmGemv::kAuto then runs it)
-    double gemv_us = 0.0; ///< its measured time (0: not timed)
+    bool gemv = false;             ///< CUTLASS's GEMV measured faster than cuBLASLt (GemmGemv::kAuto then runs it)
+    double gemv_us = 0.0;          ///< its measured time (0: not timed)
+    double gemv_cublaslt_us = 0.0; ///< the cuBLASLt algorithm's, in the same interleaved passes
 
     bool operator==(const GemmTuningRecord&) const = default;
 };

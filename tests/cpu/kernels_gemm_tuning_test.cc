@@ -358,12 +358,14 @@ TEST(GemmTuningTableTest, GemvDecisionRoundTripsAndIsWrittenOnlyWhenTimedOrChose
     GemmTuningRecord gemv = SampleRecord("tn m=1536 n=1 k=4096 epilogue=bias(bf16)", 11);
     gemv.gemv = true;
     gemv.gemv_us = 5.25;
+    gemv.gemv_cublaslt_us = 6.5;
     GemmTuningRecord cublaslt = SampleRecord("tn m=4096 n=1 k=1024 epilogue=none", 12);
     cublaslt.gemv_us = 7.5;
     const GemmTuningRecord plain = SampleRecord("tn m=256 n=384 k=512 epilogue=none", 13);
 
     EXPECT_THAT(json_of(gemv), HasSubstr("\"kernel\": \"gemv\""));
     EXPECT_THAT(json_of(gemv), HasSubstr("\"gemv_us\": 5.25"));
+    EXPECT_THAT(json_of(gemv), HasSubstr("\"gemv_cublaslt_us\": 6.5"));
     EXPECT_THAT(json_of(cublaslt), HasSubstr("\"kernel\": \"cublaslt\""));
     EXPECT_THAT(json_of(cublaslt), HasSubstr("\"gemv_us\": 7.5"));
     EXPECT_THAT(json_of(plain), Not(HasSubstr("\"kernel\"")));
@@ -380,6 +382,7 @@ TEST(GemmTuningTableTest, GemvDecisionRoundTripsAndIsWrittenOnlyWhenTimedOrChose
     EXPECT_EQ(back.records()[2], plain);
     EXPECT_TRUE(back.records()[0].gemv);
     EXPECT_EQ(back.records()[0].gemv_us, 5.25);
+    EXPECT_EQ(back.records()[0].gemv_cublaslt_us, 6.5);
     EXPECT_FALSE(back.records()[1].gemv);
     EXPECT_EQ(back.records()[1].gemv_us, 7.5);
 }

@@ -89,7 +89,7 @@ struct GemmPlanStats {
     std::uint64_t epilogue_fused = 0;    ///< measured-epilogue plans that keep the fused epilogue
     std::uint64_t epilogue_separate = 0; ///< measured-epilogue plans that run it apart (measured faster)
     std::uint64_t algo_reused = 0;       ///< plans under a GemmTuningPause that took the algorithm of a similar shape
-    std::uint64_t gemv = 0; ///< plans that run CUTLASS's GEMV (one built inside a capture: once its tuning decides)
+    std::uint64_t gemv = 0; ///< plan builds that chose CUTLASS's GEMV (one built inside a capture: when tuned)
 };
 GemmPlanStats GetGemmPlanStats();
 void ResetGemmPlanStats();
@@ -110,6 +110,7 @@ struct GemmPlanInfo {
     bool chosen_small_workspace = false; ///< the kept candidate came from the 1 MiB-workspace heuristic query
     bool gemv = false;                   ///< runs CUTLASS's GEMV (GemmGemv) instead of the cuBLASLt algorithm
     double gemv_us = 0.0; ///< tuning measurement of the GEMV, cold like chosen_us (0: not eligible or not timed)
+    double gemv_cublaslt_us = 0.0; ///< the kept cuBLASLt algorithm in the same passes: what gemv_us was compared with
 };
 std::vector<GemmPlanInfo> GemmPlanInfos();
 

@@ -209,8 +209,16 @@ std::shared_ptr<LtPlan> BuildPlan(const GemmParams &p, const GemmPlanKey &key, C
                 CountEpilogueDecision(*plan);
             }
             plan->gemv_us = record->gemv_us;
+            plan->gemv_cublaslt_us = record->gemv_cublaslt_us;
             SetUntimedGemv(*plan, record->gemv);
             detail::GemmCounters().file_hits.fetch_add(1);
+            if (plan->gemv_eligible && record->gemv_us == 0.0 && options.enabled && options.gemv == GemmGemv::kAuto &&
+                !StreamCapturing(ctx.stream())) {
+                // A record without a GEMV measurement (a file written before the GEMV, under SHARDLINE_GEMM_GEMV=off,
+                // or by a build without CUTLASS): time the GEMV now against the record's algorithm and store it.
+                std::lock_guard lock(plan->mutex);
+                TuneGemvOnly(*plan, p, ctx);
+            }
             return plan;
         }
         detail::GemmCounters().file_rejected.fetch_add(1);
@@ -368,7 +376,7 @@ bool StreamCapturing(cudaStream_t stream) {
 
 std::string GemvIneligibleReason(const GemmParams &p, CudaContext &ctx) {
     if (!cutlass_gemv::Built()) {
-        return "this build has no CUTLASS GEMV (SHARDLINE_WITH_CUTLASS off)";
+        return "this build has no CUTLASS GEMV (built without CUTLASS)";
     }
     if (ctx.compute_capability() != 90) {
         return "the CUTLASS GEMV is sm_90a code; this device is not an sm_90";
@@ -379,8 +387,7 @@ std::string GemvIneligibleReason(const GemmParams &p, CudaContext &ctx) {
     if (!p.trans_a || p.lda != p.k || p.trans_b) {
         return "A is not a packed row-major matrix (trans_a with lda = k) or B is transposed";
     }
-    if (p.a_type != p.b_type || p.a_type != p.c_type || (p.a_type != DType::kBFloat16 && p.a_type != DType::kFloat16) ||
-        p.compute == GemmCompute::kFloat64) {
+    if (p.a_type != p.b_type || p.a_type != p.c_type || (p.a_type != DType::kBFloat16 && p.a_type != DType::kFloat16)) {
         return "operands and D are not all bf16 or all fp16";
     }
     if (p.beta != 0.0 || (p.epilogue != GemmEpilogue::kNone && p.epilogue != GemmEpilogue::kBias) ||
@@ -539,7 +546,8 @@ std::vector<GemmPlanInfo> PlanInfos() {
                                      .chosen_small_workspace = plan->tuned && !plan->from_file &&
                                                                plan->chosen >= plan->full_workspace_candidates,
                                      .gemv = plan->gemv,
-                                     .gemv_us = plan->gemv_us});
+                                     .gemv_us = plan->gemv_us,
+                                     .gemv_cublaslt_us = plan->gemv_cublaslt_us});
     }
     std::sort(infos.begin(), infos.end(), [](const GemmPlanInfo &a, const GemmPlanInfo &b) { return a.key < b.key; });
     return infos;

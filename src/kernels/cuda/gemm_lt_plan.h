@@ -97,9 +97,10 @@ struct LtPlan {
     // Matrix-vector products (GemvIneligibleReason empty, and cuBLASLt has an algorithm: the plan is usable): CUTLASS's
     // GEMV instead of the algorithm, per GemmGemv.
     bool gemv_eligible = false;
-    bool gemv = false;        ///< runs the GEMV
-    bool gemv_faster = false; ///< tuning (or the file's record) found the GEMV faster by the margin
-    double gemv_us = 0.0;     ///< timed by tuning (0: not timed)
+    bool gemv = false;             ///< runs the GEMV
+    bool gemv_faster = false;      ///< tuning (or the file's record) found the GEMV faster by the margin
+    double gemv_us = 0.0;          ///< timed by tuning (0: not timed)
+    double gemv_cublaslt_us = 0.0; ///< the algorithm in the same passes
 };
 
 /// The GPU's name (cudaDeviceProp::name) and cuBLASLt's version: the tuning-cache file's record key.
@@ -137,6 +138,10 @@ cublasStatus_t Launch(LtPlan &plan, const cublasLtMatmulAlgo_t &algo, const Gemm
 /// Times the plan's candidates on p's operands and keeps the fastest; for a measured epilogue also decides fused
 /// against apart; stores the record in the tuning-cache file (under plan.mutex, stream not capturing).
 void TuneNow(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
+/// A plan read from a tuning-file record without a GEMV measurement (plan.gemv_eligible, GemmGemv::kAuto, tuning on,
+/// stream not capturing): times the GEMV against the record's algorithm (DecideGemv) and stores the record with it
+/// (under plan.mutex).
+void TuneGemvOnly(LtPlan &plan, const GemmParams &p, CudaContext &ctx);
 /// Counts a measured epilogue's decision (GemmPlanStats).
 void CountEpilogueDecision(const LtPlan &plan);
 /// Sets plan.gemv for a plan that is not timed now (untuned; from a tuning-file record whose measurement says

@@ -154,6 +154,7 @@ void DecideGemv(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     plan.gemv = false;
     plan.gemv_faster = false;
     plan.gemv_us = 0.0;
+    plan.gemv_cublaslt_us = 0.0;
     if (!plan.gemv_eligible || mode == GemmGemv::kOff) {
         return;
     }
@@ -177,14 +178,24 @@ void DecideGemv(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
     const int reps = RepsFor(single);
     double gemv_us = 0.0;
     double lt_us = 0.0;
+    bool ran = true;
     for (int pass = 0; pass < 2; ++pass) {
         const double g = events.Time(reps, gemv);
         const double l = events.Time(reps, lt);
+        ran = ran && g >= 0.0 && l >= 0.0;
         gemv_us = pass == 0 ? g : std::min(gemv_us, g);
         lt_us = pass == 0 ? l : std::min(lt_us, l);
     }
+    if (!ran) {
+        Logger().log(spdlog::level::warn,
+                     fmt::format("Gemm: CUTLASS's GEMV or cuBLASLt failed while timing {} ({}): keeping cuBLASLt for "
+                                 "this shape",
+                                 plan.key, cudaGetErrorString(gemv_status)));
+        return;
+    }
     plan.gemv_us = gemv_us;
-    plan.gemv_faster = gemv_us >= 0.0 && lt_us >= 0.0 && gemv_us < lt_us * (1.0 - kTuningMargin);
+    plan.gemv_cublaslt_us = lt_us;
+    plan.gemv_faster = gemv_us < lt_us * (1.0 - kTuningMargin);
     plan.gemv = mode == GemmGemv::kAlways || plan.gemv_faster;
     if (plan.gemv) {
         detail::GemmCounters().gemv.fetch_add(1);
@@ -207,10 +218,16 @@ GemmTuningRecord MakeRecord(const LtPlan &plan, const DeviceIdentity &id) {
     r.epilogue_separate_us = plan.epilogue_separate_us;
     r.gemv = plan.gemv_faster; // what was measured, not what a mode forced
     r.gemv_us = plan.gemv_us;
+    r.gemv_cublaslt_us = plan.gemv_cublaslt_us;
     return r;
 }
 
 } // namespace
+
+void TuneGemvOnly(LtPlan &plan, const GemmParams &p, CudaContext &ctx) {
+    DecideGemv(plan, p, ctx);
+    detail::StoreTuningRecord(MakeRecord(plan, Identity(ctx.device())));
+}
 
 void CountEpilogueDecision(const LtPlan &plan) {
     if (plan.epilogue_separate) {

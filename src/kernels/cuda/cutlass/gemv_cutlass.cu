@@ -1,7 +1,7 @@
 // CUTLASS's row-major GEMV for bf16 and fp16 (sm_90a object, with the grouped GEMM's units): one warp per row of A
 // (kThreadsPerRow 32), eight rows per block, 16-byte loads, fp32 accumulation, the warp's partial sums reduced by
 // shuffles and the epilogue alpha·acc + beta·c in fp32. The configuration is the fastest of eight timed on an H100 at
-// the Llama decode shapes (4–32 threads per row, 64–512 threads per block; docs/PERFORMANCE.md): fewer threads per row
+// the Llama decode shapes (8–32 threads per row, 64–512 threads per block; docs/PERFORMANCE.md): fewer threads per row
 // keep too few loads in flight at K ≤ 8192.
 
 #include <cutlass/cutlass.h>

@@ -315,15 +315,18 @@ TEST(GemmTuningTableTest, RecordsAreKeyedByGpuLibraryVersionAndKey) {
     EXPECT_EQ(table.Find("NVIDIA A100", 130100, "k"), nullptr);
 }
 
+/// The message GemmTuningTable::Parse throws for `text` (read as "t.json"), or "accepted".
+std::string ParseError(const std::string& text) {
+    try {
+        (void)GemmTuningTable::Parse(text, "t.json");
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "accepted";
+}
+
 TEST(GemmTuningTableTest, MalformedFilesAreRefusedWithTheReason) {
-    auto error = [](const std::string& text) -> std::string {
-        try {
-            (void)GemmTuningTable::Parse(text, "t.json");
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "accepted";
-    };
+    const auto error = ParseError;
     EXPECT_THAT(error("{"), HasSubstr("t.json: not valid JSON"));
     EXPECT_THAT(error(R"({"format": "other", "version": 1, "records": []})"), HasSubstr("shardline-gemm-tuning"));
     EXPECT_THAT(error(R"({"format": "shardline-gemm-tuning", "version": 2, "records": []})"),
@@ -403,14 +406,7 @@ TEST(GemmTuningTableTest, RecordsWithoutAKernelRunCublasLt) {
 }
 
 TEST(GemmTuningTableTest, MalformedGemvFieldsAreRefusedNamingTheRecordAndField) {
-    auto error = [](const std::string& text) -> std::string {
-        try {
-            (void)GemmTuningTable::Parse(text, "t.json");
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "accepted";
-    };
+    const auto error = ParseError;
     // The bad record is the second one: the message must say which.
     const std::string head = R"({"format": "shardline-gemm-tuning", "version": 1, "records": [{"gpu": "g",
         "cublaslt": 1, "key": "good", "algo": ["0x1","0x2","0x3","0x4","0x5","0x6","0x7","0x8"]}, )";

@@ -374,6 +374,29 @@ bool StreamCapturing(cudaStream_t stream) {
     return status != cudaStreamCaptureStatusNone;
 }
 
+namespace {
+
+/// The GEMV's arguments for an eligible p: column-major D (m×1) = Aᵀ·B, Aᵀ the row-major m×k weight, B the k-vector;
+/// a bias is the epilogue's C with beta 1 (D = alpha·Aᵀx + bias, as cuBLASLt's BIAS epilogue: the bias is not scaled).
+cutlass_gemv::Args GemvArgs(const GemmParams &p, cudaStream_t stream) {
+    cutlass_gemv::Args args;
+    args.element = p.a_type == DType::kBFloat16 ? cutlass_gemv::Element::kBFloat16 : cutlass_gemv::Element::kFloat16;
+    args.rows = p.m;
+    args.cols = p.k;
+    args.a = p.a;
+    args.x = p.b;
+    args.d = p.c;
+    args.alpha = static_cast<float>(p.alpha);
+    if (p.epilogue == GemmEpilogue::kBias) {
+        args.c = p.bias;
+        args.beta = 1.0f;
+    }
+    args.stream = stream;
+    return args;
+}
+
+} // namespace
+
 std::string GemvIneligibleReason(const GemmParams &p, CudaContext &ctx) {
     if (!cutlass_gemv::Built()) {
         return "this build has no CUTLASS GEMV (built without CUTLASS)";
@@ -394,30 +417,13 @@ std::string GemvIneligibleReason(const GemmParams &p, CudaContext &ctx) {
         (p.epilogue == GemmEpilogue::kBias && p.bias_type != p.c_type)) {
         return "beta != 0, or an epilogue other than none or a bias in D's dtype";
     }
-    const auto aligned16 = [](const void *ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
-    if (p.k % 8 != 0 || !aligned16(p.a) || !aligned16(p.b) || p.m * p.k >= (std::int64_t{1} << 31)) {
-        return "k not a multiple of 8, A or x not 16-byte aligned, or m·k ≥ 2^31";
+    if (const char *reason = cutlass_gemv::Unsupported(GemvArgs(p, ctx.stream()))) {
+        return reason; // the kernel's own rules: k % 8, 16-byte A and x, m·k < 2^31
     }
     return {};
 }
 
-cudaError_t RunGemv(const GemmParams &p, cudaStream_t stream) {
-    cutlass_gemv::Args args;
-    args.element = p.a_type == DType::kBFloat16 ? cutlass_gemv::Element::kBFloat16 : cutlass_gemv::Element::kFloat16;
-    // Column-major D (m×1) = Aᵀ·B: Aᵀ is the row-major m×k weight, B the k-vector.
-    args.rows = p.m;
-    args.cols = p.k;
-    args.a = p.a;
-    args.x = p.b;
-    args.d = p.c;
-    args.alpha = static_cast<float>(p.alpha);
-    if (p.epilogue == GemmEpilogue::kBias) {
-        args.c = p.bias; // D = alpha·Aᵀx + bias, as cuBLASLt's BIAS epilogue (the bias is not scaled)
-        args.beta = 1.0f;
-    }
-    args.stream = stream;
-    return cutlass_gemv::Run(args);
-}
+cudaError_t RunGemv(const GemmParams &p, cudaStream_t stream) { return cutlass_gemv::Run(GemvArgs(p, stream)); }
 
 void SetUntimedGemv(LtPlan &plan, bool recorded_faster, bool count) {
     const GemmGemv mode = CurrentGemmTuningOptions().gemv;

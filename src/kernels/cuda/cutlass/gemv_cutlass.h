@@ -31,7 +31,9 @@ struct Args {
 
 /// Whether this build compiled the kernel (SHARDLINE_HAVE_CUTLASS; sm_90a code, like the grouped GEMM).
 bool Built();
-/// Launches the GEMV; cudaErrorNotSupported when not built, cudaErrorInvalidValue when Args breaks the rules above.
+/// Null when the kernel can run `args` (the rules above), else which rule it breaks.
+const char* Unsupported(const Args& args);
+/// Launches the GEMV; cudaErrorNotSupported when not built, cudaErrorInvalidValue when Unsupported(args).
 cudaError_t Run(const Args& args);
 
 } // namespace shardline::kernels::cuda::cutlass_gemv

@@ -42,7 +42,7 @@ shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cpu SOURCES
 if(SHARDLINE_WITH_NCCL)
   # Meshes are built once per process; the cases themselves are small.
   shardline_add_dist_test(NAME shardline_nn_gradient_consistency_tests_cuda SOURCES ${_shardline_nn_gradient_sources}
-                          NP 2 4 BACKEND cuda TIMEOUT 300)
+                          NP 1 2 4 BACKEND cuda TIMEOUT 300)
   target_compile_definitions(shardline_nn_gradient_consistency_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
 endif()
 # Uneven shards (issue 19): the modules with a feature size tp does not divide (22 over tp 3: 8, 8, 6), against the

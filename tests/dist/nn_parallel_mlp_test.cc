@@ -4,7 +4,7 @@
 // every phase's collectives are asserted from the mesh groups' counters against the table of DESIGN.md §6.
 // This file: column -> row (the Megatron pair, bitwise) and ParallelMLP, with the GELU fused into the GEMM epilogues
 // (one autograd node) and unfused (fc1 -> Gelu -> fc2), each against the dense reference and against each other.
-// BACKEND cpu (MPI, np 1/2/4) and BACKEND cuda (NCCL, np 2/4; SHARDLINE_DIST_TENSOR_TEST_CUDA adds the bf16 and fp16
+// BACKEND cpu (MPI, np 1/2/4) and BACKEND cuda (NCCL, np 1/2/4; SHARDLINE_DIST_TENSOR_TEST_CUDA adds the bf16 and fp16
 // cases) build this file, with the shared sizes, meshes, counts and comparisons of nn_test_util.h.
 
 #include <cstdint>
@@ -173,16 +173,25 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
     const DensePair ref = ReferencePair(full.x, full.w1, c.bias ? &full.b1 : nullptr, full.w2,
                                         c.bias ? &full.b2 : nullptr, full.dy, /*gelu=*/true);
     // Half: h, gelu(h) and dGELU each round once before the next GEMM; y and dX also sum tp rounded partials.
+    // float32 fused on CUDA: where the tuner picks cuBLASLt's DGELU epilogue for fc2's dgrad, gelu' is its own
+    // approximation, up to 2.4e-5 relative off (docs/kernels.md, "Measured precision of the fused bias epilogue"):
+    // the gradients behind it (dX, fc1's dW and db) get 3x float32's rtol of 1e-5.
+#if SHARDLINE_DIST_TENSOR_TEST_CUDA
+    const double behind_dgelu = c.gelu_fusion ? 3.0 : 1.0;
+#else
+    const double behind_dgelu = 1.0;
+#endif
     EXPECT_TRUE(Matches(got.y, {kSeq, kBatch, kHidden}, ref.y, data, c.dtype, HalfFactor(tp, 3))) << "y";
     if (c.input_grad) {
-        EXPECT_TRUE(Matches(got.dx, {kSeq, kBatch, kHidden}, ref.dx, data, c.dtype, HalfFactor(tp, 3))) << "dX";
+        EXPECT_TRUE(Matches(got.dx, {kSeq, kBatch, kHidden}, ref.dx, data, c.dtype, HalfFactor(tp, 3), behind_dgelu))
+            << "dX";
     } else {
         EXPECT_FALSE(got.dx.defined()) << "x needs no grad";
     }
-    EXPECT_TRUE(Matches(got.dw1, {kFfn, kHidden}, ref.dw1, data, c.dtype, HalfFactor(1, 2))) << "fc1 dW";
+    EXPECT_TRUE(Matches(got.dw1, {kFfn, kHidden}, ref.dw1, data, c.dtype, HalfFactor(1, 2), behind_dgelu)) << "fc1 dW";
     EXPECT_TRUE(Matches(got.dw2, {kHidden, kFfn}, ref.dw2, data, c.dtype, HalfFactor(1, 2))) << "fc2 dW";
     if (c.bias) {
-        EXPECT_TRUE(Matches(got.db1, {kFfn}, ref.db1, data, c.dtype, HalfFactor(1, 2))) << "fc1 db";
+        EXPECT_TRUE(Matches(got.db1, {kFfn}, ref.db1, data, c.dtype, HalfFactor(1, 2), behind_dgelu)) << "fc1 db";
         EXPECT_TRUE(Matches(got.db2, {kHidden}, ref.db2, data, c.dtype, HalfFactor(sp ? tp : 1))) << "fc2 db";
     }
 }

@@ -172,9 +172,9 @@ inline double HalfFactor(std::int64_t reduced_over, int extra_roundings = 0) {
 }
 
 /// Bitwise (shape and every value) for integer data; otherwise testing::CompareValues with the dtype's rtol (times
-/// `half_factor` for bf16 / fp16).
+/// `half_factor` for bf16 / fp16, `fp32_factor` for float32).
 inline ::testing::AssertionResult Matches(const Tensor &got, const Shape &shape, const Values &want, Data data,
-                                          DType dtype, double half_factor = 1.0) {
+                                          DType dtype, double half_factor = 1.0, double fp32_factor = 1.0) {
     if (!got.defined()) {
         return ::testing::AssertionFailure() << "undefined, expected " << ShapeToString(shape);
     }
@@ -192,7 +192,7 @@ inline ::testing::AssertionResult Matches(const Tensor &got, const Shape &shape,
         }
         return ::testing::AssertionSuccess();
     }
-    const double rtol = testing::RelativeTolerance(dtype) * (IsHalf(dtype) ? half_factor : 1.0);
+    const double rtol = testing::RelativeTolerance(dtype) * (IsHalf(dtype) ? half_factor : fp32_factor);
     const std::string message = testing::CompareValues(g, want, rtol);
     if (!message.empty()) {
         return ::testing::AssertionFailure() << message;

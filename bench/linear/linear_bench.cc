@@ -57,6 +57,7 @@
 #include "common/bench_util.h"
 #include "common/cli.h"
 #include "common/cublaslt_floor.h"
+#include "common/cuda_graph.h"
 
 namespace {
 
@@ -424,11 +425,7 @@ public:
         }
         Synchronize(gpu);
     }
-    ~CaseRunner() {
-        if (graph_ != nullptr) {
-            cudaGraphExecDestroy(graph_);
-        }
-    }
+    ~CaseRunner() = default;
     CaseRunner(const CaseRunner&) = delete;
     CaseRunner& operator=(const CaseRunner&) = delete;
 
@@ -788,38 +785,27 @@ private:
         const int calls = sets_ * ((8 + sets_ - 1) / sets_); // at least 8, every set as often
         const cudaStream_t stream = run_.stream;
         auto capture = [this, calls, stream] {
-            if (graph_ != nullptr) {
+            if (graph_) {
                 return;
             }
             for (int i = 0; i < sets_; ++i) {
                 Forward(i, true); // every set's plan (alignment is in its key), built and tuned outside the capture
             }
             SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
-            cudaGraph_t graph = nullptr;
-            SHARDLINE_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-            try {
+            graph_ = bench::CudaGraph(stream, [this, calls] {
                 for (int i = 0; i < calls; ++i) {
                     Forward((i + 1) % sets_, true); // set 0 last: the gate reads its output
                 }
-            } catch (...) {
-                cudaStreamEndCapture(stream, &graph); // leave the stream usable for the error's report
-                if (graph != nullptr) {
-                    cudaGraphDestroy(graph);
-                }
-                throw;
-            }
-            SHARDLINE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-            SHARDLINE_CHECK_CUDA(cudaGraphInstantiate(&graph_, graph, 0));
-            SHARDLINE_CHECK_CUDA(cudaGraphDestroy(graph));
+            });
         };
         const double f = 2.0 * static_cast<double>(c_.m) * static_cast<double>(c_.n) * static_cast<double>(c_.k);
         AddVariant(
-            "fwd_graph", "default", f, [this, stream](int) { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(graph_, stream)); },
+            "fwd_graph", "default", f, [this](int) { graph_.Launch(); },
             [this, capture, stream] {
                 capture();
                 // NaN bytes first: the gate then passes only if the replay itself wrote set 0's output.
                 SHARDLINE_CHECK_CUDA(cudaMemsetAsync(S(0).y.data(), 0xFF, S(0).y.nbytes(), stream));
-                SHARDLINE_CHECK_CUDA(cudaGraphLaunch(graph_, stream));
+                graph_.Launch();
                 return GateForward(true);
             },
             calls);
@@ -835,7 +821,7 @@ private:
     Tensor main_dw_;
     std::vector<Variant> variants_;
     std::vector<std::unique_ptr<LtFloor>> floors_;
-    cudaGraphExec_t graph_ = nullptr; ///< decode: the captured forwards of fwd_graph
+    bench::CudaGraph graph_; ///< decode: the captured forwards of fwd_graph
     std::map<std::string, std::pair<int, int>> floor_choice_;
     int gate_failures_ = 0;
 };
@@ -1027,23 +1013,15 @@ void HostBench(Run& run, const Options& o) {
     auto graph_of = [&](const std::function<void()>& body) {
         body(); // plans built and tuned outside the capture
         SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
-        cudaGraph_t graph = nullptr;
-        SHARDLINE_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        body();
-        SHARDLINE_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-        cudaGraphExec_t exec = nullptr;
-        SHARDLINE_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-        SHARDLINE_CHECK_CUDA(cudaGraphDestroy(graph));
-        return exec;
+        return bench::CudaGraph(stream, body);
     };
     for (const bool split : {true, false}) {
-        cudaGraphExec_t exec = split ? graph_of(split_step) : graph_of([&] {
+        const bench::CudaGraph graph = split ? graph_of(split_step) : graph_of([&] {
             forward();
             backward();
         });
         emit(split ? "CUDA graph: fwd+bwd split ops" : "CUDA graph: fwd+bwd (LinearBackward)", split ? 4 : 2,
-             TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); }));
-        SHARDLINE_CHECK_CUDA(cudaGraphExecDestroy(exec));
+             TimeHost(stream, o.host_calls, [&] { graph.Launch(); }));
     }
 
     // Through shardline autograd (local Variables, no mesh): y = Linear(x, w, b), then backward from dY into x, w and
@@ -1069,10 +1047,8 @@ void HostBench(Run& run, const Options& o) {
             v->AllocateMainGrad(DType::kFloat32);
         }
         emit("fwd+bwd autograd (Linear, main grads)", 2, TimeHost(stream, o.host_calls, autograd_step));
-        cudaGraphExec_t exec = graph_of(autograd_step);
-        emit("CUDA graph: fwd+bwd autograd (main grads)", 2,
-             TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaGraphLaunch(exec, stream)); }));
-        SHARDLINE_CHECK_CUDA(cudaGraphExecDestroy(exec));
+        const bench::CudaGraph graph = graph_of(autograd_step);
+        emit("CUDA graph: fwd+bwd autograd (main grads)", 2, TimeHost(stream, o.host_calls, [&] { graph.Launch(); }));
     }
 }
 

@@ -19,6 +19,13 @@
 // 5·T·h + 2·C·f) bytes. floor share = floor / (experts + floor): the non-GEMM share if every one of those kernels ran
 // at the copy bandwidth and nothing else (router, sort, launches) took any time.
 //
+// Under a CUDA graph: the layer step (its leaves' gradients in persistent buffers of their own dtype, which the graph
+// overwrites: AllocateMainGrad with deferred zeroing) and the six GEMMs, each captured once after the eager rounds and
+// replayed the same way. The layer makes no host sync at ep 1, so its routing runs inside the replay. The graph
+// columns show the GPU's time without the host's launch gaps (an eager step starts on an idle GPU after each event
+// sync and waits for the host at every small kernel until the first large GEMM lets it run ahead); the torch peer's
+// layer reads the loads on the host (bincount) and cannot be captured, so its figures stay eager.
+//
 // Routing: logits = N(0, 1) + log w_e with Zipf weights w_e = 1/(e+1)^s (the last `zero` experts get -30), so the loads
 // are skewed like the Grouped GEMM cases'. Timing: CUDA events around every iteration; warm-ups, then `rounds` rounds
 // of (layer, experts); median and p90.
@@ -46,6 +53,7 @@
 
 #include "common/bench_util.h"
 #include "common/cli.h"
+#include "common/cuda_graph.h"
 #include "common/event_timer.h"
 #include "kernels/cuda/cutlass/grouped_cutlass.h"
 #include "moe_cli.h"
@@ -100,8 +108,9 @@ struct Layer {
     std::int64_t experts = 0, topk = 0;
     Tensor sizes; ///< the last forward's group sizes (on the GPU: the step makes no host sync, as nn::MoEMLP at ep 1)
 
-    /// Forward and backward through every input; returns y for the gate.
-    Tensor Step() {
+    /// Forward and backward through every input; returns y for the gate. `keep_sizes` false inside a graph capture
+    /// (the group sizes are the graph's memory and must not outlive it).
+    Tensor Step(bool keep_sizes = true) {
         for (autograd::Variable *v : {&x, &logits, &w1, &w2}) {
             v->ZeroGrad();
         }
@@ -114,8 +123,11 @@ struct Layer {
         const autograd::Variable o = autograd::GeluGroupedLinear(h, w2, {}, p.group_sizes);
         const autograd::Variable y = autograd::Unpermute(o, p.row_map, r.weights);
         autograd::Backward({y, r.aux_loss}, {dist::DistTensor::Local(dy), dist::DistTensor::Local(one)});
-        sizes = p.group_sizes;
-        return y.local();
+        if (keep_sizes) {
+            sizes = p.group_sizes;
+            return y.local();
+        }
+        return {};
     }
 };
 
@@ -189,8 +201,8 @@ int main(int argc, char **argv) try {
     const double bandwidth = CopyBandwidth(timer, stream);
     std::printf("# %s, shardline MoE MLP fwd+bwd, ep = 1, bf16; device-to-device copy %.2f TB/s\n", prop.name,
                 bandwidth * 1e-12);
-    std::printf("%-14s %10s %10s %12s %10s %12s %10s %8s\n", "case", "layer_us", "gemm_us", "tokens/s", "non-GEMM",
-                "max/min load", "floor_us", "floor");
+    std::printf("%-14s %10s %10s %12s %10s %12s %10s %8s %10s %10s %10s\n", "case", "layer_us", "gemm_us", "tokens/s",
+                "non-GEMM", "max/min load", "floor_us", "floor", "graph_layer", "graph_gemm", "graph nonG");
     int status = 0;
     for (const Case &c : kCases) {
         if (!opt.cases.empty() && opt.cases.count(c.name) == 0) {
@@ -288,15 +300,41 @@ int main(int argc, char **argv) try {
             }
             add_params(gemm_params, before);
         }
+        // The same two steps replayed from CUDA graphs (see the header). Eager once with the persistent gradients
+        // first: their plans are built and tuned outside the capture.
+        for (autograd::Variable *v : {&layer.x, &layer.logits, &layer.w1, &layer.w2}) {
+            v->AllocateMainGrad(v->dtype());
+        }
+        layer.Step();
+        SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
+        const bench::CudaGraph layer_graph(stream, [&] { layer.Step(/*keep_sizes=*/false); });
+        const bench::CudaGraph gemm_graph(stream, [&] { ex.Step(); });
+        std::vector<double> layer_graph_us, gemm_graph_us;
+        for (int i = 0; i < opt.warmup; ++i) {
+            layer_graph.Launch();
+            gemm_graph.Launch();
+        }
+        for (int round = 0; round < opt.rounds; ++round) {
+            for (int i = 0; i < opt.iters; ++i) {
+                layer_graph_us.push_back(timer.Microseconds([&] { layer_graph.Launch(); }));
+            }
+            for (int i = 0; i < opt.iters; ++i) {
+                gemm_graph_us.push_back(timer.Microseconds([&] { gemm_graph.Launch(); }));
+            }
+        }
         const double layer_med = bench::Percentile(layer_us, 0.5);
         const double gemm_med = bench::Percentile(gemm_us, 0.5);
+        const double layer_graph_med = bench::Percentile(layer_graph_us, 0.5);
+        const double gemm_graph_med = bench::Percentile(gemm_graph_us, 0.5);
+        const double non_gemm_graph = 1.0 - gemm_graph_med / layer_graph_med;
         const double tokens_per_s = static_cast<double>(c.tokens) / (layer_med * 1e-6);
         const double non_gemm = 1.0 - gemm_med / layer_med;
         const double floor_us = FloorBytes(c) / bandwidth * 1e6;
         const double floor_share = floor_us / (gemm_med + floor_us);
-        std::printf("%-14s %10.1f %10.1f %12.0f %9.1f%% %6lld/%-5lld %10.1f %7.1f%%\n", c.name.c_str(), layer_med,
-                    gemm_med, tokens_per_s, 100.0 * non_gemm, static_cast<long long>(max_load),
-                    static_cast<long long>(min_load), floor_us, 100.0 * floor_share);
+        std::printf("%-14s %10.1f %10.1f %12.0f %9.1f%% %6lld/%-5lld %10.1f %7.1f%% %10.1f %10.1f %9.1f%%\n",
+                    c.name.c_str(), layer_med, gemm_med, tokens_per_s, 100.0 * non_gemm,
+                    static_cast<long long>(max_load), static_cast<long long>(min_load), floor_us, 100.0 * floor_share,
+                    layer_graph_med, gemm_graph_med, 100.0 * non_gemm_graph);
         if (out.is_open()) {
             const json rec = {{"tool", "shardline-moe-bench"},
                               {"impl", "shardline"},
@@ -319,7 +357,11 @@ int main(int argc, char **argv) try {
                               {"copy_bandwidth_bytes_per_s", bandwidth},
                               {"floor_bytes", FloorBytes(c)},
                               {"floor_us", floor_us},
-                              {"floor_share", floor_share}};
+                              {"floor_share", floor_share},
+                              {"layer_graph_median_us", layer_graph_med},
+                              {"gemm_graph_median_us", gemm_graph_med},
+                              {"tokens_per_s_graph", static_cast<double>(c.tokens) / (layer_graph_med * 1e-6)},
+                              {"non_gemm_share_graph", non_gemm_graph}};
             out << rec.dump() << "\n";
             out.flush();
         }

@@ -23,6 +23,10 @@ void LoopGroupedGemm(const GroupedGemmParams& params);
 /// under a graph capture with host sizes.
 void DefaultGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args);
 
+/// GroupedBiasAdd as one BiasAdd per group (host sizes): the default on the CPU, and CUDA's under a graph capture with
+/// host sizes.
+void DefaultGroupedBiasAdd(const GroupedBiasAddArgs& args);
+
 /// The GroupedGemm problems of GroupedLinearBackwardInput (dx_e = dy_e·W_e) and GroupedLinearBackwardWeight's GEMM
 /// (dW_e (+)= dy_eᵀ·x_e; its dbias is not part of it), as the default kernels run them.
 GroupedGemmParams GroupedDgradProblem(const GroupedLinearBackwardInputArgs& args);

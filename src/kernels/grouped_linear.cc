@@ -334,23 +334,28 @@ std::uint64_t GroupedConcurrentBackwardRuns() { return ConcurrentBackwardRuns().
 void GroupedBiasAdd(const Tensor& y, const Tensor& bias, const Tensor& group_sizes) {
     constexpr std::string_view kOp = "GroupedBiasAdd";
     CheckTensor(y, kOp, "y");
+    CheckDeviceDType(y, kOp, "y");
     CheckLike(bias, "bias", y, "y", kOp);
     SHARDLINE_CHECK_AS(ShapeError, y.rank() == 2 && bias.rank() == 2 && bias.size(1) == y.size(1), kOp,
                        "y must be [tokens, out] and bias [experts, out], got y {} and bias {}", y.ToString(),
                        bias.ToString());
     CheckGroupSizes(group_sizes, bias.size(0), y.size(0), y.device(), kOp);
-    const std::vector<std::int64_t> sizes = SizesOf(group_sizes, y.size(0), kOp);
+    Dispatch<GroupedBiasAddOp>(y.device().type, GroupedBiasAddArgs{.y = y, .bias = bias, .group_sizes = group_sizes});
+}
+
+namespace detail {
+void DefaultGroupedBiasAdd(const GroupedBiasAddArgs& args) {
+    const std::vector<std::int64_t> sizes = SizesOf(args.group_sizes, args.y.size(0), GroupedBiasAddOp::kName);
     std::int64_t offset = 0;
     for (std::size_t e = 0; e < sizes.size(); ++e) {
         if (sizes[e] > 0) {
-            Tensor rows = RowsView(y, offset, sizes[e]);
-            BiasAdd(BiasAddArgs{.x = rows, .bias = GroupView(bias, static_cast<std::int64_t>(e)), .out = rows});
+            Tensor rows = RowsView(args.y, offset, sizes[e]);
+            BiasAdd(BiasAddArgs{.x = rows, .bias = GroupView(args.bias, static_cast<std::int64_t>(e)), .out = rows});
         }
         offset += sizes[e];
     }
 }
 
-namespace detail {
 void DefaultGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
     const std::vector<std::int64_t> sizes =
         SizesOf(args.group_sizes, args.dy.size(0), GroupedLinearBackwardBiasOp::kName);
@@ -404,6 +409,7 @@ void RegisterGroupedLinearCompositions() {
         Register<GroupedLinearBackwardWeightOp>(d, kDefaultProvider, &DefaultGroupedLinearBackwardWeight);
         Register<GroupedLinearBackwardBiasOp>(d, kDefaultProvider, &DefaultGroupedLinearBackwardBias);
         Register<GroupedLinearBackwardOp>(d, kDefaultProvider, &CompositeGroupedLinearBackward);
+        Register<GroupedBiasAddOp>(d, kDefaultProvider, &DefaultGroupedBiasAdd);
     }
 }
 } // namespace detail

@@ -162,8 +162,8 @@ INSTANTIATE_TEST_SUITE_P(CutlassFp16, GroupedCutlassTest,
 
 class GroupedGraphTest : public CudaTest {};
 
-// Forward, dgrad, wgrad and the bias grad with device sizes, captured once; the sizes buffer then gets other sizes
-// (the same total) and the replay equals an eager run with them.
+// Forward (and GroupedBiasAdd), dgrad, wgrad and the bias grad with device sizes, captured once; the sizes buffer then
+// gets other sizes (the same total) and the replay equals an eager run with them.
 TEST_F(GroupedGraphTest, CapturedForwardBackwardReplaysWithNewSizes) {
     const DType dtype = DType::kBFloat16;
     ScopedChoice auto_choice({});
@@ -184,6 +184,9 @@ TEST_F(GroupedGraphTest, CapturedForwardBackwardReplaysWithNewSizes) {
     Tensor db = Tensor::Empty({8, kOut}, DType::kFloat32, Gpu());
     auto step = [&] {
         kernels::GroupedLinearForward({.x = x, .weight = w, .bias = &b, .group_sizes = sizes, .y = y});
+        // And the bias once more as a row-parallel grouped layer adds it after its reduction: one launch reading the
+        // device sizes (it read them on the host before, which a capture refuses).
+        kernels::GroupedBiasAdd(y, b, sizes);
         kernels::GroupedLinearBackwardInput({.dy = dy, .weight = w, .group_sizes = sizes, .dx = dx});
         dw.Fill(0.0);
         db.Fill(0.0);

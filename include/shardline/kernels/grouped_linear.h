@@ -113,8 +113,18 @@ void SetGroupedConcurrentBackward(bool on);
 /// check which path ran).
 std::uint64_t GroupedConcurrentBackwardRuns();
 
-/// y_e += b_e on every group's rows: the bias a row-parallel grouped layer adds once, after the reduction. A
-/// composition over BiasAdd (reads device-resident sizes on the host).
+struct GroupedBiasAddArgs {
+    const Tensor& y;           ///< [T, out], updated in place
+    const Tensor& bias;        ///< [E, out], y's dtype
+    const Tensor& group_sizes; ///< [E] int64, host or y's device
+};
+struct GroupedBiasAddOp {
+    static constexpr std::string_view kName = "GroupedBiasAdd";
+    using Fn = void (*)(const GroupedBiasAddArgs&);
+};
+/// y_e += b_e on every group's rows: the bias a row-parallel grouped layer adds once, after the reduction. The CUDA
+/// default provider adds it in one launch that reads the sizes on the device (host sizes uploaded first), so with
+/// device sizes no host code waits and a CUDA graph captures it; the CPU default is one BiasAdd per group.
 void GroupedBiasAdd(const Tensor& y, const Tensor& bias, const Tensor& group_sizes);
 
 } // namespace shardline::kernels

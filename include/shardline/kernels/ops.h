@@ -26,8 +26,8 @@ inline void UnregisterProviderEverywhere(std::string_view provider) {
                        CrossEntropyRowMaxOp, CrossEntropyStatsOp, CrossEntropyLossOp, CrossEntropyBackwardOp, SgdStepOp,
                        AdamWStepOp, SgdStepMultiOp, AdamWStepMultiOp, GroupedGemmOp, GroupedLinearForwardOp,
                        GroupedLinearBackwardInputOp, GroupedLinearBackwardWeightOp, GroupedLinearBackwardBiasOp,
-                       MoERouterForwardOp, MoERouterBackwardOp, MoEPermuteMapOp, MoEPermuteRowsOp, MoEUnpermuteRowsOp,
-                       MoEUnpermuteWeightsGradOp>(provider);
+                       GroupedBiasAddOp, MoERouterForwardOp, MoERouterBackwardOp, MoEPermuteMapOp, MoEPermuteRowsOp,
+                       MoEUnpermuteRowsOp, MoEUnpermuteWeightsGradOp>(provider);
 }
 
 } // namespace shardline::kernels

@@ -388,6 +388,20 @@ void CudaGroupedLinearBackwardBias(const GroupedLinearBackwardBiasArgs& args) {
                                                 args.dbias.data(), args.dbias.dtype(), args.accumulate, ctx.stream()));
 }
 
+/// y_e += b_e in one launch, the sizes read on the device (host sizes uploaded first).
+void CudaGroupedBiasAdd(const GroupedBiasAddArgs& args) {
+    if (args.group_sizes.device().is_cpu() && detail::ComputeStreamCapturing(args.y.device())) {
+        detail::DefaultGroupedBiasAdd(args); // an upload would capture a host pointer
+        return;
+    }
+    CudaContext& ctx = CudaContext::Get(args.y.device().index);
+    const Tensor sizes = args.group_sizes.device().is_cpu() ? args.group_sizes.To(args.y.device()) : args.group_sizes;
+    SHARDLINE_CHECK_CUDA(LaunchGroupedBiasAdd(args.y.data(), args.y.dtype(), args.y.size(0), args.y.size(1),
+                                              args.y.size(1), args.bias.data(), args.bias.dtype(), args.bias.size(1),
+                                              sizes.data_as<std::int64_t>(), static_cast<int>(sizes.numel()),
+                                              ctx.stream()));
+}
+
 } // namespace
 
 bool LaunchPreparedGroupedGemm(const PreparedGroupedGemm& call, cudaStream_t stream) {
@@ -481,6 +495,7 @@ namespace shardline::kernels::cuda {
 void RegisterCudaGroupedKernels() {
     Register<GroupedGemmOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedGemm);
     Register<GroupedLinearBackwardBiasOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedLinearBackwardBias);
+    Register<GroupedBiasAddOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedBiasAdd);
     Register<GroupedLinearBackwardOp>(DeviceType::kCUDA, kDefaultProvider, &CudaGroupedLinearBackward);
     // legacy: the loop, each group's Gemm from cublasGemmEx (the rollback path).
     Register<GroupedGemmOp>(DeviceType::kCUDA, kLegacyProvider, &detail::LoopGroupedGemm);

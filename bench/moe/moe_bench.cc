@@ -19,12 +19,14 @@
 // 5·T·h + 2·C·f) bytes. floor share = floor / (experts + floor): the non-GEMM share if every one of those kernels ran
 // at the copy bandwidth and nothing else (router, sort, launches) took any time.
 //
-// Under a CUDA graph: the layer step (its leaves' gradients in persistent buffers of their own dtype, which the graph
-// overwrites: AllocateMainGrad with deferred zeroing) and the six GEMMs, each captured once after the eager rounds and
-// replayed the same way. The layer makes no host sync at ep 1, so its routing runs inside the replay. The graph
-// columns show the GPU's time without the host's launch gaps (an eager step starts on an idle GPU after each event
-// sync and waits for the host at every small kernel until the first large GEMM lets it run ahead); the torch peer's
-// layer reads the loads on the host (bincount) and cannot be captured, so its figures stay eager.
+// Under a CUDA graph: the layer step and the six GEMMs, each captured once after the warm-ups and replayed, timed the
+// same way in the same rounds as the eager steps (a gate first: a replay rewrites the eager step's bits). The layer
+// makes no host sync at ep 1, so its routing runs inside the replay. The leaves' gradients are persistent buffers of
+// their own dtype in both (AllocateMainGrad, deferred zeroing: the first writer overwrites); x's and the logits' then
+// take one copy each from the fresh tensors Permute's and the router's backwards return. The graph columns show the
+// GPU's time without the host's launch gaps (an eager step starts on an idle GPU after each event sync and waits for
+// the host at every small kernel until a large GEMM lets it run ahead); the torch peer's layer reads the loads on the
+// host (bincount) and cannot be captured, so its figures stay eager.
 //
 // Routing: logits = N(0, 1) + log w_e with Zipf weights w_e = 1/(e+1)^s (the last `zero` experts get -30), so the loads
 // are skewed like the Grouped GEMM cases'. Timing: CUDA events around every iteration; warm-ups, then `rounds` rounds
@@ -230,6 +232,12 @@ int main(int argc, char **argv) try {
             Random({c.experts, c.hidden, c.ffn}, bf16, "w2", 1.0 / std::sqrt(static_cast<double>(c.ffn))), true);
         layer.dy = Random({c.tokens, c.hidden}, bf16, "dy", 1.0);
         layer.one = Tensor::Full({}, 1.0, DType::kFloat32, gpu);
+        // The leaves' gradients in persistent buffers of their own dtype (deferred zeroing: the first backward writer
+        // overwrites), in the eager and the captured step alike, so both run the same kernels: a graph cannot keep
+        // fresh gradients, which would be its own memory still held by the host.
+        for (autograd::Variable *v : {&layer.x, &layer.logits, &layer.w1, &layer.w2}) {
+            v->AllocateMainGrad(v->dtype());
+        }
 
         // Gate: a finite output and finite gradients, every copy kept.
         const std::vector<double> y = layer.Step().ToDoubleVector();
@@ -278,7 +286,41 @@ int main(int argc, char **argv) try {
             layer.Step();
             ex.Step();
         }
-        std::vector<double> layer_us, gemm_us;
+        // The same two steps captured (after the warm-ups built and tuned every plan) and replayed (see the header).
+        SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
+        const bench::CudaGraph layer_graph(stream, [&] { layer.Step(/*keep_sizes=*/false); });
+        const bench::CudaGraph gemm_graph(stream, [&] { ex.Step(); });
+        // Gate of the replays: after an eager step, NaN bytes in what the step writes last (w1's and x's gradients,
+        // the GEMMs' dW1); a replay must write the eager step's bits back.
+        auto replay_matches = [&](const bench::CudaGraph &graph, const std::vector<Tensor> &outputs) {
+            std::vector<std::vector<double>> eager;
+            for (const Tensor &t : outputs) {
+                eager.push_back(t.ToDoubleVector());
+                SHARDLINE_CHECK_CUDA(cudaMemsetAsync(t.data(), 0xFF, t.nbytes(), stream));
+            }
+            graph.Launch();
+            bool same = true;
+            for (std::size_t i = 0; i < outputs.size(); ++i) {
+                same = same && outputs[i].ToDoubleVector() == eager[i];
+            }
+            return same;
+        };
+        layer.Step();
+        const bool layer_replay_ok = replay_matches(layer_graph, {layer.w1.grad().local(), layer.x.grad().local()});
+        ex.Step();
+        const bool gemm_replay_ok = replay_matches(gemm_graph, {ex.dw1});
+        if (!layer_replay_ok || !gemm_replay_ok) {
+            std::fprintf(stderr,
+                         "GATE FAILED %s: a CUDA-graph replay differs from the eager step (layer %d, GEMMs %d)\n",
+                         c.name.c_str(), layer_replay_ok ? 1 : 0, gemm_replay_ok ? 1 : 0);
+            status = 1;
+            continue;
+        }
+        for (int i = 0; i < opt.warmup; ++i) {
+            layer_graph.Launch();
+            gemm_graph.Launch();
+        }
+        std::vector<double> layer_us, gemm_us, layer_graph_us, gemm_graph_us;
         // The CUTLASS kernels' cached Params (kernels/cuda/cutlass/grouped_cutlass.cuh): a miss rebuilds them on the
         // host (TMA descriptors, a cudaFuncSetAttribute) before the launch.
         namespace cg = kernels::cuda::cutlass_grouped;
@@ -288,6 +330,7 @@ int main(int argc, char **argv) try {
             into.hits += now.hits - before.hits;
             into.misses += now.misses - before.misses;
         };
+        // Each round: the eager layer, the eager GEMMs, then both replayed, so drift over the run hits all four alike.
         for (int round = 0; round < opt.rounds; ++round) {
             cg::CachedParamsStats before = cg::GetCachedParamsStats();
             for (int i = 0; i < opt.iters; ++i) {
@@ -299,22 +342,6 @@ int main(int argc, char **argv) try {
                 gemm_us.push_back(timer.Microseconds([&] { ex.Step(); }));
             }
             add_params(gemm_params, before);
-        }
-        // The same two steps replayed from CUDA graphs (see the header). Eager once with the persistent gradients
-        // first: their plans are built and tuned outside the capture.
-        for (autograd::Variable *v : {&layer.x, &layer.logits, &layer.w1, &layer.w2}) {
-            v->AllocateMainGrad(v->dtype());
-        }
-        layer.Step();
-        SHARDLINE_CHECK_CUDA(cudaStreamSynchronize(stream));
-        const bench::CudaGraph layer_graph(stream, [&] { layer.Step(/*keep_sizes=*/false); });
-        const bench::CudaGraph gemm_graph(stream, [&] { ex.Step(); });
-        std::vector<double> layer_graph_us, gemm_graph_us;
-        for (int i = 0; i < opt.warmup; ++i) {
-            layer_graph.Launch();
-            gemm_graph.Launch();
-        }
-        for (int round = 0; round < opt.rounds; ++round) {
             for (int i = 0; i < opt.iters; ++i) {
                 layer_graph_us.push_back(timer.Microseconds([&] { layer_graph.Launch(); }));
             }

@@ -109,7 +109,7 @@ inline constexpr int kEpilogueRoundings = 2;
 inline constexpr int kUnfusedBiasRoundings = 3;
 /// The budget of a GELU epilogue's activation (GELU_AUX forward, DGELU backward): the (possibly rounded)
 /// pre-activation's error passes through gelu' (at most 1.13), cuBLASLt evaluates gelu/gelu' with its own
-/// approximation (measured on an H200: fp32 DGELU up to 2.4e-5 relative), then the result is rounded. The CPU checks
+/// approximation (measured on an H200: fp32 DGELU's gelu' up to 2.4e-5 off), then the result is rounded. The CPU checks
 /// hold the same budget.
 inline constexpr int kGeluEpilogueRoundings = 4;
 

@@ -20,7 +20,6 @@
 #include <shardline/comm/device_mesh.h>
 #include <shardline/config.h>
 #include <shardline/core/context.h>
-#include <shardline/kernels/grouped_gemm.h>
 #include <shardline/nn/mlp.h>
 #include <shardline/nn/moe.h>
 
@@ -256,8 +255,18 @@ TEST_P(MoEMLPCudaGraphTest, ReplayMatchesEagerAndFollowsNewRoutings) {
     }
     EXPECT_EQ(copies, static_cast<double>(kTokens * 2 / (c.etp == 1 ? tp : 1)));
 
-    testing::CapturedGraph graph(CudaContext::Get(TestDevice().index).stream(), [&] { step(); });
+    const cudaStream_t stream = CudaContext::Get(TestDevice().index).stream();
+    testing::CapturedGraph graph(stream, [&] { step(); });
     EXPECT_GT(graph.nodes(), 20U);
+    // Capturing runs nothing, so the buffers still hold the eager step's values: NaN bytes first, so that only a replay
+    // that really writes every output and gradient matches.
+    std::vector<Tensor> written = {y_out, aux_out, load_out, x.grad().local()};
+    for (const auto &[name, p] : moe.NamedParameters()) {
+        written.push_back(p.grad().local());
+    }
+    for (const Tensor &t : written) {
+        ASSERT_EQ(cudaMemsetAsync(t.data(), 0xFF, t.nbytes(), stream), cudaSuccess);
+    }
     graph.Replay();
     ExpectSameResults(results(), eager_a, "replay, inputs A");
 

@@ -174,10 +174,11 @@ TEST_P(ParallelMLPTest, OutputAndGradientsMatchDenseWithTheTableCollectives) {
                                         c.bias ? &full.b2 : nullptr, full.dy, /*gelu=*/true);
     // Half: h, gelu(h) and dGELU each round once before the next GEMM; y and dX also sum tp rounded partials.
     // float32 fused on CUDA: where the tuner picks cuBLASLt's DGELU epilogue for fc2's dgrad, gelu' is its own
-    // approximation, up to 2.4e-5 relative off (docs/kernels.md, "Measured precision of the fused bias epilogue"):
-    // the gradients behind it (dX, fc1's dW and db) get 3x float32's rtol of 1e-5.
+    // approximation, up to ~2.4e-5 off (tests/common/helpers.h, kCublasLtFp32GeluGradError): the gradients behind it
+    // (dX, fc1's dW and db) sum g·gelu'-weighted terms, so they get rtol 1e-4 as the grouped MLP's fp32 DGELU does
+    // (nn_grouped_mlp_test.cc); everything else keeps float32's 1e-5.
 #if SHARDLINE_DIST_TENSOR_TEST_CUDA
-    const double behind_dgelu = c.gelu_fusion ? 3.0 : 1.0;
+    const double behind_dgelu = c.gelu_fusion ? 10.0 : 1.0;
 #else
     const double behind_dgelu = 1.0;
 #endif

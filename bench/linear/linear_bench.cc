@@ -59,6 +59,10 @@
 #include "common/cublaslt_floor.h"
 #include "common/cuda_graph.h"
 
+namespace shardline::bench {
+cudaError_t LaunchEmptyKernel(cudaStream_t stream); // host_floor.cu
+} // namespace shardline::bench
+
 namespace {
 
 using namespace shardline;
@@ -1008,6 +1012,34 @@ void HostBench(Run& run, const Options& o) {
         cublasLtMatrixLayoutDestroy(lc);
         cublasLtMatmulDescDestroy(desc);
     }
+
+    // What the steps above are made of, on this machine: one runtime launch of a kernel that does nothing, one
+    // stream-ordered allocation and free (the size of dW), one event record and stream wait (a side stream's fork or
+    // join), and the kernels' steps again with fresh outputs from the pool each call, as autograd's step has them.
+    emit("floor: empty kernel launch", 1,
+         TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(bench::LaunchEmptyKernel(stream)); }));
+    {
+        const std::size_t bytes = static_cast<std::size_t>(dw.numel()) * ElementSize(dt);
+        emit("floor: cudaMallocAsync + cudaFreeAsync", 1, TimeHost(stream, o.host_calls, [&] {
+                 void* ptr = nullptr;
+                 SHARDLINE_CHECK_CUDA(cudaMallocAsync(&ptr, bytes, stream));
+                 SHARDLINE_CHECK_CUDA(cudaFreeAsync(ptr, stream));
+             }));
+        cudaEvent_t event = nullptr;
+        SHARDLINE_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        emit("floor: cudaEventRecord + cudaStreamWaitEvent", 1, TimeHost(stream, o.host_calls, [&] {
+                 SHARDLINE_CHECK_CUDA(cudaEventRecord(event, stream));
+                 SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(stream, event, 0));
+             }));
+        cudaEventDestroy(event);
+    }
+    emit("fwd+bwd kernels (LinearBackward), fresh outputs", 2, TimeHost(stream, o.host_calls, [&] {
+             Tensor fy = Tensor::Empty({m, n}, dt, gpu), fdx = Tensor::Empty({m, k}, dt, gpu);
+             Tensor fdw = Tensor::Empty({n, k}, dt, gpu), fdb = Tensor::Empty({n}, dt, gpu);
+             LinearForward(LinearForwardArgs{.x = x, .weight = w, .bias = &b, .y = fy});
+             LinearBackward(
+                 LinearBackwardArgs{.dy = dy, .x = &x, .weight = &w, .dx = &fdx, .dweight = &fdw, .dbias = &fdb});
+         }));
 
     // CUDA graphs: the split-op step (4 ops) and the LinearBackward step (2 ops), captured once, replayed.
     auto graph_of = [&](const std::function<void()>& body) {

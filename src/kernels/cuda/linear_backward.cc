@@ -8,7 +8,8 @@
 // it is the column sum of dX after the dgrad GEMM (whose epilogue still applies the GELU grad, DGELU), on the side
 // stream while the wgrad GEMM runs. The side stream forks from the compute stream after everything queued so far
 // (before the GEMMs, and again after the dgrad GEMM) and joins it before the call returns, so the caller sees one
-// stream, and a CUDA graph capture of the compute stream takes the side branch in.
+// stream, and a CUDA graph capture of the compute stream takes the side branch in. A sum of a small tensor stays on
+// the compute stream (SideStreamPays).
 
 #include <algorithm>
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include "cuda_ops.h"
 #include "epilogue_kernels.h"
 #include "gemm_common.h"
+#include "gemm_lt_plan.h"
 #include "kernels/linear_gemm.h"
 #include "side_stream.h"
 
@@ -79,6 +81,14 @@ struct BiasGradSum {
     }
 };
 
+/// Whether a column sum of `t` is worth a side stream on `stream`. Below 2^15 elements (64 KiB of bf16) the sum takes
+/// the GPU ~2 µs and the GEMMs beside it are as short, so an eager step is paced by the host, to which the fork and
+/// join cost two event records and two stream waits (0.4–1 µs a pair on the H100 hosts, docs/PERFORMANCE.md). Under a
+/// capture they are paid once, and the replay keeps the overlap (0.8 µs of GPU time at one token, K = N = 256).
+bool SideStreamPays(const Tensor &t, cudaStream_t stream) {
+    return t.numel() >= (std::int64_t{1} << 15) || lt::StreamCapturing(stream);
+}
+
 } // namespace
 
 void CudaLinearBackward(const LinearBackwardArgs &args) {
@@ -121,9 +131,12 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
     const BiasGradSum bias_sum = args.dbias != nullptr && !fused_bias ? BiasGradSum(dy, *args.dbias) : BiasGradSum();
     const BiasGradSum pre_sum =
         pre_dbias != nullptr && !fused_pre_bias ? BiasGradSum(*args.dx, *pre_dbias) : BiasGradSum();
-    // On the side stream they overlap the GEMMs: db all of them, the previous bias grad the wgrad GEMM.
-    const bool bias_beside = bias_sum && (args.dx != nullptr || args.dweight != nullptr);
-    const bool pre_beside = pre_sum && args.dweight != nullptr;
+    // On the side stream they overlap the GEMMs: db all of them, the previous bias grad the wgrad GEMM. Not, outside a
+    // capture, for a sum of a small tensor, where the fork and join cost the host more than the overlap saves the GPU
+    // (a capture pays them once, and its replays keep the overlap).
+    const bool bias_beside =
+        bias_sum && (args.dx != nullptr || args.dweight != nullptr) && SideStreamPays(dy, ctx.stream());
+    const bool pre_beside = pre_sum && args.dweight != nullptr && SideStreamPays(*args.dx, ctx.stream());
 
     SideStream *side = bias_beside || pre_beside ? &SideStreamOf(ctx.device()) : nullptr;
     if (side != nullptr) {

@@ -1,6 +1,7 @@
 // The CUDA allocator: tensors come from the device's stream-ordered pool, which keeps its memory (release threshold
 // "never"), so a steady-state loop of allocations makes no cudaMalloc: the pool's reserved memory and the device's
-// free memory do not move. Reads device-wide free memory, so CMake runs this executable alone (RUN_SERIAL).
+// free memory do not move. Small blocks are reused through a cache in front of the pool, never inside a capture. Reads
+// device-wide free memory, so CMake runs this executable alone (RUN_SERIAL).
 
 #include <cstdint>
 #include <vector>
@@ -126,6 +127,80 @@ TEST_F(CudaMemoryPoolTest, DeviceMemoryStatsAreThePoolsCounters) {
     EXPECT_GE(after.peak_reserved, after.peak_allocated);
     ResetPeakDeviceMemory(Gpu());
     EXPECT_EQ(GetDeviceMemoryStats(Gpu()).peak_allocated, after.allocated);
+}
+
+// The small-block cache in front of the pool (core/cuda_backend.h): a freed block of at most 1 MiB is handed to the
+// next allocation of its 512-byte size class without going through the pool; a bigger one goes back to the pool.
+TEST_F(CudaMemoryPoolTest, SmallBlocksComeBackFromTheCacheAndBigOnesFromThePool) {
+    constexpr std::int64_t kN = 1000; // 4000 bytes: the 4096-byte class
+    void* first = nullptr;
+    {
+        Tensor t = Tensor::Empty(Shape{kN}, DType::kFloat32, Gpu());
+        t.Fill(1.0);
+        first = t.data();
+    }
+    const PoolState cached = Read();
+    {
+        Tensor t = Tensor::Empty(Shape{kN}, DType::kFloat32, Gpu());
+        EXPECT_EQ(t.data(), first) << "the freed 4000-byte block was not reused";
+        EXPECT_EQ(Read().used_current, cached.used_current) << "the second allocation went to the pool";
+        t.Fill(2.0);
+        for (const double v : t.ToDoubleVector()) {
+            ASSERT_EQ(v, 2.0);
+        }
+    }
+    {
+        Tensor t = Tensor::Empty(Shape{kN + 10}, DType::kFloat32, Gpu()); // 4040 bytes: the same class
+        EXPECT_EQ(t.data(), first) << "a block of the same 512-byte class was not reused";
+    }
+    const PoolState before_big = Read();
+    {
+        Tensor big = Tensor::Empty(Shape{(2 << 20) / 4}, DType::kFloat32, Gpu()); // 2 MiB: not cached
+        big.Fill(1.0);
+        EXPECT_GE(Read().used_current, before_big.used_current + (2u << 20));
+    }
+    EXPECT_EQ(Read().used_current, before_big.used_current) << "a 2 MiB block was kept out of the pool";
+}
+
+// Under a stream capture the pool makes graph allocations: a capture must neither take a cached block (the graph would
+// write it on every replay while eager work reuses it) nor leave one of its blocks in the cache.
+TEST_F(CudaMemoryPoolTest, AStreamCaptureNeitherTakesNorLeavesCachedBlocks) {
+    constexpr std::int64_t kN = 3000; // the 12288-byte class
+    void* cached = nullptr;
+    {
+        Tensor t = Tensor::Empty(Shape{kN}, DType::kFloat32, Gpu());
+        t.Fill(1.0);
+        cached = t.data();
+    }
+    Synchronize(Gpu());
+    const cudaStream_t stream = CudaContext::Get(0).stream();
+    cudaGraph_t graph = nullptr;
+    void* in_graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    {
+        Tensor t = Tensor::Empty(Shape{kN}, DType::kFloat32, Gpu());
+        t.Fill(3.0);
+        in_graph = t.data();
+    } // freed inside the capture: a free node of the graph
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    EXPECT_NE(in_graph, cached) << "an allocation inside a capture took a cached block";
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    // The cache still holds the eager block, and only it: the graph's block, had it been cached last, would come first.
+    Tensor a = Tensor::Empty(Shape{kN}, DType::kFloat32, Gpu());
+    EXPECT_EQ(a.data(), cached) << "the cached block was lost, or the capture's block was cached";
+    Tensor b = Tensor::Empty(Shape{kN}, DType::kFloat32, Gpu());
+    EXPECT_NE(b.data(), cached);
+    b.Fill(4.0);
+    a.Fill(5.0);
+    for (const double v : b.ToDoubleVector()) {
+        ASSERT_EQ(v, 4.0);
+    }
 }
 
 TEST(DeviceMemoryStatsTest, TheCpuHasNone) {

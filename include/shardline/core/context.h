@@ -96,9 +96,9 @@ private:
 /// Waits for all work queued on the device's compute stream (no-op on the CPU).
 void Synchronize(Device device);
 
-/// The device memory of the device's stream-ordered pool, which every shardline tensor comes from (as does any other
-/// code that calls cudaMallocAsync without a pool); the cuBLASLt workspace and NCCL's buffers are not in it. The
-/// counters move as the queued frees execute. All zeros on the CPU.
+/// The device memory of the device's stream-ordered pool, which every shardline tensor comes from (as does other code
+/// calling cudaMallocAsync without a pool; not the cuBLASLt workspace or NCCL's buffers). The counters move as queued
+/// frees execute; blocks kept by the small-block cache (≤ 32 MiB, docs/kernels.md) count as allocated. CPU: all 0.
 struct DeviceMemoryStats {
     std::uint64_t allocated = 0; ///< held by live allocations now (torch.cuda.memory_allocated)
     std::uint64_t peak_allocated =

@@ -1,10 +1,15 @@
 // The functions of cuda_backend.h: device count, stream-ordered allocation, copies, fills, casts.
 
+#include <array>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 #include <shardline/core/error.h>
 #include <shardline/core/logging.h>
 
@@ -48,16 +53,70 @@ int CudaDeviceCountImpl() {
     return count;
 }
 
-void *CudaAllocate(std::size_t bytes, int device) {
-    CudaContext &ctx = CudaContext::Get(device);
-    void *ptr = nullptr;
-    cudaError_t status = cudaMallocAsync(&ptr, bytes, ctx.stream());
-    if (status == cudaErrorMemoryAllocation) {
-        // Blocks freed on other streams return to the pool only once those frees have executed: wait for the
-        // device and try once more before giving up.
+namespace {
+
+// The small-block cache in front of the pool (cuda_backend.h, CudaAllocate). A block of at most kCacheMaxBlock bytes
+// that was handed out outside a stream capture goes, when freed outside one, to a free list of its rounded size
+// instead of cudaFreeAsync, and the next allocation of that size outside a capture takes it back without a CUDA call.
+// This is the pool's own same-stream reuse, kept on the host: a block is freed on the context stream after every
+// use of it (the library's contract, as for cudaFreeAsync), and the context stream only ever changes to one ordered
+// after it (CudaContext::SetStream), so work queued after the reuse is ordered after the block's earlier uses.
+constexpr std::size_t kCacheGranule = 512;
+constexpr std::size_t kCacheMaxBlock = std::size_t{1} << 20;
+constexpr std::size_t kCacheMaxBytes = std::size_t{32} << 20;
+
+struct BlockCache {
+    std::mutex mutex;
+    std::unordered_map<void *, std::size_t> live;              ///< blocks handed out through the cache: rounded size
+    std::unordered_map<std::size_t, std::vector<void *>> free; ///< by rounded size
+    std::size_t cached_bytes = 0;
+};
+
+BlockCache &CacheOf(int device) {
+    // Never destroyed: tensors may be released during static destruction.
+    static auto *caches = new std::array<BlockCache, kMaxCudaDevices>();
+    return (*caches)[static_cast<std::size_t>(device)];
+}
+
+bool CacheEnabled() {
+    static const bool enabled = env::GetBool("SHARDLINE_CUDA_BLOCK_CACHE", true);
+    return enabled;
+}
+
+/// Whether `stream` is being captured; an unanswerable query counts as a capture (the pool path is always safe).
+bool Capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
         (void)cudaGetLastError();
+        return true;
+    }
+    return status != cudaStreamCaptureStatusNone;
+}
+
+/// Hands every cached block of `device` back to the pool (before an allocation retries after running out).
+void ReleaseCachedBlocks(int device, cudaStream_t stream) {
+    BlockCache &cache = CacheOf(device);
+    std::lock_guard lock(cache.mutex);
+    for (auto &[bytes, blocks] : cache.free) {
+        for (void *block : blocks) {
+            (void)cudaFreeAsync(block, stream);
+        }
+        blocks.clear();
+    }
+    cache.cached_bytes = 0;
+    (void)cudaGetLastError();
+}
+
+void *PoolAllocate(std::size_t bytes, int device, cudaStream_t stream) {
+    void *ptr = nullptr;
+    cudaError_t status = cudaMallocAsync(&ptr, bytes, stream);
+    if (status == cudaErrorMemoryAllocation) {
+        // Cached blocks go back to the pool, and blocks freed on other streams return to it only once those frees
+        // have executed: wait for the device and try once more before giving up.
+        (void)cudaGetLastError();
+        ReleaseCachedBlocks(device, stream);
         SHARDLINE_CHECK_CUDA(cudaDeviceSynchronize());
-        status = cudaMallocAsync(&ptr, bytes, ctx.stream());
+        status = cudaMallocAsync(&ptr, bytes, stream);
     }
     if (status != cudaSuccess) {
         (void)cudaGetLastError();
@@ -72,6 +131,38 @@ void *CudaAllocate(std::size_t bytes, int device) {
     return ptr;
 }
 
+} // namespace
+
+void *CudaAllocate(std::size_t bytes, int device) {
+    CudaContext &ctx = CudaContext::Get(device);
+    const cudaStream_t stream = ctx.stream();
+    if (!CacheEnabled() || bytes > kCacheMaxBlock || Capturing(stream)) {
+        return PoolAllocate(bytes, device, stream);
+    }
+    const std::size_t rounded = (bytes + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+    BlockCache &cache = CacheOf(device);
+    {
+        std::lock_guard lock(cache.mutex);
+        const auto it = cache.free.find(rounded);
+        if (it != cache.free.end() && !it->second.empty()) {
+            void *ptr = it->second.back();
+            cache.live.emplace(ptr, rounded); // first: if it throws, the block stays cached
+            it->second.pop_back();
+            cache.cached_bytes -= rounded;
+            return ptr;
+        }
+    }
+    void *ptr = PoolAllocate(rounded, device, stream);
+    try {
+        std::lock_guard lock(cache.mutex);
+        cache.live.emplace(ptr, rounded);
+    } catch (...) {
+        (void)cudaFreeAsync(ptr, stream);
+        throw;
+    }
+    return ptr;
+}
+
 void CudaFree(void *ptr, int device) noexcept {
     if (ptr == nullptr) {
         return;
@@ -79,7 +170,26 @@ void CudaFree(void *ptr, int device) noexcept {
     // No context lookup that could throw or switch the device: the memory came from CudaAllocate, so the context
     // exists, and the free is ordered on its stream after everything queued there.
     CudaContext *ctx = CudaContextIfCreated(device);
-    const cudaError_t status = cudaFreeAsync(ptr, ctx != nullptr ? ctx->stream() : nullptr);
+    const cudaStream_t stream = ctx != nullptr ? ctx->stream() : nullptr;
+    if (ctx != nullptr && CacheEnabled()) {
+        BlockCache &cache = CacheOf(device);
+        std::lock_guard lock(cache.mutex);
+        const auto it = cache.live.find(ptr);
+        if (it != cache.live.end()) {
+            const std::size_t rounded = it->second;
+            cache.live.erase(it);
+            if (cache.cached_bytes + rounded <= kCacheMaxBytes && !Capturing(stream)) {
+                try {
+                    cache.free[rounded].push_back(ptr);
+                    cache.cached_bytes += rounded;
+                    return;
+                } catch (...) {
+                    // no room on the host for the entry: the pool takes the block back
+                }
+            }
+        }
+    }
+    const cudaError_t status = cudaFreeAsync(ptr, stream);
     if (status != cudaSuccess) {
         (void)cudaGetLastError();
         if (IsShutdownError(status)) {

@@ -131,8 +131,9 @@ int main(int argc, char** argv) {
                          {"nccl", static_cast<bool>(SHARDLINE_WITH_NCCL)},
                          {"mpi", static_cast<bool>(SHARDLINE_WITH_MPI)}};
         info["environment"] = json::object();
-        for (const char* name : {"SHARDLINE_PROVIDER", "SHARDLINE_LINEAR_IMPL", "SHARDLINE_ALLOW_TF32",
-                                 "SHARDLINE_CUBLASLT_WORKSPACE_MB", "SHARDLINE_LOG_LEVEL", "NCCL_NVLS_ENABLE"}) {
+        for (const char* name :
+             {"SHARDLINE_PROVIDER", "SHARDLINE_LINEAR_IMPL", "SHARDLINE_ALLOW_TF32", "SHARDLINE_CUBLASLT_WORKSPACE_MB",
+              "SHARDLINE_CUDA_BLOCK_CACHE", "SHARDLINE_LOG_LEVEL", "NCCL_NVLS_ENABLE"}) {
             if (const auto v = shardline::env::Get(name)) {
                 info["environment"][name] = *v;
             }

@@ -4,12 +4,14 @@
 // device-wide free memory, so CMake runs this executable alone (RUN_SERIAL).
 
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <shardline/core/context.h>
+#include <shardline/core/env.h>
 #include <shardline/core/tensor.h>
 
 #include "helpers.h"
@@ -132,6 +134,9 @@ TEST_F(CudaMemoryPoolTest, DeviceMemoryStatsAreThePoolsCounters) {
 // The small-block cache in front of the pool (core/cuda_backend.h): a freed block of at most 1 MiB is handed to the
 // next allocation of its 512-byte size class without going through the pool; a bigger one goes back to the pool.
 TEST_F(CudaMemoryPoolTest, SmallBlocksComeBackFromTheCacheAndBigOnesFromThePool) {
+    if (!env::GetBool("SHARDLINE_CUDA_BLOCK_CACHE", true)) {
+        GTEST_SKIP() << "SHARDLINE_CUDA_BLOCK_CACHE=0 turns the small-block cache off";
+    }
     constexpr std::int64_t kN = 1000; // 4000 bytes: the 4096-byte class
     void* first = nullptr;
     {
@@ -150,8 +155,12 @@ TEST_F(CudaMemoryPoolTest, SmallBlocksComeBackFromTheCacheAndBigOnesFromThePool)
         }
     }
     {
-        Tensor t = Tensor::Empty(Shape{kN + 10}, DType::kFloat32, Gpu()); // 4040 bytes: the same class
+        Tensor t = Tensor::Empty(Shape{1024}, DType::kFloat32, Gpu()); // 4096 bytes: the same class
         EXPECT_EQ(t.data(), first) << "a block of the same 512-byte class was not reused";
+    }
+    {
+        Tensor t = Tensor::Empty(Shape{1025}, DType::kFloat32, Gpu()); // 4100 bytes: the next class up
+        EXPECT_NE(t.data(), first) << "a 4096-byte block was handed out for 4100 bytes";
     }
     const PoolState before_big = Read();
     {
@@ -162,9 +171,33 @@ TEST_F(CudaMemoryPoolTest, SmallBlocksComeBackFromTheCacheAndBigOnesFromThePool)
     EXPECT_EQ(Read().used_current, before_big.used_current) << "a 2 MiB block was kept out of the pool";
 }
 
+// The cache keeps at most 32 MiB per device: freeing 48 live 1 MiB blocks leaves at most 32 MiB of them out of the
+// pool, and the next 1 MiB allocation is one of them.
+TEST_F(CudaMemoryPoolTest, TheCacheKeepsAtMost32MiB) {
+    if (!env::GetBool("SHARDLINE_CUDA_BLOCK_CACHE", true)) {
+        GTEST_SKIP() << "SHARDLINE_CUDA_BLOCK_CACHE=0 turns the small-block cache off";
+    }
+    constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+    const PoolState before = Read();
+    std::set<void*> freed;
+    {
+        std::vector<Tensor> blocks;
+        for (int i = 0; i < 48; ++i) {
+            blocks.push_back(Tensor::Empty(Shape{kMiB / 4}, DType::kFloat32, Gpu()));
+            freed.insert(blocks.back().data());
+        }
+    }
+    EXPECT_LE(Read().used_current, before.used_current + 32 * static_cast<std::uint64_t>(kMiB));
+    const Tensor again = Tensor::Empty(Shape{kMiB / 4}, DType::kFloat32, Gpu());
+    EXPECT_EQ(freed.count(again.data()), 1u) << "a freed 1 MiB block was not kept";
+}
+
 // Under a stream capture the pool makes graph allocations: a capture must neither take a cached block (the graph would
 // write it on every replay while eager work reuses it) nor leave one of its blocks in the cache.
 TEST_F(CudaMemoryPoolTest, AStreamCaptureNeitherTakesNorLeavesCachedBlocks) {
+    if (!env::GetBool("SHARDLINE_CUDA_BLOCK_CACHE", true)) {
+        GTEST_SKIP() << "SHARDLINE_CUDA_BLOCK_CACHE=0 turns the small-block cache off";
+    }
     constexpr std::int64_t kN = 3000; // the 12288-byte class
     void* cached = nullptr;
     {

@@ -93,24 +93,31 @@ bool Capturing(cudaStream_t stream) {
     return status != cudaStreamCaptureStatusNone;
 }
 
-/// Hands every cached block of `device` back to the pool (before an allocation retries after running out).
-void ReleaseCachedBlocks(int device, cudaStream_t stream) {
-    BlockCache &cache = CacheOf(device);
-    std::lock_guard lock(cache.mutex);
+/// Hands every cached block back to the pool (cache.mutex held; `stream` is not being captured).
+void ReleaseLocked(BlockCache &cache, cudaStream_t stream) {
     for (auto &[bytes, blocks] : cache.free) {
         for (void *block : blocks) {
             (void)cudaFreeAsync(block, stream);
         }
-        blocks.clear();
     }
+    cache.free.clear();
     cache.cached_bytes = 0;
     (void)cudaGetLastError();
 }
 
-void *PoolAllocate(std::size_t bytes, int device, cudaStream_t stream) {
+/// Hands every cached block of `device` back to the pool (before an allocation retries after running out).
+void ReleaseCachedBlocks(int device, cudaStream_t stream) {
+    BlockCache &cache = CacheOf(device);
+    std::lock_guard lock(cache.mutex);
+    ReleaseLocked(cache, stream);
+}
+
+/// `capturing`: whether `stream` is being captured, where neither a free of a cached (eager) block nor a device
+/// synchronisation is allowed, so running out is final.
+void *PoolAllocate(std::size_t bytes, int device, cudaStream_t stream, bool capturing) {
     void *ptr = nullptr;
     cudaError_t status = cudaMallocAsync(&ptr, bytes, stream);
-    if (status == cudaErrorMemoryAllocation) {
+    if (status == cudaErrorMemoryAllocation && !capturing) {
         // Cached blocks go back to the pool, and blocks freed on other streams return to it only once those frees
         // have executed: wait for the device and try once more before giving up.
         (void)cudaGetLastError();
@@ -136,8 +143,9 @@ void *PoolAllocate(std::size_t bytes, int device, cudaStream_t stream) {
 void *CudaAllocate(std::size_t bytes, int device) {
     CudaContext &ctx = CudaContext::Get(device);
     const cudaStream_t stream = ctx.stream();
-    if (!CacheEnabled() || bytes > kCacheMaxBlock || Capturing(stream)) {
-        return PoolAllocate(bytes, device, stream);
+    const bool capturing = Capturing(stream);
+    if (!CacheEnabled() || bytes > kCacheMaxBlock || capturing) {
+        return PoolAllocate(bytes, device, stream, capturing);
     }
     const std::size_t rounded = (bytes + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
     BlockCache &cache = CacheOf(device);
@@ -152,7 +160,7 @@ void *CudaAllocate(std::size_t bytes, int device) {
             return ptr;
         }
     }
-    void *ptr = PoolAllocate(rounded, device, stream);
+    void *ptr = PoolAllocate(rounded, device, stream, false);
     try {
         std::lock_guard lock(cache.mutex);
         cache.live.emplace(ptr, rounded);
@@ -178,7 +186,11 @@ void CudaFree(void *ptr, int device) noexcept {
         if (it != cache.live.end()) {
             const std::size_t rounded = it->second;
             cache.live.erase(it);
-            if (cache.cached_bytes + rounded <= kCacheMaxBytes && !Capturing(stream)) {
+            if (!Capturing(stream)) {
+                if (cache.cached_bytes + rounded > kCacheMaxBytes) {
+                    // Full (sizes that stopped coming back, e.g. a warm-up's): start over rather than stop caching.
+                    ReleaseLocked(cache, stream);
+                }
                 try {
                     cache.free[rounded].push_back(ptr);
                     cache.cached_bytes += rounded;

@@ -81,10 +81,10 @@ struct BiasGradSum {
     }
 };
 
-/// Whether a column sum of `t` is worth a side stream on `stream`. Below 2^15 elements (64 KiB of bf16) the sum takes
-/// the GPU ~2 µs and the GEMMs beside it are as short, so an eager step is paced by the host, to which the fork and
-/// join cost two event records and two stream waits (0.4–1 µs a pair on the H100 hosts, docs/PERFORMANCE.md). Under a
-/// capture they are paid once, and the replay keeps the overlap (0.8 µs of GPU time at one token, K = N = 256).
+/// Whether a column sum of `t` is worth a side stream on `stream`. Below 2^15 elements (64 KiB of bf16) the sum is a
+/// few µs of GPU time (1.45 µs at one token, N = 256, beside GEMMs of 1.4–2.4 µs), so an eager step is paced by the
+/// host, to which the fork and join cost two event records and two stream waits (0.4–1 µs a pair on the H100 hosts,
+/// docs/PERFORMANCE.md). Under a capture they are paid once, and the replay keeps the overlap.
 bool SideStreamPays(const Tensor &t, cudaStream_t stream) {
     return t.numel() >= (std::int64_t{1} << 15) || lt::StreamCapturing(stream);
 }
@@ -134,9 +134,19 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
     // On the side stream they overlap the GEMMs: db all of them, the previous bias grad the wgrad GEMM. Not, outside a
     // capture, for a sum of a small tensor, where the fork and join cost the host more than the overlap saves the GPU
     // (a capture pays them once, and its replays keep the overlap).
-    const bool bias_beside =
-        bias_sum && (args.dx != nullptr || args.dweight != nullptr) && SideStreamPays(dy, ctx.stream());
-    const bool pre_beside = pre_sum && args.dweight != nullptr && SideStreamPays(*args.dx, ctx.stream());
+    const bool bias_may = bias_sum && (args.dx != nullptr || args.dweight != nullptr);
+    const bool pre_may = pre_sum && args.dweight != nullptr;
+    const bool bias_beside = bias_may && SideStreamPays(dy, ctx.stream());
+    const bool pre_beside = pre_may && SideStreamPays(*args.dx, ctx.stream());
+    if ((bias_may && !bias_beside) || (pre_may && !pre_beside)) {
+        // A capture of this step will fork, and the side stream's reduction scratch cannot grow then: grow it now,
+        // as the sums would have (once per larger shape; a one-row sum needs none).
+        const std::int64_t partials = std::max(bias_may && !bias_beside ? bias_sum.Partials(ctx) : std::int64_t{0},
+                                               pre_may && !pre_beside ? pre_sum.Partials(ctx) : std::int64_t{0});
+        if (partials > 0) {
+            (void)ReduceScratch(ctx, SideStreamOf(ctx.device()).stream, static_cast<std::size_t>(partials));
+        }
+    }
 
     SideStream *side = bias_beside || pre_beside ? &SideStreamOf(ctx.device()) : nullptr;
     if (side != nullptr) {

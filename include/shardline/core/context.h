@@ -100,7 +100,7 @@ void Synchronize(Device device);
 /// calling cudaMallocAsync without a pool; not the cuBLASLt workspace or NCCL's buffers). The counters move as queued
 /// frees execute; blocks kept by the small-block cache (≤ 32 MiB, docs/kernels.md) count as allocated. CPU: all 0.
 struct DeviceMemoryStats {
-    std::uint64_t allocated = 0; ///< held by live allocations now (torch.cuda.memory_allocated)
+    std::uint64_t allocated = 0; ///< held by live tensors and the cache (torch.cuda.memory_allocated + ≤ 32 MiB)
     std::uint64_t peak_allocated =
         0;                      ///< the most held at once since start or ResetPeakDeviceMemory (max_memory_allocated)
     std::uint64_t reserved = 0; ///< taken from the driver by the pool now (torch.cuda.memory_reserved)

@@ -13,8 +13,8 @@ namespace shardline {
 
 using Shape = std::vector<std::int64_t>;
 
-/// A block of memory on one device. CPU storage is 64-byte aligned; CUDA storage comes from the device's
-/// stream-ordered pool (cudaMallocAsync on the context stream) and goes back to it on release.
+/// A block of memory on one device. CPU storage is 64-byte aligned; CUDA storage comes from the device's pool
+/// (cudaMallocAsync on the context stream) or, ≤ 1 MiB, its small-block cache, and goes back there on release.
 class Storage {
 public:
     /// Allocates `bytes` on `device` (0 bytes gives a null pointer).

@@ -94,10 +94,10 @@ void LinearBackwardBias(const LinearBackwardBiasArgs& args);
 Tensor LinearBackwardBias(const Tensor& dy);
 
 /// The grads a caller needs, computed together: each output that is given is computed, the others are not (the
-/// caller decides which, as with the split ops). On CUDA the bias grad, when it runs as a separate column sum (where
-/// fusing it into the wgrad GEMM measures slower, see gemm_tuning.h), runs on a side stream overlapping the GEMMs; so
-/// does the previous layer's bias grad (pre_activation_dbias) when it runs apart from the dgrad GEMM, overlapping the
-/// wgrad GEMM. The split ops LinearBackwardInput/Weight/Bias remain for callers that schedule the pieces themselves.
+/// caller decides which, as with the split ops). On CUDA a bias grad run as a separate column sum (where fusing it in
+/// the wgrad GEMM measures slower, gemm_tuning.h) of 2^15+ elements, or in a capture, runs on a side stream beside the
+/// GEMMs; so does the previous layer's (pre_activation_dbias) when apart from the dgrad GEMM, beside the wgrad GEMM.
+/// The split ops LinearBackwardInput/Weight/Bias remain for callers that schedule the pieces themselves.
 struct LinearBackwardArgs {
     const Tensor& dy;               ///< [..., out]
     const Tensor* x = nullptr;      ///< [..., in]; needed for dweight

@@ -35,7 +35,7 @@ void CudaAdamWStep(const AdamWStepArgs &args);
 void CudaSgdStepMulti(const SgdStepMultiArgs &args);
 void CudaAdamWStepMulti(const AdamWStepMultiArgs &args);
 
-// provider "default", linear_backward.cc: the grads together, the separate bias grad on a side stream
+// provider "default", linear_backward.cc: the grads together, a large separate bias grad on a side stream
 void CudaLinearBackward(const LinearBackwardArgs &args);
 /// Whether the default Gemm runs this problem's measured epilogue (BGRADB, DGELU_BGRAD, ...) fused: tuned per shape
 /// (gemm_tuning.h); false for an epilogue that is not measured, or one cuBLASLt cannot fuse (gemm_cublaslt.cc).

@@ -138,26 +138,16 @@ void CudaLinearBackward(const LinearBackwardArgs &args) {
     const bool pre_may = pre_sum && args.dweight != nullptr;
     const bool bias_beside = bias_may && SideStreamPays(dy, ctx.stream());
     const bool pre_beside = pre_may && SideStreamPays(*args.dx, ctx.stream());
-    if ((bias_may && !bias_beside) || (pre_may && !pre_beside)) {
-        // A capture of this step will fork, and the side stream's reduction scratch cannot grow then: grow it now,
-        // as the sums would have (once per larger shape; a one-row sum needs none).
-        const std::int64_t partials = std::max(bias_may && !bias_beside ? bias_sum.Partials(ctx) : std::int64_t{0},
-                                               pre_may && !pre_beside ? pre_sum.Partials(ctx) : std::int64_t{0});
-        if (partials > 0) {
-            (void)ReduceScratch(ctx, SideStreamOf(ctx.device()).stream, static_cast<std::size_t>(partials));
-        }
-    }
-
     SideStream *side = bias_beside || pre_beside ? &SideStreamOf(ctx.device()) : nullptr;
-    if (side != nullptr) {
-        // The side stream's reduction scratch must already be large enough when the compute stream is being
-        // captured (it cannot grow then, and a graph allocation on the compute stream would not be ordered before
-        // the side branch): otherwise the column sums stay on the compute stream.
-        const std::int64_t partials = std::max(bias_beside ? bias_sum.Partials(ctx) : std::int64_t{0},
-                                               pre_beside ? pre_sum.Partials(ctx) : std::int64_t{0});
-        if (partials > 0 && ReduceScratch(ctx, side->stream, static_cast<std::size_t>(partials)) == nullptr) {
-            side = nullptr;
-        }
+    // The side stream's reduction scratch must be large enough for every sum that may run there: it cannot grow while
+    // the compute stream is captured (and a graph allocation on the compute stream would not be ordered before the
+    // side branch), so a sum kept on the compute stream grows it too, for a later capture of the step (once per larger
+    // shape; a one-row sum needs none). Where it is too small in a capture, the sums stay on the compute stream.
+    const std::int64_t partials = std::max(bias_may ? bias_sum.Partials(ctx) : std::int64_t{0},
+                                           pre_may ? pre_sum.Partials(ctx) : std::int64_t{0});
+    if (partials > 0 &&
+        ReduceScratch(ctx, SideStreamOf(ctx.device()).stream, static_cast<std::size_t>(partials)) == nullptr) {
+        side = nullptr;
     }
     const cudaStream_t main = ctx.stream();
     if (bias_sum && (side == nullptr || !bias_beside)) {

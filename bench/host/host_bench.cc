@@ -1,9 +1,12 @@
-// shardline-host-bench: host µs per call of the Linear path on CPU tensors of a tiny shape (default m = 1, k = n = 8:
-// the GEMM is ~64 multiply-adds), for profiling what the host path costs apart from the kernels (issue 18 item 5).
+// shardline-host-bench: host µs per call of the Linear path on tensors of a tiny shape (default m = 1, k = n = 8: the
+// GEMM is ~64 multiply-adds), for profiling what the host path costs apart from the kernels (issue 18 item 5).
 // The same steps as shardline-linear-bench's `host` regime on the GPU: LinearForward, the fwd+bwd kernels, and autograd
-// Linear fwd+bwd with fresh grads and with float32 main grads. These are CPU-path figures: on CUDA add the launches.
+// Linear fwd+bwd with fresh grads and with float32 main grads. On the CPU (the default) these are CPU-path figures;
+// --device cuda runs the same steps on GPU tensors, launches included (the GPU, far faster than the host at these
+// shapes, is waited for only at the end of each repetition), one step at a time with --only, for a profiler.
 //
-//   shardline-host-bench [--calls 20000] [--m 1] [--k 8] [--n 8] [--only NAME]
+//   shardline-host-bench [--calls 20000] [--m 1] [--k 8] [--n 8] [--device cpu|cuda] [--dtype float32|bfloat16]
+//                        [--only NAME]
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +24,7 @@
 #include <shardline/autograd/engine.h>
 #include <shardline/autograd/functions.h>
 #include <shardline/autograd/variable.h>
+#include <shardline/core/context.h>
 #include <shardline/core/tensor.h>
 #include <shardline/dist/dist_tensor.h>
 #include <shardline/kernels/linear.h>
@@ -64,17 +68,20 @@ double AllocationsPerCall(const std::function<void()> &fn) {
     return static_cast<double>(g_allocations.load() - before) / kCalls;
 }
 
-/// Median over 7 repetitions of `calls` back-to-back calls, µs per call, after warm-ups.
-double TimeHost(int calls, const std::function<void()> &fn) {
+/// Median over 7 repetitions of `calls` back-to-back calls, µs per call, after warm-ups; each repetition ends when
+/// `device` has run what it queued.
+double TimeHost(int calls, Device device, const std::function<void()> &fn) {
     for (int i = 0; i < std::max(100, calls / 20); ++i) {
         fn();
     }
+    Synchronize(device);
     std::vector<double> us;
     for (int rep = 0; rep < 7; ++rep) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < calls; ++i) {
             fn();
         }
+        Synchronize(device);
         const auto t1 = std::chrono::steady_clock::now();
         us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
     }
@@ -89,19 +96,27 @@ int main(int argc, char **argv) {
     int calls = 20000;
     std::int64_t m = 1, k = 8, n = 8;
     std::string only;
+    std::string device_name = "cpu";
+    std::string dtype_name = "float32";
     app.add_option("--calls", calls, "back-to-back calls per repetition");
     app.add_option("--m", m, "rows");
     app.add_option("--k", k, "in_features");
     app.add_option("--n", n, "out_features");
     app.add_option("--only", only, "run only the step whose name contains this (for perf record)");
+    app.add_option("--device", device_name, "cpu, or cuda (GPU 0)")->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--dtype", dtype_name, "the tensors' dtype")->check(CLI::IsMember({"float32", "bfloat16"}));
     CLI11_PARSE(app, argc, argv);
 
-    const DType dt = DType::kFloat32;
-    const Device cpu = Device::CPU();
-    Tensor x = Tensor::Full({m, k}, 0.5, dt, cpu), w = Tensor::Full({n, k}, 0.25, dt, cpu);
-    Tensor b = Tensor::Full({n}, 1.0, dt, cpu), dy = Tensor::Full({m, n}, 1.0, dt, cpu);
-    Tensor y = Tensor::Empty({m, n}, dt, cpu), dx = Tensor::Empty({m, k}, dt, cpu);
-    Tensor dw = Tensor::Empty({n, k}, dt, cpu), db = Tensor::Empty({n}, dt, cpu);
+    const DType dt = dtype_name == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+    const Device dev = device_name == "cuda" ? Device::CUDA(0) : Device::CPU();
+    if (dev.is_cuda() && CudaDeviceCount() == 0) {
+        std::fprintf(stderr, "shardline-host-bench: --device cuda needs a GPU (none visible)\n");
+        return 1;
+    }
+    Tensor x = Tensor::Full({m, k}, 0.5, dt, dev), w = Tensor::Full({n, k}, 0.25, dt, dev);
+    Tensor b = Tensor::Full({n}, 1.0, dt, dev), dy = Tensor::Full({m, n}, 1.0, dt, dev);
+    Tensor y = Tensor::Empty({m, n}, dt, dev), dx = Tensor::Empty({m, k}, dt, dev);
+    Tensor dw = Tensor::Empty({n, k}, dt, dev), db = Tensor::Empty({n}, dt, dev);
 
     autograd::Variable xv(x, true), wv(w, true), bv(b, true);
     const dist::DistTensor dyv = dist::DistTensor::Local(dy);
@@ -139,8 +154,9 @@ int main(int argc, char **argv) {
              }
          }},
     };
-    std::printf("CPU-path host cost, float32 m=%lld k=%lld n=%lld, %d calls x 7 (median)\n", static_cast<long long>(m),
-                static_cast<long long>(k), static_cast<long long>(n), calls);
+    std::printf("host cost on %s, %s m=%lld k=%lld n=%lld, %d calls x 7 (median)\n", ToString(dev).c_str(),
+                dtype_name.c_str(), static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n),
+                calls);
     for (const Step &s : steps) {
         if (s.before) {
             s.before();
@@ -148,7 +164,7 @@ int main(int argc, char **argv) {
         if (!only.empty() && s.name.find(only) == std::string::npos) {
             continue;
         }
-        const double us = TimeHost(calls, s.fn);
+        const double us = TimeHost(calls, dev, s.fn);
         std::printf("host %-40s %8.2f us per call, %6.1f heap allocations per call\n", s.name.c_str(), us,
                     AllocationsPerCall(s.fn));
     }

@@ -61,6 +61,8 @@
 
 namespace shardline::bench {
 cudaError_t LaunchEmptyKernel(cudaStream_t stream); // host_floor.cu
+/// cuStreamIsCapturing through the driver's entry point: 1 capturing, 0 not, -1 an error; null when not found.
+int (*DriverStreamIsCapturing())(cudaStream_t); // host_floor.cu
 } // namespace shardline::bench
 
 namespace {
@@ -1032,6 +1034,24 @@ void HostBench(Run& run, const Options& o) {
                  SHARDLINE_CHECK_CUDA(cudaStreamWaitEvent(stream, event, 0));
              }));
         cudaEventDestroy(event);
+    }
+    // The runtime queries a step makes per tensor and per op: the capture query (the small-block cache asks it on
+    // every allocation and free) through the runtime and through the driver's entry point, and the current device
+    // (every CudaContext::Get); and one cached 1 KiB Tensor made and released, what each fresh output costs.
+    {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        emit("floor: cudaStreamIsCapturing", 1,
+             TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaStreamIsCapturing(stream, &status)); }));
+        if (const auto driver_query = bench::DriverStreamIsCapturing()) {
+            emit("floor: cuStreamIsCapturing (driver entry point)", 1, TimeHost(stream, o.host_calls, [&] {
+                     SHARDLINE_CHECK(driver_query(stream) >= 0, kTool, "cuStreamIsCapturing failed");
+                 }));
+        }
+        int device = -1;
+        emit("floor: cudaGetDevice", 1,
+             TimeHost(stream, o.host_calls, [&] { SHARDLINE_CHECK_CUDA(cudaGetDevice(&device)); }));
+        emit("one fresh 1 KiB Tensor (Empty + release)", 1,
+             TimeHost(stream, o.host_calls, [&] { const Tensor t = Tensor::Empty({512}, dt, gpu); }));
     }
     emit("fwd+bwd kernels (LinearBackward), fresh outputs", 2, TimeHost(stream, o.host_calls, [&] {
              Tensor fy = Tensor::Empty({m, n}, dt, gpu), fdx = Tensor::Empty({m, k}, dt, gpu);

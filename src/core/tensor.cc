@@ -38,6 +38,7 @@ void CheckDeviceAvailable(Device device, std::string_view op) {
 std::shared_ptr<Storage> Storage::Allocate(std::size_t bytes, Device device) {
     CheckDeviceAvailable(device, "Storage::Allocate");
     void* data = nullptr;
+    std::size_t cached_bytes = 0;
     if (bytes > 0) {
         if (device.is_cpu()) {
             const std::size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
@@ -45,15 +46,21 @@ std::shared_ptr<Storage> Storage::Allocate(std::size_t bytes, Device device) {
             SHARDLINE_CHECK(data != nullptr, "Storage::Allocate", "could not allocate {} bytes on the host", bytes);
         } else {
 #if SHARDLINE_HAVE_CUDA
-            data = detail::CudaAllocate(bytes, device.index);
+            data = detail::CudaAllocate(bytes, device.index, &cached_bytes);
 #endif
         }
     }
-    return std::shared_ptr<Storage>(new Storage(data, bytes, device, /*owned=*/true));
+    try {
+        return std::make_shared<Storage>(Key(), data, bytes, device, /*owned=*/true, cached_bytes);
+    } catch (...) {
+        // No room on the host for the Storage: this one, on the stack, gives the memory back as the error leaves.
+        const Storage release(Key(), data, bytes, device, /*owned=*/true, cached_bytes);
+        throw;
+    }
 }
 
 std::shared_ptr<Storage> Storage::Borrow(void* data, std::size_t bytes, Device device) {
-    return std::shared_ptr<Storage>(new Storage(data, bytes, device, /*owned=*/false));
+    return std::make_shared<Storage>(Key(), data, bytes, device, /*owned=*/false, 0);
 }
 
 Storage::~Storage() {
@@ -64,7 +71,7 @@ Storage::~Storage() {
         std::free(data_);
     } else {
 #if SHARDLINE_HAVE_CUDA
-        detail::CudaFree(data_, device_.index);
+        detail::CudaFree(data_, device_.index, cached_bytes_);
 #endif
     }
 }

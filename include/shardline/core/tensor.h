@@ -16,12 +16,20 @@ using Shape = std::vector<std::int64_t>;
 /// A block of memory on one device. CPU storage is 64-byte aligned; CUDA storage comes from the device's pool
 /// (cudaMallocAsync on the context stream) or, ≤ 1 MiB, its small-block cache, and goes back there on release.
 class Storage {
+    /// Only Allocate and Borrow make a Storage (the constructor is public for make_shared: one heap block).
+    class Key {
+        friend class Storage;
+        Key() = default;
+    };
+
 public:
     /// Allocates `bytes` on `device` (0 bytes gives a null pointer).
     static std::shared_ptr<Storage> Allocate(std::size_t bytes, Device device);
     /// Wraps memory owned by someone else; it is never freed by shardline.
     static std::shared_ptr<Storage> Borrow(void* data, std::size_t bytes, Device device);
 
+    Storage(Key, void* data, std::size_t bytes, Device device, bool owned, std::size_t cached_bytes)
+        : data_(data), bytes_(bytes), cached_bytes_(cached_bytes), device_(device), owned_(owned) {}
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
     ~Storage();
@@ -31,10 +39,9 @@ public:
     Device device() const { return device_; }
 
 private:
-    Storage(void* data, std::size_t bytes, Device device, bool owned)
-        : data_(data), bytes_(bytes), device_(device), owned_(owned) {}
     void* data_ = nullptr;
     std::size_t bytes_ = 0;
+    std::size_t cached_bytes_ = 0; ///< CUDA: the small-block cache's size class of the block, 0 when the pool's
     Device device_;
     bool owned_ = false;
 };

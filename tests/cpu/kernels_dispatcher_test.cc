@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -302,6 +304,38 @@ TEST_F(DispatcherTest, RegisteringAgainReplacesTheKernel) {
     EXPECT_EQ(LinearForwardGemms(), 0);
     Register<GemmOp>(DeviceType::kCPU, kCounting, &CountingGemm);
     EXPECT_EQ(LinearForwardGemms(), 1);
+}
+
+// Resolutions are cached per thread: a selection changed on another thread reaches a thread that resolved before.
+TEST_F(DispatcherTest, ThreadCachedResolutionFollowsASelectionChangedElsewhere) {
+    std::mutex mutex;
+    std::condition_variable cv;
+    int step = 0; // 1: the worker resolved under the default; 2: the main thread switched to the counting provider
+    std::string before, after;
+    int gemms_after = -1;
+    std::thread worker([&] {
+        before = OpTable<GemmOp>::Resolve(DeviceType::kCPU).provider;
+        EXPECT_EQ(LinearForwardGemms(), 0);
+        {
+            std::unique_lock lock(mutex);
+            step = 1;
+            cv.notify_all();
+            cv.wait(lock, [&] { return step == 2; });
+        }
+        after = OpTable<GemmOp>::Resolve(DeviceType::kCPU).provider;
+        gemms_after = LinearForwardGemms();
+    });
+    {
+        std::unique_lock lock(mutex);
+        cv.wait(lock, [&] { return step == 1; });
+        SetProvider(kCounting);
+        step = 2;
+        cv.notify_all();
+    }
+    worker.join();
+    EXPECT_EQ(before, kDefaultProvider);
+    EXPECT_EQ(after, kCounting);
+    EXPECT_EQ(gemms_after, 1);
 }
 
 TEST_F(DispatcherTest, ProviderChoiceIsOneInfoLineAndPerOpDetailIsDebug) {

@@ -117,11 +117,28 @@ public:
     /// The kernel for `device` from the selected provider (see the rules above). `caller_provider` is the provider
     /// serving the op that calls this one, or empty at the top level.
     static Resolved<Op> Resolve(DeviceType device, std::string_view caller_provider = {}) {
+        // The hot path: the same (device, caller provider) under an unchanged selection resolves from this thread's
+        // cache, without a lock, the selection rules or the log bookkeeping. An entry is only made after a full
+        // resolution, so the built-in kernels are registered by then.
+        const std::uint64_t generation = detail::SelectionGeneration();
+        std::vector<CacheEntry>& mine = ThreadCache();
+        for (const CacheEntry& c : mine) {
+            if (c.generation == generation && c.device == device && c.caller == caller_provider) {
+                return c.resolved;
+            }
+        }
+        Resolved<Op> resolved = ResolveShared(device, caller_provider, generation);
+        std::erase_if(mine, [&](const CacheEntry& c) { return c.generation != generation; });
+        mine.push_back(CacheEntry{generation, device, std::string(caller_provider), resolved});
+        return resolved;
+    }
+
+private:
+    /// Resolve under the table's lock, through the process-wide cache (read before the resolution, `generation` makes
+    /// a change of selection during it resolve again on the next call).
+    static Resolved<Op> ResolveShared(DeviceType device, std::string_view caller_provider, std::uint64_t generation) {
         EnsureBuiltinKernels();
         std::lock_guard lock(Mutex());
-        // The hot path: the same (device, caller provider) under an unchanged selection resolves from the cache,
-        // without the selection rules or the log bookkeeping.
-        const std::uint64_t generation = detail::SelectionGeneration();
         for (const CacheEntry& c : Cache()) {
             if (c.generation == generation && c.device == device && c.caller == caller_provider) {
                 return c.resolved;
@@ -142,7 +159,6 @@ public:
         return resolved;
     }
 
-private:
     struct Entry {
         DeviceType device;
         std::string provider;
@@ -172,6 +188,10 @@ private:
     };
     static std::vector<CacheEntry>& Cache() {
         static std::vector<CacheEntry> cache;
+        return cache;
+    }
+    static std::vector<CacheEntry>& ThreadCache() {
+        thread_local std::vector<CacheEntry> cache;
         return cache;
     }
 };

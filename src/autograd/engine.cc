@@ -18,20 +18,6 @@ namespace {
 
 thread_local bool grad_enabled = true;
 
-/// a + b for two gradients of one input (both already in that input's gradient layout).
-dist::Grad Combine(dist::Grad a, dist::Grad b) {
-    a.accumulated = a.accumulated || b.accumulated;
-    if (!b.value.defined()) {
-        return a;
-    }
-    if (!a.value.defined()) {
-        a.value = std::move(b.value);
-        return a;
-    }
-    a.value = dist::Add(a.value, b.value);
-    return a;
-}
-
 /// Ones in the root's layout without Partial: d root / d root, for every local element.
 dist::DistTensor Ones(const dist::DistTensor &root) {
     Tensor ones = Tensor::Full(root.local().shape(), 1.0, root.dtype(), root.device());
@@ -39,21 +25,67 @@ dist::DistTensor Ones(const dist::DistTensor &root) {
                                               root.mesh_ptr());
 }
 
-/// What the engine keeps per node of the reachable graph: one entry per node (a node-based map, so references stay
-/// valid while it grows), instead of a map of buffers, a map of counts and a set of visited nodes.
+/// What the engine keeps per node of the reachable graph: one entry per node, instead of a map of buffers, a map of
+/// counts and a set of visited nodes.
 struct NodeTask {
     int dependencies = 0;           ///< edges of the reachable graph into the node not yet run
     bool visited = false;           ///< reached by the dependency count's walk
     std::vector<dist::Grad> buffer; ///< the gradients arrived so far, one slot per input (sized on first use)
 };
 
-/// Sums `grad` into input `input_nr` of `node`'s buffer.
+/// The tasks of one backward, by node: a flat vector searched linearly while the graph is small (a layer's step has a
+/// handful of nodes, and a hash map costs a heap block per node), with a hash index once it grows past kLinear. A
+/// reference from operator[] is valid until the next call.
+class TaskTable {
+public:
+    static constexpr std::size_t kLinear = 16;
+
+    TaskTable() { tasks_.reserve(8); }
+    NodeTask &operator[](Node *node) {
+        if (index_.empty()) {
+            for (auto &[n, task] : tasks_) {
+                if (n == node) {
+                    return task;
+                }
+            }
+            tasks_.emplace_back(node, NodeTask{});
+            if (tasks_.size() > kLinear) {
+                index_.reserve(2 * tasks_.size());
+                for (std::size_t i = 0; i < tasks_.size(); ++i) {
+                    index_.emplace(tasks_[i].first, i);
+                }
+            }
+            return tasks_.back().second;
+        }
+        const auto [it, inserted] = index_.emplace(node, tasks_.size());
+        if (inserted) {
+            tasks_.emplace_back(node, NodeTask{});
+        }
+        return tasks_[it->second].second;
+    }
+    std::size_t size() const { return tasks_.size(); }
+
+private:
+    std::vector<std::pair<Node *, NodeTask>> tasks_;
+    std::unordered_map<Node *, std::size_t> index_; ///< built once the table passes kLinear nodes
+};
+
+/// Sums `grad` into input `input_nr` of `node`'s buffer (both already in that input's gradient layout): the first
+/// gradient is kept as it is, a second one added out of place.
 void Deliver(NodeTask &task, const Node &node, int input_nr, dist::Grad grad) {
     if (task.buffer.empty()) {
         task.buffer.resize(static_cast<std::size_t>(node.num_inputs()));
     }
     dist::Grad &slot = task.buffer[static_cast<std::size_t>(input_nr)];
-    slot = Combine(std::move(slot), std::move(grad));
+    slot.accumulated = slot.accumulated || grad.accumulated;
+    if (!grad.value.defined()) {
+        return;
+    }
+    if (!slot.value.defined()) {
+        slot.value = std::move(grad.value);
+        return;
+    }
+    slot.value = dist::Add(slot.value, grad.value);
 }
 
 } // namespace
@@ -76,8 +108,7 @@ namespace detail {
 
 void RunBackward(const Variable *roots, const dist::DistTensor *const *grads, std::size_t n, bool retain_graph) {
     constexpr const char *kOp = "autograd::Backward";
-    std::unordered_map<Node *, NodeTask> tasks;
-    tasks.reserve(16);
+    TaskTable tasks;
     std::vector<std::shared_ptr<Node>> seeds;
     seeds.reserve(n);
     for (std::size_t r = 0; r < n; ++r) {

@@ -8,13 +8,19 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
     SHARDLINE_CHECK(fn != nullptr, "Function::Apply", "the function is null");
     std::vector<dist::DistTensor> values;
     values.reserve(inputs.size());
-    fn->needs_input_grad_.assign(inputs.size(), false);
     bool any = false;
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-        values.push_back(inputs[i].defined() ? inputs[i].value() : dist::DistTensor());
-        const bool needs = GradEnabled() && inputs[i].requires_grad();
-        fn->needs_input_grad_[i] = needs;
-        any = any || needs;
+    for (const Variable &in : inputs) {
+        values.push_back(in.defined() ? in.value() : dist::DistTensor());
+        any = any || in.requires_grad();
+    }
+    any = any && GradEnabled();
+    fn->inputs_.clear();
+    if (any) {
+        // needs_input_grad is filled before Forward (and SetupContext) run.
+        fn->inputs_.resize(inputs.size());
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            fn->inputs_[i].needs_grad = inputs[i].requires_grad();
+        }
     }
     std::vector<dist::DistTensor> outputs = fn->Forward(values);
     std::vector<Variable> result;
@@ -28,27 +34,22 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
     fn->SetupContext(values, outputs);
     fn->num_inputs_ = static_cast<int>(outputs.size());
     fn->next_edges_.clear();
-    fn->grad_layouts_.clear();
-    fn->leaves_.clear();
     fn->next_edges_.reserve(inputs.size());
-    fn->grad_layouts_.reserve(inputs.size());
-    fn->leaves_.reserve(inputs.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) {
         const Variable &in = inputs[i];
-        if (!fn->needs_input_grad_[i]) {
+        InputRecord &record = fn->inputs_[i];
+        if (!record.needs_grad) {
             fn->next_edges_.emplace_back();
-            fn->grad_layouts_.emplace_back();
-            fn->leaves_.emplace_back();
             continue;
         }
         fn->next_edges_.push_back(GradientEdge(in));
         if (in.is_leaf()) {
-            fn->grad_layouts_.push_back(in.GradLayout());
-            fn->leaves_.push_back(in.impl());
+            record.grad_layout = in.GradLayout();
+            record.leaf = in.impl();
         } else {
             // The gradient of a Partial value is Replicate on those dims: every local term gets the same gradient.
-            fn->grad_layouts_.push_back(in.value().layout().WithoutPartial());
-            fn->leaves_.emplace_back();
+            const spmd::Layout &layout = in.value().layout();
+            record.grad_layout = layout.IsPartial() ? layout.WithoutPartial() : layout;
         }
     }
     for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -74,27 +75,28 @@ std::vector<dist::Grad> Function::Apply(std::vector<dist::Grad> grad_outputs) {
     std::vector<dist::Grad> out = Backward(grads);
     out.resize(next_edges_.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
-        if (!needs_input_grad_[i]) {
+        if (!needs_input_grad(i)) {
             out[i] = dist::Grad();
             continue;
         }
         // Each gradient leaves in its grad rule's layout; only here, for an input that needs it, is it moved.
         if (out[i].value.defined() && !out[i].value.is_local()) {
-            out[i].value = dist::MoveToLayout(out[i].value, grad_layouts_[i]);
+            out[i].value = dist::MoveToLayout(out[i].value, inputs_[i].grad_layout);
         }
     }
     return out;
 }
 
 dist::GradSink Function::GradSinkFor(std::size_t i) const {
-    if (i >= leaves_.size() || !needs_input_grad_[i]) {
+    if (!needs_input_grad(i)) {
         return {};
     }
-    auto leaf = leaves_[i].lock();
+    auto leaf = inputs_[i].leaf.lock();
     if (leaf == nullptr || !leaf->main_grad.defined()) {
         return {};
     }
-    return {.buffer = &leaf->main_grad, .layout = grad_layouts_[i], .zero_pending = &leaf->main_grad_zero_pending};
+    return {
+        .buffer = &leaf->main_grad, .layout = inputs_[i].grad_layout, .zero_pending = &leaf->main_grad_zero_pending};
 }
 
 } // namespace shardline::autograd

@@ -278,6 +278,36 @@ TEST(AutogradEngineTest, DiamondRunsEachNodeOnceWithTheSummedGradient) {
     EXPECT_EQ(x.grad().local().ToDoubleVector(), Values(6, 4.0));
 }
 
+TEST(AutogradEngineTest, GraphOfMoreNodesThanTheLinearTableRunsEachOnceInOrder) {
+    // 40 probes in a ladder (the engine searches its tasks linearly up to 16 nodes, then through a hash index):
+    // h_i = P_i(h_{i-1} + (i % 3 == 0 ? x : h_{i-1})), so dz/dx follows c_i = c_{i-1} + 1 or 2·c_{i-1}, c_0 = 1, and
+    // every probe runs once, after the one above it.
+    std::vector<std::string> log;
+    std::vector<std::shared_ptr<Probe>> probes;
+    Variable x(Data({2, 3}, "x"), true);
+    Variable h = x;
+    double c = 1.0;
+    for (int i = 1; i <= 40; ++i) {
+        probes.push_back(std::make_shared<Probe>(fmt::format("P{}", i), &log));
+        const bool skip = i % 3 == 0;
+        h = Through(probes.back(), autograd::Add(h, skip ? x : h));
+        c = skip ? c + 1.0 : 2.0 * c;
+    }
+    const Tensor dz = Data({2, 3}, "dz");
+    const DistTensor dzv = DistTensor::Local(dz);
+    h.Backward(&dzv);
+    ASSERT_EQ(log.size(), 40u);
+    for (int i = 0; i < 40; ++i) {
+        EXPECT_EQ(probes[static_cast<std::size_t>(i)]->calls, 1) << i;
+        EXPECT_EQ(log[static_cast<std::size_t>(i)], fmt::format("P{}", 40 - i));
+    }
+    Values expected = dz.ToDoubleVector();
+    for (double &v : expected) {
+        v *= c;
+    }
+    EXPECT_TRUE(ValuesMatch(x.grad().local(), expected, DType::kFloat32));
+}
+
 TEST(AutogradEngineTest, InputUsedTwiceByOneFunctionGetsBothGradients) {
     // z = x + 3·x: dz/dx = 4.
     Variable x(Data({5}, "x"), true);

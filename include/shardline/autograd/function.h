@@ -36,15 +36,19 @@ protected:
         outputs.push_back(std::move(out));
         return outputs;
     }
-    bool needs_input_grad(std::size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
+    bool needs_input_grad(std::size_t i) const { return i < inputs_.size() && inputs_[i].needs_grad; }
     /// The main-grad buffer of input i when it is a leaf that has one (backward kernels may accumulate into it when
     /// their gradient has the sink's layout); empty otherwise.
     dist::GradSink GradSinkFor(std::size_t i) const;
 
 private:
-    std::vector<bool> needs_input_grad_;
-    std::vector<spmd::Layout> grad_layouts_;          ///< where each input's gradient must end
-    std::vector<std::weak_ptr<VariableImpl>> leaves_; ///< leaf inputs (for their main-grad sinks)
+    /// What the backward needs to know of forward input i (one vector for all inputs; empty when none needs a grad).
+    struct InputRecord {
+        bool needs_grad = false;
+        spmd::Layout grad_layout;         ///< where its gradient must end (filled when it needs one)
+        std::weak_ptr<VariableImpl> leaf; ///< a leaf input (for its main-grad sink)
+    };
+    std::vector<InputRecord> inputs_;
 };
 
 } // namespace shardline::autograd

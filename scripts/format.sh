@@ -3,7 +3,7 @@
 # config). Usage:
 #   scripts/format.sh              format every tracked source in place
 #   scripts/format.sh --check      exit 1 and list the files that differ (nothing is written)
-#   scripts/format.sh [--check] FILE...   only these files
+#   scripts/format.sh [--check] FILE...   only these files (.h, .cc, .cu, .cuh; others are skipped)
 # The formatter: $CLANG_FORMAT, else clang-format on PATH when it is the pinned version, else a virtual environment
 # under ${XDG_CACHE_HOME:-~/.cache}/shardline made with pip (PyPI's clang-format wheel). When it cannot be had (no
 # python3-venv, no network) the script exits 77, which CTest reports as skipped, unless SHARDLINE_REQUIRE_FORMAT=1
@@ -45,7 +45,15 @@ if [[ "${1:-}" == "--check" ]]; then check=1; shift; fi
 cf="$(find_formatter)"
 cd "$root"
 if (($#)); then
-  files=("$@")
+  # Only C++/CUDA sources: clang-format would rewrite a Markdown or CMake file as if it were C++.
+  files=()
+  for f in "$@"; do
+    case "$f" in
+      *.h | *.cc | *.cu | *.cuh) files+=("$f") ;;
+      *) echo "format: skipping $f (not a C++/CUDA source)" >&2 ;;
+    esac
+  done
+  ((${#files[@]})) || exit 0
 else
   mapfile -t files < <(git ls-files '*.h' '*.cc' '*.cu' '*.cuh' 2>/dev/null ||
                        find include src spmd launch tests examples bench tools \

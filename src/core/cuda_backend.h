@@ -29,13 +29,13 @@ int CudaDeviceCountImpl();
 /// cudaMallocAsync from the device's default pool on the context stream. A block of at most 1 MiB (rounded up to 512
 /// bytes) comes from the small-block cache when it holds one of that size and the stream is not being captured: the
 /// pool's same-stream reuse without its ~1 µs of host time per allocation and free (SHARDLINE_CUDA_BLOCK_CACHE=0 turns
-/// the cache off). `*cached_bytes` receives the block's rounded size when it belongs to the cache (handed out outside a
-/// capture), else 0; the owner passes it back to CudaFree.
-void* CudaAllocate(std::size_t bytes, int device, std::size_t* cached_bytes);
-/// cudaFreeAsync on the context stream, or for a block of the cache (`cached_bytes` from CudaAllocate, not 0) and the
-/// stream not being captured, back to the cache (up to 32 MiB of cached blocks per device; past that, to the pool);
-/// logs instead of throwing.
-void CudaFree(void* ptr, int device, std::size_t cached_bytes) noexcept;
+/// the cache off). `*cache_block_bytes` receives the block's rounded size when it belongs to the cache (handed out
+/// outside a capture), else 0; the owner passes it back to CudaFree.
+void* CudaAllocate(std::size_t bytes, int device, std::size_t* cache_block_bytes);
+/// cudaFreeAsync on the context stream, or for a block of the cache (`cache_block_bytes` from CudaAllocate, not 0) and
+/// the stream not being captured, back to the cache (up to 32 MiB of cached blocks per device; past that, to the
+/// pool); logs instead of throwing.
+void CudaFree(void* ptr, int device, std::size_t cache_block_bytes) noexcept;
 /// Copies bytes between any two devices (either side may be the CPU). Ordered on the context stream of the CUDA
 /// side; synchronous when the destination is the CPU. Host to device never waits for the stream's queued work when the
 /// source is pageable (up to 64 MiB it goes through pinned staging blocks, pinned_staging.h).

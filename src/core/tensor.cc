@@ -38,7 +38,7 @@ void CheckDeviceAvailable(Device device, std::string_view op) {
 std::shared_ptr<Storage> Storage::Allocate(std::size_t bytes, Device device) {
     CheckDeviceAvailable(device, "Storage::Allocate");
     void* data = nullptr;
-    std::size_t cached_bytes = 0;
+    std::size_t cache_block_bytes = 0;
     if (bytes > 0) {
         if (device.is_cpu()) {
             const std::size_t rounded = (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
@@ -46,15 +46,15 @@ std::shared_ptr<Storage> Storage::Allocate(std::size_t bytes, Device device) {
             SHARDLINE_CHECK(data != nullptr, "Storage::Allocate", "could not allocate {} bytes on the host", bytes);
         } else {
 #if SHARDLINE_HAVE_CUDA
-            data = detail::CudaAllocate(bytes, device.index, &cached_bytes);
+            data = detail::CudaAllocate(bytes, device.index, &cache_block_bytes);
 #endif
         }
     }
     try {
-        return std::make_shared<Storage>(Key(), data, bytes, device, /*owned=*/true, cached_bytes);
+        return std::make_shared<Storage>(Key(), data, bytes, device, /*owned=*/true, cache_block_bytes);
     } catch (...) {
         // No room on the host for the Storage: this one, on the stack, gives the memory back as the error leaves.
-        const Storage release(Key(), data, bytes, device, /*owned=*/true, cached_bytes);
+        const Storage release(Key(), data, bytes, device, /*owned=*/true, cache_block_bytes);
         throw;
     }
 }
@@ -71,7 +71,7 @@ Storage::~Storage() {
         std::free(data_);
     } else {
 #if SHARDLINE_HAVE_CUDA
-        detail::CudaFree(data_, device_.index, cached_bytes_);
+        detail::CudaFree(data_, device_.index, cache_block_bytes_);
 #endif
     }
 }

@@ -28,8 +28,8 @@ public:
     /// Wraps memory owned by someone else; it is never freed by shardline.
     static std::shared_ptr<Storage> Borrow(void* data, std::size_t bytes, Device device);
 
-    Storage(Key, void* data, std::size_t bytes, Device device, bool owned, std::size_t cached_bytes)
-        : data_(data), bytes_(bytes), cached_bytes_(cached_bytes), device_(device), owned_(owned) {}
+    Storage(Key, void* data, std::size_t bytes, Device device, bool owned, std::size_t cache_block_bytes) noexcept
+        : data_(data), bytes_(bytes), cache_block_bytes_(cache_block_bytes), device_(device), owned_(owned) {}
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
     ~Storage();
@@ -41,7 +41,7 @@ public:
 private:
     void* data_ = nullptr;
     std::size_t bytes_ = 0;
-    std::size_t cached_bytes_ = 0; ///< CUDA: the small-block cache's size class of the block, 0 when the pool's
+    std::size_t cache_block_bytes_ = 0; ///< CUDA: the block's rounded size when the small-block cache's, 0: the pool's
     Device device_;
     bool owned_ = false;
 };

@@ -118,18 +118,23 @@ public:
     /// serving the op that calls this one, or empty at the top level.
     static Resolved<Op> Resolve(DeviceType device, std::string_view caller_provider = {}) {
         // The hot path: the same (device, caller provider) under an unchanged selection resolves from this thread's
-        // cache, without a lock, the selection rules or the log bookkeeping. An entry is only made after a full
-        // resolution, so the built-in kernels are registered by then.
+        // cache, without a lock, the selection rules or the log bookkeeping. The generation is read first: a
+        // registration or change of selection during the resolution (the built-in kernels' included) makes the entry
+        // stale at once.
         const std::uint64_t generation = detail::SelectionGeneration();
-        std::vector<CacheEntry>& mine = ThreadCache();
-        for (const CacheEntry& c : mine) {
-            if (c.generation == generation && c.device == device && c.caller == caller_provider) {
-                return c.resolved;
+        std::vector<CacheEntry>* mine = ThreadCache();
+        if (mine != nullptr) {
+            for (const CacheEntry& c : *mine) {
+                if (c.generation == generation && c.device == device && c.caller == caller_provider) {
+                    return c.resolved;
+                }
             }
         }
         Resolved<Op> resolved = ResolveShared(device, caller_provider, generation);
-        std::erase_if(mine, [&](const CacheEntry& c) { return c.generation != generation; });
-        mine.push_back(CacheEntry{generation, device, std::string(caller_provider), resolved});
+        if (mine != nullptr) {
+            std::erase_if(*mine, [&](const CacheEntry& c) { return c.generation < generation; });
+            mine->push_back(CacheEntry{generation, device, std::string(caller_provider), resolved});
+        }
         return resolved;
     }
 
@@ -144,7 +149,7 @@ private:
                 return c.resolved;
             }
         }
-        std::erase_if(Cache(), [&](const CacheEntry& c) { return c.generation != generation; });
+        std::erase_if(Cache(), [&](const CacheEntry& c) { return c.generation < generation; });
         std::string requested;
         const std::string provider = detail::ChooseProvider(
             Op::kName, device, caller_provider, [&](std::string_view p) { return Find(device, p) != nullptr; },
@@ -190,9 +195,27 @@ private:
         static std::vector<CacheEntry> cache;
         return cache;
     }
-    static std::vector<CacheEntry>& ThreadCache() {
-        thread_local std::vector<CacheEntry> cache;
-        return cache;
+    /// This thread's resolutions; null once the thread's thread-locals are being destroyed (a dispatch from a
+    /// destructor then takes the locked path). The pointer and flag are trivially destructible, so they stay readable
+    /// until the thread ends; the owner frees the vector at thread exit.
+    static inline thread_local std::vector<CacheEntry>* thread_cache_ = nullptr;
+    static inline thread_local bool thread_cache_gone_ = false;
+    struct ThreadCacheOwner {
+        ThreadCacheOwner() = default;
+        ThreadCacheOwner(const ThreadCacheOwner&) = delete;
+        ThreadCacheOwner& operator=(const ThreadCacheOwner&) = delete;
+        ~ThreadCacheOwner() {
+            delete thread_cache_;
+            thread_cache_ = nullptr;
+            thread_cache_gone_ = true;
+        }
+    };
+    static std::vector<CacheEntry>* ThreadCache() {
+        if (thread_cache_ == nullptr && !thread_cache_gone_) {
+            thread_local ThreadCacheOwner owner; // constructed on this first use, destroyed at thread exit
+            thread_cache_ = new std::vector<CacheEntry>();
+        }
+        return thread_cache_;
     }
 };
 

@@ -66,11 +66,11 @@ constexpr std::size_t kCacheMaxBlock = std::size_t{1} << 20;
 constexpr std::size_t kCacheMaxBytes = std::size_t{32} << 20;
 constexpr std::size_t kCacheClasses = kCacheMaxBlock / kCacheGranule + 1; ///< class c holds blocks of c · 512 bytes
 
-/// The cache of one device. Which blocks are the cache's, and their class, their Storage remembers (cached_bytes):
-/// no map of the blocks handed out.
+/// The cache of one device. Which blocks are the cache's, and their rounded size, their Storage remembers (the
+/// cache_block_bytes CudaAllocate hands out and CudaFree takes back): no map of the blocks handed out.
 struct BlockCache {
     std::mutex mutex;
-    std::vector<std::vector<void *>> free = std::vector<std::vector<void *>>(kCacheClasses); ///< by class
+    std::vector<std::vector<void *>> free; ///< by class; sized on the device's first cached allocation
     std::size_t cached_bytes = 0;
 };
 
@@ -85,8 +85,10 @@ bool CacheEnabled() {
     return enabled;
 }
 
-/// cuStreamIsCapturing, through the driver's entry point (the runtime's cudaStreamIsCapturing costs ~0.1 µs a call on
-/// the H100 hosts, the driver's ~0.035: the cache asks on every allocation and free); null where the driver lacks it.
+/// cuStreamIsCapturing, through the driver's entry point (the runtime's cudaStreamIsCapturing costs 0.07–0.11 µs a call
+/// on the H100 hosts, the driver's 0.02–0.04: the cache asks on every allocation and free); null where the driver
+/// lacks it. On a thread with no current context the driver answers for the context's own stream; an error (e.g. for
+/// the legacy stream there) counts as a capture, which only sends the block to the pool.
 using DriverCaptureQuery = CUresult (*)(CUstream, CUstreamCaptureStatus *);
 DriverCaptureQuery DriverQuery() {
     static const DriverCaptureQuery query = [] {
@@ -94,7 +96,7 @@ DriverCaptureQuery DriverQuery() {
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
         if (cudaGetDriverEntryPointByVersion("cuStreamIsCapturing", &fn, 12000, cudaEnableDefault, &found) !=
                 cudaSuccess ||
-            found != cudaDriverEntryPointSuccess) {
+            found != cudaDriverEntryPointSuccess || fn == nullptr) {
             (void)cudaGetLastError();
             return DriverCaptureQuery{nullptr};
         }
@@ -164,8 +166,8 @@ void *PoolAllocate(std::size_t bytes, int device, cudaStream_t stream, bool capt
 
 } // namespace
 
-void *CudaAllocate(std::size_t bytes, int device, std::size_t *cached_bytes) {
-    *cached_bytes = 0;
+void *CudaAllocate(std::size_t bytes, int device, std::size_t *cache_block_bytes) {
+    *cache_block_bytes = 0;
     CudaContext &ctx = CudaContext::Get(device);
     const cudaStream_t stream = ctx.stream();
     const bool capturing = Capturing(stream);
@@ -176,21 +178,24 @@ void *CudaAllocate(std::size_t bytes, int device, std::size_t *cached_bytes) {
     BlockCache &cache = CacheOf(device);
     {
         std::lock_guard lock(cache.mutex);
+        if (cache.free.empty()) {
+            cache.free.resize(kCacheClasses); // a device's lists, on its first cached allocation
+        }
         std::vector<void *> &blocks = cache.free[rounded / kCacheGranule];
         if (!blocks.empty()) {
             void *ptr = blocks.back();
             blocks.pop_back();
             cache.cached_bytes -= rounded;
-            *cached_bytes = rounded;
+            *cache_block_bytes = rounded;
             return ptr;
         }
     }
     void *ptr = PoolAllocate(rounded, device, stream, false);
-    *cached_bytes = rounded;
+    *cache_block_bytes = rounded;
     return ptr;
 }
 
-void CudaFree(void *ptr, int device, std::size_t cached_bytes) noexcept {
+void CudaFree(void *ptr, int device, std::size_t cache_block_bytes) noexcept {
     if (ptr == nullptr) {
         return;
     }
@@ -198,16 +203,16 @@ void CudaFree(void *ptr, int device, std::size_t cached_bytes) noexcept {
     // exists, and the free is ordered on its stream after everything queued there.
     CudaContext *ctx = CudaContextIfCreated(device);
     const cudaStream_t stream = ctx != nullptr ? ctx->stream() : nullptr;
-    if (cached_bytes != 0 && ctx != nullptr && !Capturing(stream)) {
+    if (cache_block_bytes != 0 && ctx != nullptr && !Capturing(stream)) {
         BlockCache &cache = CacheOf(device);
         std::lock_guard lock(cache.mutex);
-        if (cache.cached_bytes + cached_bytes > kCacheMaxBytes) {
+        if (cache.cached_bytes + cache_block_bytes > kCacheMaxBytes) {
             // Full (sizes that stopped coming back, e.g. a warm-up's): start over rather than stop caching.
             ReleaseLocked(cache, stream);
         }
         try {
-            cache.free[cached_bytes / kCacheGranule].push_back(ptr);
-            cache.cached_bytes += cached_bytes;
+            cache.free[cache_block_bytes / kCacheGranule].push_back(ptr);
+            cache.cached_bytes += cache_block_bytes;
             return;
         } catch (...) {
             // no room on the host for the entry: the pool takes the block back

@@ -48,8 +48,7 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
             record.leaf = in.impl();
         } else {
             // The gradient of a Partial value is Replicate on those dims: every local term gets the same gradient.
-            const spmd::Layout &layout = in.value().layout();
-            record.grad_layout = layout.IsPartial() ? layout.WithoutPartial() : layout;
+            record.grad_layout = in.value().layout().WithoutPartial();
         }
     }
     for (std::size_t i = 0; i < outputs.size(); ++i) {

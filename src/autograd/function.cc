@@ -6,11 +6,9 @@ namespace shardline::autograd {
 
 std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const std::vector<Variable> &inputs) {
     SHARDLINE_CHECK(fn != nullptr, "Function::Apply", "the function is null");
-    std::vector<dist::DistTensor> values;
-    values.reserve(inputs.size());
+    const Inputs values(inputs);
     bool any = false;
     for (const Variable &in : inputs) {
-        values.push_back(in.defined() ? in.value() : dist::DistTensor());
         any = any || in.requires_grad();
     }
     any = any && GradEnabled();
@@ -84,6 +82,11 @@ std::vector<dist::Grad> Function::Apply(std::vector<dist::Grad> grad_outputs) {
         }
     }
     return out;
+}
+
+const dist::DistTensor &Function::Inputs::Undefined() {
+    static const dist::DistTensor undefined;
+    return undefined;
 }
 
 dist::GradSink Function::GradSinkFor(std::size_t i) const {

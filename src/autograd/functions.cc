@@ -20,11 +20,11 @@ public:
     std::string name() const override { return "LinearBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         return Output(DistTensor::Local(
             kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr)));
     }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         // Only what the requested gradients need: x for dW, W for dX.
         if (needs_input_grad(1)) {
             x_ = in[0].local();
@@ -91,10 +91,10 @@ public:
     std::string name() const override { return "GeluBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         return Output(dist::GeluForward(in[0], approximation_));
     }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = dist::GeluBackward(g[0], x_, approximation_)}};
     }
@@ -111,10 +111,8 @@ public:
     std::string name() const override { return "AddBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return Output(dist::Add(in[0], in[1], alpha_));
-    }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::Add(in[0], in[1], alpha_)); }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         // The grad rule needs the operands' layouts only; keep them without their data.
         a_spec_ = in[0];
         b_spec_ = in[1];
@@ -142,10 +140,8 @@ public:
     std::string name() const override { return "BiasAddBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return Output(dist::BiasAdd(in[0], in[1]));
-    }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>& out) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::BiasAdd(in[0], in[1])); }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>& out) override {
         x_ = in[0];
         bias_ = in[1];
         (void)out;
@@ -176,10 +172,8 @@ public:
     std::string name() const override { return "ScaleBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return Output(dist::Scale(in[0], alpha_));
-    }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::Scale(in[0], alpha_)); }
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = dist::Scale(g[0], alpha_)}};
     }
@@ -195,11 +189,11 @@ public:
     std::string name() const override { return "CastBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         from_ = in[0].dtype();
         return {in[0].WithLocal(in[0].local().To(dtype_))};
     }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = g[0].WithLocal(g[0].local().To(from_))}};
     }
@@ -216,10 +210,10 @@ public:
     std::string name() const override { return mean_ ? "MeanBackward" : "SumBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         return Output(dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_}));
     }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = dist::SumBackward(g[0], x_, {.dims = dims_, .keepdim = keepdim_, .mean = mean_})}};
     }
@@ -237,10 +231,8 @@ public:
     std::string name() const override { return "MatmulBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return Output(dist::Matmul(in[0], in[1]));
-    }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::Matmul(in[0], in[1])); }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         a_ = in[0];
         b_ = in[1];
     }
@@ -262,10 +254,8 @@ public:
     std::string name() const override { return "OuterBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return Output(dist::Outer(in[0], in[1]));
-    }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::Outer(in[0], in[1])); }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         x_ = in[0];
         y_ = in[1];
     }
@@ -295,8 +285,8 @@ public:
     std::string name() const override { return name_; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override { return {forward_(in[0], in[1])}; }
-    void SetupContext(const std::vector<DistTensor>& in, const std::vector<DistTensor>&) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override { return {forward_(in[0], in[1])}; }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         if (needs_input_grad(1)) {
             ids_ = in[0];
             weight_ = in[1];
@@ -327,12 +317,12 @@ public:
     std::string name() const override { return "CrossEntropyBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         dist::CrossEntropyResult r = dist::CrossEntropyForward(in[0], in[1], options_);
         saved_ = std::move(r.saved);
         return {std::move(r.loss)};
     }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(2);
         if (needs_input_grad(0)) {
@@ -353,10 +343,8 @@ public:
     std::string name() const override { return "RedistributeBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
-        return Output(dist::MoveToLayout(in[0], layout_));
-    }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::MoveToLayout(in[0], layout_)); }
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         // The gradient as it comes; Function::Apply moves it to the input's layout (without its Partials): the
         // all-reduce of a P->R forward has a free backward, an all-gather's backward is a slice.

@@ -31,7 +31,7 @@ public:
     std::string name() const override { return activation() ? "GeluGroupedLinearBackward" : "GroupedLinearBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+    std::vector<DistTensor> Forward(const Inputs &in) override {
         if (activation()) {
             pre_ = in[0].local().Contiguous();
             x_ = kernels::GeluForward(pre_, kernels::GeluApproximation::kTanh);
@@ -43,7 +43,7 @@ protected:
         return {DistTensor::Local(
             kernels::GroupedLinearForward(x_, weight_, bias.defined() ? &bias : nullptr, group_sizes_))};
     }
-    void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {
+    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override {
         if (!needs_input_grad(1)) {
             x_ = Tensor();
         }

@@ -36,7 +36,7 @@ public:
     const Tensor& tokens_per_expert() const { return tokens_per_expert_; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         logits_ = in[0].local().Contiguous();
         const std::int64_t tokens = logits_.size(0);
         const Device device = logits_.device();
@@ -61,7 +61,7 @@ protected:
         }
         return out;
     }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(1);
         std::size_t next = 1;
@@ -102,14 +102,14 @@ public:
     std::string name() const override { return "PermuteBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         const Tensor x = in[0].local().Contiguous();
         x_shape_ = x.shape();
         Tensor tokens = Tensor::Empty(Shape{rows_, x.size(1)}, x.dtype(), x.device());
         kernels::MoEPermuteRows({.x = x, .row_map = row_map_, .out = tokens});
         return {DistTensor::Local(std::move(tokens))};
     }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {}
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(1);
         if (!g[0].defined() || !needs_input_grad(0)) {
@@ -135,14 +135,14 @@ public:
     std::string name() const override { return "UnpermuteBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor>& in) override {
+    std::vector<DistTensor> Forward(const Inputs& in) override {
         tokens_ = in[0].local().Contiguous();
         weights_ = in[1].local().Contiguous();
         Tensor y = Tensor::Empty(Shape{row_map_.size(0), tokens_.size(1)}, tokens_.dtype(), tokens_.device());
         kernels::MoEUnpermuteRows({.tokens = tokens_, .row_map = row_map_, .weights = &weights_, .y = y});
         return {DistTensor::Local(std::move(y))};
     }
-    void SetupContext(const std::vector<DistTensor>&, const std::vector<DistTensor>&) override {
+    void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {
         tokens_shape_ = tokens_.shape();
         if (!needs_input_grad(1)) {
             tokens_ = Tensor();

@@ -122,11 +122,11 @@ public:
     std::string name() const override { return combine_ ? "ExpertCombineBackward" : "ExpertDispatchBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+    std::vector<DistTensor> Forward(const Inputs &in) override {
         const Tensor x = in[0].local().Contiguous();
         return {DistTensor::Local(combine_ ? CombineRows(x, plan_, ep_) : DispatchRows(x, plan_, ep_))};
     }
-    void SetupContext(const std::vector<DistTensor> &, const std::vector<DistTensor> &) override {}
+    void SetupContext(const Inputs &, const std::vector<DistTensor> &) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor> &g) override {
         std::vector<Grad> grads(1);
         if (g[0].defined()) {
@@ -157,10 +157,10 @@ public:
     std::string name() const override { return "LocalPartBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+    std::vector<DistTensor> Forward(const Inputs &in) override {
         return {DistTensor::Local(in[0].local().Contiguous().View(shape_))};
     }
-    void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override { like_ = in[0]; }
+    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override { like_ = in[0]; }
     std::vector<Grad> Backward(const std::vector<DistTensor> &g) override {
         std::vector<Grad> grads(1);
         if (g[0].defined()) {
@@ -185,12 +185,12 @@ public:
     std::string name() const override { return "AsShardBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+    std::vector<DistTensor> Forward(const Inputs &in) override {
         input_shape_ = in[0].local().shape();
         return {DistTensor::FromTrustedShard(in[0].local().Contiguous().View(local_shape_), global_shape_, layout_,
                                              &mesh_)};
     }
-    void SetupContext(const std::vector<DistTensor> &, const std::vector<DistTensor> &) override {}
+    void SetupContext(const Inputs &, const std::vector<DistTensor> &) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor> &g) override {
         std::vector<Grad> grads(1);
         if (g[0].defined()) {

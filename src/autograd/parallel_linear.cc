@@ -48,7 +48,7 @@ public:
     }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+    std::vector<DistTensor> Forward(const Inputs &in) override {
         const Tensor &x = in[0].local();
         const std::int64_t tp = tp_.size();
         Tensor y = Tensor::Empty(detail::LayerOutputShape(x.shape(), options_, tp_), x.dtype(), x.device());
@@ -94,7 +94,7 @@ protected:
         return Output(DistTensor::FromTrustedShard(std::move(y), std::move(y_global), layouts_.y, in[0].mesh_ptr()));
     }
 
-    void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {
+    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override {
         // Only what the requested gradients need: x (or the gathered x) for dW, W for dX.
         if (needs_input_grad(1) && !x_total_.defined() && input_activation_ == kernels::LinearActivation::kNone) {
             x_ = in[0].local(); // (with an input activation the forward kept h)

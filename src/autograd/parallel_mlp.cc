@@ -49,7 +49,7 @@ public:
     std::string name() const override { return "ParallelMLPBackward"; }
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
+    std::vector<DistTensor> Forward(const Inputs &in) override {
         const Tensor &x = in[kX].local();
         const std::int64_t tp = tp_.size();
         const Shape h_shape = detail::LayerOutputShape(x.shape(), fc1_, tp_);
@@ -94,7 +94,7 @@ protected:
         return Output(DistTensor::FromTrustedShard(std::move(y), std::move(y_global), l2_.y, in[kX].mesh_ptr()));
     }
 
-    void SetupContext(const std::vector<DistTensor> &in, const std::vector<DistTensor> &) override {
+    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override {
         if (needs_input_grad(kW1) && !x_total_.defined()) {
             x_ = in[kX].local();
         }

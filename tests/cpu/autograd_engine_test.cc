@@ -230,8 +230,8 @@ public:
     Values received;
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override { return {in[0]}; }
-    void SetupContext(const std::vector<DistTensor> &, const std::vector<DistTensor> &) override {}
+    std::vector<DistTensor> Forward(const Inputs &in) override { return {in[0]}; }
+    void SetupContext(const Inputs &, const std::vector<DistTensor> &) override {}
     std::vector<dist::Grad> Backward(const std::vector<DistTensor> &g) override {
         ++calls;
         log_->push_back(tag_);
@@ -308,6 +308,55 @@ TEST(AutogradEngineTest, GraphOfMoreNodesThanTheLinearTableRunsEachOnceInOrder) 
     EXPECT_TRUE(ValuesMatch(x.grad().local(), expected, DType::kFloat32));
 }
 
+/// Records what Forward and SetupContext see of their inputs: each value's address and whether it is defined.
+class InputsProbe final : public Function {
+public:
+    std::string name() const override { return "InputsProbe"; }
+    std::vector<const DistTensor *> forward_seen, setup_seen;
+    std::vector<bool> defined;
+
+protected:
+    std::vector<DistTensor> Forward(const Inputs &in) override {
+        for (std::size_t i = 0; i < in.size(); ++i) {
+            forward_seen.push_back(&in[i]);
+            defined.push_back(in[i].defined());
+        }
+        return {dist::Add(in[0], in[2], 1.0)};
+    }
+    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override {
+        for (std::size_t i = 0; i < in.size(); ++i) {
+            setup_seen.push_back(&in[i]);
+        }
+    }
+    std::vector<dist::Grad> Backward(const std::vector<DistTensor> &g) override {
+        return {dist::Grad{.value = g[0]}, dist::Grad{}, dist::Grad{.value = g[0]}};
+    }
+};
+
+TEST(AutogradEngineTest, ForwardAndSetupContextReadTheInputsValuesWithoutCopies) {
+    // Inputs is a view: input i is the Variable's own value (the same object, not a copy), an undefined Variable reads
+    // as an undefined DistTensor, and the gradients still reach the defined inputs.
+    Variable a(Data({4}, "a"), true);
+    Variable none;
+    Variable b(Data({4}, "b"), true);
+    auto probe = std::make_shared<InputsProbe>();
+    Variable z = Function::Apply(probe, {a, none, b}).at(0);
+    ASSERT_EQ(probe->forward_seen.size(), 3u);
+    EXPECT_EQ(probe->forward_seen[0], &a.value());
+    EXPECT_EQ(probe->forward_seen[2], &b.value());
+    EXPECT_EQ(probe->defined, (std::vector<bool>{true, false, true}));
+    EXPECT_EQ(probe->setup_seen, probe->forward_seen);
+    Values expected = a.value().local().ToDoubleVector();
+    const Values bv = b.value().local().ToDoubleVector();
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+        expected[i] += bv[i];
+    }
+    EXPECT_TRUE(ValuesMatch(z.value().local(), expected, DType::kFloat32));
+    z.Backward(nullptr);
+    EXPECT_EQ(a.grad().local().ToDoubleVector(), Values(4, 1.0));
+    EXPECT_EQ(b.grad().local().ToDoubleVector(), Values(4, 1.0));
+}
+
 TEST(AutogradEngineTest, InputUsedTwiceByOneFunctionGetsBothGradients) {
     // z = x + 3·x: dz/dx = 4.
     Variable x(Data({5}, "x"), true);
@@ -369,10 +418,8 @@ public:
     std::vector<Values> received;
 
 protected:
-    std::vector<DistTensor> Forward(const std::vector<DistTensor> &in) override {
-        return {in[0], dist::Scale(in[0], 2.0)};
-    }
-    void SetupContext(const std::vector<DistTensor> &, const std::vector<DistTensor> &) override {}
+    std::vector<DistTensor> Forward(const Inputs &in) override { return {in[0], dist::Scale(in[0], 2.0)}; }
+    void SetupContext(const Inputs &, const std::vector<DistTensor> &) override {}
     std::vector<dist::Grad> Backward(const std::vector<DistTensor> &g) override {
         received.clear();
         for (const DistTensor &gi : g) {

@@ -24,9 +24,25 @@ public:
     std::vector<dist::Grad> Apply(std::vector<dist::Grad> grad_outputs) final;
 
 protected:
-    virtual std::vector<dist::DistTensor> Forward(const std::vector<dist::DistTensor>& inputs) = 0;
-    virtual void SetupContext(const std::vector<dist::DistTensor>& inputs,
-                              const std::vector<dist::DistTensor>& outputs) = 0;
+    /// The inputs of one Apply as Forward and SetupContext read them: input i's value, by reference into its Variable
+    /// (an undefined Variable reads as an undefined DistTensor), so that calling them copies no value. Valid during
+    /// that Apply only: what a backward needs later, SetupContext copies (a Tensor copy shares its storage).
+    class Inputs {
+    public:
+        explicit Inputs(const std::vector<Variable>& variables) : variables_(&variables) {}
+        std::size_t size() const { return variables_->size(); }
+        const dist::DistTensor& operator[](std::size_t i) const {
+            const Variable& v = (*variables_)[i];
+            return v.defined() ? v.value() : Undefined();
+        }
+
+    private:
+        static const dist::DistTensor& Undefined();
+        const std::vector<Variable>* variables_;
+    };
+
+    virtual std::vector<dist::DistTensor> Forward(const Inputs& inputs) = 0;
+    virtual void SetupContext(const Inputs& inputs, const std::vector<dist::DistTensor>& outputs) = 0;
     virtual std::vector<dist::Grad> Backward(const std::vector<dist::DistTensor>& grad_outputs) = 0;
 
     /// A Forward's one output, moved into the vector (`return {out};` would copy it: a braced list is const).

@@ -85,8 +85,9 @@ std::vector<dist::Grad> Function::Apply(std::vector<dist::Grad> grad_outputs) {
 }
 
 const dist::DistTensor &Function::Inputs::Undefined() {
-    static const dist::DistTensor undefined;
-    return undefined;
+    // Never destroyed: an Apply from a static destructor may still read it.
+    static const auto *const undefined = new dist::DistTensor();
+    return *undefined;
 }
 
 dist::GradSink Function::GradSinkFor(std::size_t i) const {

@@ -191,7 +191,7 @@ public:
 protected:
     std::vector<DistTensor> Forward(const Inputs& in) override {
         from_ = in[0].dtype();
-        return {in[0].WithLocal(in[0].local().To(dtype_))};
+        return Output(in[0].WithLocal(in[0].local().To(dtype_)));
     }
     void SetupContext(const Inputs&, const std::vector<DistTensor>&) override {}
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
@@ -285,7 +285,7 @@ public:
     std::string name() const override { return name_; }
 
 protected:
-    std::vector<DistTensor> Forward(const Inputs& in) override { return {forward_(in[0], in[1])}; }
+    std::vector<DistTensor> Forward(const Inputs& in) override { return Output(forward_(in[0], in[1])); }
     void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         if (needs_input_grad(1)) {
             ids_ = in[0];

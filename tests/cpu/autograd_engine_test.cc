@@ -355,6 +355,18 @@ TEST(AutogradEngineTest, ForwardAndSetupContextReadTheInputsValuesWithoutCopies)
     z.Backward(nullptr);
     EXPECT_EQ(a.grad().local().ToDoubleVector(), Values(4, 1.0));
     EXPECT_EQ(b.grad().local().ToDoubleVector(), Values(4, 1.0));
+
+    // Without grad, Forward reads the same objects (and SetupContext does not run).
+    auto no_grad_probe = std::make_shared<InputsProbe>();
+    {
+        const NoGradGuard no_grad;
+        const Variable y = Function::Apply(no_grad_probe, {a, none, b}).at(0);
+        EXPECT_FALSE(y.requires_grad());
+    }
+    ASSERT_EQ(no_grad_probe->forward_seen.size(), 3u);
+    EXPECT_EQ(no_grad_probe->forward_seen[0], &a.value());
+    EXPECT_EQ(no_grad_probe->forward_seen[2], &b.value());
+    EXPECT_TRUE(no_grad_probe->setup_seen.empty());
 }
 
 TEST(AutogradEngineTest, InputUsedTwiceByOneFunctionGetsBothGradients) {

@@ -26,10 +26,14 @@ public:
 protected:
     /// The inputs of one Apply as Forward and SetupContext read them: input i's value, by reference into its Variable
     /// (an undefined Variable reads as an undefined DistTensor), so that calling them copies no value. Valid during
-    /// that Apply only: what a backward needs later, SetupContext copies (a Tensor copy shares its storage).
+    /// that Apply only: what a backward needs later, SetupContext copies (a Tensor copy shares its storage). Neither
+    /// may replace an input Variable's value (SetValue) while it reads the view.
     class Inputs {
     public:
         explicit Inputs(const std::vector<Variable>& variables) : variables_(&variables) {}
+        Inputs(std::vector<Variable>&&) = delete; // a view of a temporary vector would dangle
+        Inputs(const Inputs&) = delete;
+        Inputs& operator=(const Inputs&) = delete;
         std::size_t size() const { return variables_->size(); }
         const dist::DistTensor& operator[](std::size_t i) const {
             const Variable& v = (*variables_)[i];

@@ -25,25 +25,29 @@ protected:
             kernels::LinearForward(in[0].local(), in[1].local(), in[2].defined() ? &in[2].local() : nullptr)));
     }
     void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
-        // Only what the requested gradients need: x for dW, W for dX.
+        // Only what the requested gradients need: x for dW, W for dX; the shapes of those not saved.
         if (needs_input_grad(1)) {
             x_ = in[0].local();
+        } else {
+            x_shape_ = in[0].local().shape();
         }
         if (needs_input_grad(0)) {
             weight_ = in[1].local();
+        } else {
+            weight_shape_ = in[1].local().shape();
         }
-        x_shape_ = in[0].local().shape();
-        weight_shape_ = in[1].local().shape();
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(3);
         const Tensor& dy = g[0].local();
+        const Shape& weight_shape = weight_.defined() ? weight_.shape() : weight_shape_;
+        const Shape& x_shape = x_.defined() ? x_.shape() : x_shape_;
         std::vector<detail::ParamGradRequest> requests; // built in place: no initializer-list copies
         requests.reserve(2);
         requests.push_back(
-            {.needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}});
+            {.needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape, .layout = {}});
         requests.push_back(
-            {.needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape_[0]}, .layout = {}});
+            {.needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape[0]}, .layout = {}});
         const detail::ParamGradRequest& wreq = requests[0];
         const detail::ParamGradRequest& breq = requests[1];
         detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, requests, dy.dtype(), dy.device());
@@ -51,7 +55,7 @@ protected:
         Tensor& dbias = params.grads[1];
         Tensor dx;
         if (needs_input_grad(0)) {
-            dx = Tensor::Empty(x_shape_, dy.dtype(), dy.device());
+            dx = Tensor::Empty(x_shape, dy.dtype(), dy.device());
         }
         // The kernel takes dbias in dweight's dtype only: a float32 main grad for one of them and not the other gets
         // its own column sum.

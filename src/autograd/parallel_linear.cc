@@ -130,7 +130,7 @@ protected:
         };
         const detail::ParamGradRequest wreq = request(1, weight_local_shape_, layouts_.weight);
         const detail::ParamGradRequest breq = request(2, bias_local_shape_, layouts_.bias);
-        const detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, {wreq, breq}, dy.dtype(), dy.device());
+        detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, {wreq, breq}, dy.dtype(), dy.device());
         const Tensor &dweight = params.grads[0];
         const Tensor &dbias = params.grads[1];
         Tensor dx;

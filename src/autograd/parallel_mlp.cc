@@ -128,7 +128,7 @@ protected:
         const std::vector<detail::ParamGradRequest> requests = {
             request(kW1, w1_local_shape_, l1_.weight), request(kB1, {w1_local_shape_.front()}, l1_.bias),
             request(kW2, w2_local_shape_, l2_.weight), request(kB2, {fc2_.out_features}, l2_.bias)};
-        const detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, requests, dy.dtype(), dy.device());
+        detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, requests, dy.dtype(), dy.device());
         const functional::GradMode mode =
             params.accumulate ? functional::GradMode::kAccumulate : functional::GradMode::kOverwrite;
 

@@ -1,9 +1,11 @@
 #include "param_grads.h"
 
+#include <utility>
+
 namespace shardline::autograd::detail {
 namespace {
 
-dist::Grad ToGrad(const Tensor &buffer, bool in_sink, comm::DeviceMesh *mesh, const ParamGradRequest &request,
+dist::Grad ToGrad(Tensor buffer, bool in_sink, comm::DeviceMesh *mesh, const ParamGradRequest &request,
                   const Shape &global_shape) {
     dist::Grad grad;
     if (!buffer.defined()) {
@@ -12,9 +14,9 @@ dist::Grad ToGrad(const Tensor &buffer, bool in_sink, comm::DeviceMesh *mesh, co
     if (in_sink) {
         grad.accumulated = true;
     } else if (mesh == nullptr) {
-        grad.value = dist::DistTensor::Local(buffer);
+        grad.value = dist::DistTensor::Local(std::move(buffer));
     } else {
-        grad.value = dist::DistTensor::FromTrustedShard(buffer, global_shape, request.layout, mesh);
+        grad.value = dist::DistTensor::FromTrustedShard(std::move(buffer), global_shape, request.layout, mesh);
     }
     return grad;
 }
@@ -26,13 +28,10 @@ ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamG
     ParamGradTargets t;
     t.grads.reserve(requests.size());
     t.in_sink.reserve(requests.size());
-    std::vector<Tensor *> sinks;
-    sinks.reserve(requests.size());
     bool all_fresh = true; // every gradient going into a buffer finds it standing for zeros
     for (const ParamGradRequest &r : requests) {
-        Tensor *sink = r.needed ? r.sink.BufferFor(mesh, r.layout) : nullptr;
-        sinks.push_back(sink);
-        t.in_sink.push_back(sink != nullptr);
+        const Tensor *sink = r.needed ? r.sink.BufferFor(mesh, r.layout) : nullptr;
+        t.in_sink.push_back(sink != nullptr); // BufferFor gives the sink's buffer or nothing
         t.accumulate = t.accumulate || sink != nullptr;
         all_fresh = all_fresh && (sink == nullptr || r.sink.fresh());
     }
@@ -42,7 +41,7 @@ ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamG
         t.accumulate = false;
     }
     for (std::size_t i = 0; i < requests.size(); ++i) {
-        if (sinks[i] != nullptr) {
+        if (t.in_sink[i]) {
             if (t.accumulate) {
                 requests[i].sink.Materialize();
             }
@@ -53,8 +52,8 @@ ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamG
         const ParamGradRequest &r = requests[i];
         if (!r.needed) {
             t.grads.emplace_back();
-        } else if (sinks[i] != nullptr) {
-            t.grads.push_back(*sinks[i]);
+        } else if (t.in_sink[i]) {
+            t.grads.push_back(*r.sink.buffer);
         } else {
             t.grads.push_back(t.accumulate ? Tensor::Zeros(r.local_shape, dtype, device)
                                            : Tensor::Empty(r.local_shape, dtype, device));
@@ -64,8 +63,8 @@ ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamG
 }
 
 dist::Grad ParamGradTargets::GradOf(std::size_t i, comm::DeviceMesh *mesh, const ParamGradRequest &request,
-                                    const Shape &global_shape) const {
-    return ToGrad(grads[i], in_sink[i], mesh, request, global_shape);
+                                    const Shape &global_shape) {
+    return ToGrad(std::move(grads[i]), in_sink[i], mesh, request, global_shape);
 }
 
 } // namespace shardline::autograd::detail

@@ -32,9 +32,10 @@ struct ParamGradTargets {
                                ///< buffer written stands for zeros (Variable::ZeroGrad deferred): they are overwritten
 
     /// The Grad a Function returns for gradient i: accumulated into the sink, or the new tensor as a gradient of
-    /// `global_shape` in the request's layout (a local tensor when mesh is null).
+    /// `global_shape` in the request's layout (a local tensor when mesh is null). Moves grads[i] out: call it once per
+    /// gradient, after the kernels.
     dist::Grad GradOf(std::size_t i, comm::DeviceMesh *mesh, const ParamGradRequest &request,
-                      const Shape &global_shape) const;
+                      const Shape &global_shape);
 };
 
 /// The targets of a backward computing the requested parameter gradients in `dtype` on `device` (mesh null: local

@@ -120,6 +120,11 @@ void RunBackward(const Variable *roots, const dist::DistTensor *const *grads, st
         SHARDLINE_CHECK_AS(ShapeError, g.value.global_shape() == root.shape(), kOp,
                            "the gradient of root {} must have its shape {}, got {}", r, ShapeToString(root.shape()),
                            g.value.ToString());
+        // A local root's gradient is local, and a root on a mesh takes its gradient on that mesh: the inputs' records
+        // keep no grad layout for local values (Function::Apply).
+        SHARDLINE_CHECK(g.value.mesh_ptr() == root.value().mesh_ptr(), kOp,
+                        "the gradient of root {} must be {}, got {}", r,
+                        root.value().is_local() ? "local, as the root is" : "on the root's mesh", g.value.ToString());
         Edge edge = GradientEdge(root);
         Deliver(tasks[edge.node.get()], *edge.node, edge.input_nr, std::move(g));
         seeds.push_back(std::move(edge.node));

@@ -257,5 +257,31 @@ TEST(AutogradParallelLinearTest, AWeightInTheWrongLayoutRaisesNamingItBeforeAnyC
     }
 }
 
+TEST(AutogradParallelLinearTest, AGradientOffTheRootsMeshRaisesNamingTheRoot) {
+    // A local root takes a local gradient, a root on a mesh one on that mesh; the engine says so before any node runs.
+    const int w = World().size();
+    DeviceMesh mesh(World(), {w}, {"tp"});
+    Variable local_x(RandomFull({kSeq, kIn}, "x_local"), true);
+    Variable local_y = autograd::Scale(local_x, 2.0);
+    const DistTensor on_mesh = DistTensor::Replicated(RandomFull({kSeq, kIn}, "g_mesh"), mesh);
+    const std::string local_message = ErrorOnEveryRank(mesh, [&] { local_y.Backward(&on_mesh); });
+    for (const std::string part : {"autograd::Backward", "root 0", "local, as the root is"}) {
+        EXPECT_NE(local_message.find(part), std::string::npos) << "'" << part << "' missing from: " << local_message;
+    }
+    EXPECT_FALSE(local_x.grad().defined());
+
+    Variable mesh_x(DistTensor::Replicated(RandomFull({kSeq, kIn}, "x_mesh"), mesh), true);
+    Variable mesh_y = autograd::Scale(mesh_x, 2.0);
+    const DistTensor local_g = DistTensor::Local(RandomFull({kSeq, kIn}, "g_local"));
+    const std::string mesh_message = ErrorOnEveryRank(mesh, [&] { mesh_y.Backward(&local_g); });
+    EXPECT_NE(mesh_message.find("on the root's mesh"), std::string::npos) << mesh_message;
+    EXPECT_FALSE(mesh_x.grad().defined());
+
+    // The right gradients still flow: d(2x)/dx = 2 on both.
+    const DistTensor local_ones = DistTensor::Local(Tensor::Full({kSeq, kIn}, 1.0, DType::kFloat32));
+    local_y.Backward(&local_ones);
+    EXPECT_EQ(local_x.grad().local().ToDoubleVector(), Values(static_cast<std::size_t>(kSeq * kIn), 2.0));
+}
+
 } // namespace
 } // namespace shardline

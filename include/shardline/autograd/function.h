@@ -65,7 +65,7 @@ private:
     /// What the backward needs to know of forward input i (one vector for all inputs; empty when none needs a grad).
     struct InputRecord {
         bool needs_grad = false;
-        spmd::Layout grad_layout;         ///< where its gradient must end (filled when it needs one)
+        spmd::Layout grad_layout;         ///< where its gradient must end (filled when it needs one and is on a mesh)
         std::weak_ptr<VariableImpl> leaf; ///< a leaf input (for its main-grad sink)
     };
     std::vector<InputRecord> inputs_;

@@ -41,19 +41,16 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
             continue;
         }
         fn->next_edges_.push_back(GradientEdge(in));
-        if (in.is_leaf()) {
+        const bool leaf = in.is_leaf();
+        if (leaf) {
             record.leaf = in.impl();
         }
         // A local value's gradient is local: it is never moved, and a sink without a mesh takes it whatever its
-        // layout (GradSink::BufferFor), so its layout is not kept.
-        if (in.value().is_local()) {
-            continue;
-        }
-        if (in.is_leaf()) {
-            record.grad_layout = in.GradLayout();
-        } else {
-            // The gradient of a Partial value is Replicate on those dims: every local term gets the same gradient.
-            record.grad_layout = in.value().layout().WithoutPartial();
+        // layout (GradSink::BufferFor), so its layout is not kept. The gradient of a Partial value is Replicate on
+        // those dims: every local term gets the same gradient.
+        const dist::DistTensor &value = in.value();
+        if (!value.is_local()) {
+            record.grad_layout = leaf ? in.GradLayout() : value.layout().WithoutPartial();
         }
     }
     for (std::size_t i = 0; i < outputs.size(); ++i) {

@@ -117,7 +117,8 @@ public:
 protected:
     std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::Add(in[0], in[1], alpha_)); }
     void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
-        // The grad rule needs the operands' layouts only; keep them without their data.
+        // The grad rule needs the operands' layouts only, but these copies also keep their storage until the backward
+        // (dist::AddBackward takes DistTensors).
         a_spec_ = in[0];
         b_spec_ = in[1];
     }

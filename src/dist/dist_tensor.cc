@@ -1,3 +1,6 @@
+#include <map>
+#include <mutex>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -91,19 +94,53 @@ Tensor DistTensor::FullTensor() const {
     if (mesh_ == nullptr) {
         return local_;
     }
-    return Redistribute(spmd::Layout::Replicated(static_cast<int>(global_shape_.size()))).local();
+    return Redistribute(detail::ReplicatedLayoutOfRank(local_.rank())).local();
 }
+
+namespace detail {
+
+const spmd::Layout &ReplicatedLayoutOfRank(int rank) {
+    constexpr int kTabled = 16;
+    // Leaked, so that a DistTensor read from a static destructor still finds them.
+    static const std::vector<spmd::Layout> *const kTable = [] {
+        auto *table = new std::vector<spmd::Layout>();
+        table->reserve(kTabled);
+        for (int r = 0; r < kTabled; ++r) {
+            table->push_back(spmd::Layout::Replicated(r));
+        }
+        return table;
+    }();
+    if (rank >= 0 && rank < kTabled) {
+        return (*kTable)[static_cast<std::size_t>(rank)];
+    }
+    SHARDLINE_CHECK(rank >= 0, "DistTensor::layout", "a tensor rank must be >= 0, got {}", rank);
+    // Higher ranks are rare: a node-based map keeps each layout at a stable address.
+    static std::mutex mutex;
+    static auto *const kMore = new std::map<int, spmd::Layout>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    return kMore->try_emplace(rank, spmd::Layout::Replicated(rank)).first->second;
+}
+
+} // namespace detail
 
 DistTensor DistTensor::Local(Tensor tensor) {
     SHARDLINE_CHECK(tensor.defined(), "DistTensor::Local", "the tensor is undefined");
     DistTensor t;
-    t.global_shape_ = tensor.shape();
-    t.layout_ = spmd::Layout::Replicated(tensor.rank());
     t.local_ = std::move(tensor);
     return t;
 }
 
 DistTensor DistTensor::FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh *mesh) {
+    if (mesh == nullptr) {
+        SHARDLINE_CHECK(global_shape == local.shape() && layout.IsReplicated() && layout.TensorRank() == local.rank(),
+                        "DistTensor::FromTrustedShard",
+                        "a local tensor (no mesh) has its own shape and a replicated layout of its rank: local {}, "
+                        "got global shape {} and layout {}",
+                        local.ToString(), ShapeToString(global_shape), layout.ToString());
+        DistTensor t;
+        t.local_ = std::move(local);
+        return t;
+    }
     DistTensor t;
     t.local_ = std::move(local);
     t.global_shape_ = std::move(global_shape);
@@ -116,6 +153,11 @@ DistTensor DistTensor::WithLocal(Tensor local) const {
     SHARDLINE_CHECK_AS(ShapeError, local.shape() == local_.shape(), "DistTensor::WithLocal",
                        "the new local shard must have the shape {} of the old one, got {}",
                        ShapeToString(local_.shape()), local.ToString());
+    if (mesh_ == nullptr) {
+        DistTensor t;
+        t.local_ = std::move(local);
+        return t;
+    }
     return FromTrustedShard(std::move(local), global_shape_, layout_, mesh_);
 }
 

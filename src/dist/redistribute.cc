@@ -334,9 +334,9 @@ DistTensor DistTensor::Redistribute(const spmd::Layout &dst) const {
     constexpr const char *kOp = "DistTensor::Redistribute";
     SHARDLINE_CHECK(local_.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
     if (mesh_ == nullptr) {
-        SHARDLINE_CHECK(dst.IsReplicated() && dst.TensorRank() == static_cast<int>(global_shape_.size()), kOp,
+        SHARDLINE_CHECK(dst.IsReplicated() && dst.TensorRank() == local_.rank(), kOp,
                         "a local tensor {} can only be 'redistributed' to a replicated layout of rank {}, got {}",
-                        local_.ToString(), global_shape_.size(), dst.ToString());
+                        local_.ToString(), local_.rank(), dst.ToString());
         return *this;
     }
     const spmd::ProcessMesh pm = detail::ToProcessMesh(*mesh_);
@@ -375,8 +375,8 @@ bool CheckRunnable(const Tensor &local, comm::DeviceMesh *mesh, const spmd::Layo
 } // namespace
 
 DistTensor DistTensor::Redistribute(const spmd::Layout &dst, const spmd::RedistributePlan &plan) const {
-    if (!CheckRunnable(local_, mesh_, layout_, dst, global_shape_, plan)) {
-        return FromTrustedShard(local_, global_shape_, dst, mesh_);
+    if (!CheckRunnable(local_, mesh_, layout(), dst, global_shape(), plan)) {
+        return FromTrustedShard(local_, global_shape(), dst, mesh_);
     }
     const spmd::ProcessMesh pm = detail::ToProcessMesh(*mesh_);
     StepRunner runner(*mesh_, pm, global_shape_, local_);
@@ -441,8 +441,8 @@ DistTensor PendingRedistribute::Wait() {
 PendingRedistribute DistTensor::RedistributeAsync(const spmd::Layout &dst, const spmd::RedistributePlan &plan,
                                                   bool consume_local) const {
     PendingRedistribute pending;
-    const bool run = CheckRunnable(local_, mesh_, layout_, dst, global_shape_, plan);
-    pending.state_ = std::make_unique<StepRunnerState>(mesh_, global_shape_, dst, local_, consume_local);
+    const bool run = CheckRunnable(local_, mesh_, layout(), dst, global_shape(), plan);
+    pending.state_ = std::make_unique<StepRunnerState>(mesh_, global_shape(), dst, local_, consume_local);
     if (run) {
         pending.state_->Run(plan);
     }

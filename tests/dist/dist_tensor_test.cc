@@ -99,6 +99,68 @@ TEST(DistTensorTest, LayoutMismatchRaisesBeforeAnyCollective) {
     EXPECT_TRUE(SameValues(x.FullTensor(), full));
 }
 
+TEST(DistTensorTest, ALocalTensorReportsItsOwnShapeAndTheReplicatedLayoutOfItsRank) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    // A local DistTensor stores neither its global shape nor its layout: both are read off the tensor. Ranks past the
+    // shared table's 16 take the other path.
+    for (int rank : {0, 1, 2, 3, 15, 16, 17, 20}) {
+        SCOPED_TRACE("rank " + std::to_string(rank));
+        Shape shape(static_cast<std::size_t>(rank), 1);
+        if (rank >= 2) {
+            shape[0] = 3;
+            shape[static_cast<std::size_t>(rank) - 1] = 2;
+        }
+        // Random values are drawn up to rank 8: a higher rank views a vector of them.
+        const auto random = [&](std::string_view name) {
+            return rank <= 8 ? RandomFull(shape, name) : RandomFull({Numel(shape)}, name).View(shape);
+        };
+        const Tensor t = random("local");
+        const DistTensor d = DistTensor::Local(t);
+        const DistTensor copy = d; // NOLINT(performance-unnecessary-copy-initialization): a copy must report the same
+        for (const DistTensor *x : {&d, &copy}) {
+            EXPECT_TRUE(x->is_local());
+            EXPECT_EQ(x->global_shape(), shape);
+            EXPECT_EQ(x->layout(), spmd::Layout::Replicated(rank));
+            EXPECT_EQ(x->spec(), (spmd::TensorSpec{shape, spmd::Layout::Replicated(rank)}));
+            EXPECT_TRUE(SameValues(x->local(), t));
+        }
+        // The layout is one object per rank, at a stable address.
+        EXPECT_EQ(&d.layout(), &DistTensor::Local(random("other")).layout());
+        EXPECT_TRUE(SameValues(d.FullTensor(), t));
+        EXPECT_TRUE(SameValues(d.Redistribute(spmd::Layout::Replicated(rank)).local(), t));
+        const DistTensor with = d.WithLocal(random("with"));
+        EXPECT_TRUE(with.is_local());
+        EXPECT_EQ(with.global_shape(), shape);
+        EXPECT_EQ(with.layout(), spmd::Layout::Replicated(rank));
+        const DistTensor trusted = DistTensor::FromTrustedShard(t, shape, spmd::Layout::Replicated(rank), nullptr);
+        EXPECT_EQ(trusted.global_shape(), shape);
+        EXPECT_EQ(trusted.layout(), spmd::Layout::Replicated(rank));
+        EXPECT_TRUE(SameValues(trusted.local(), t));
+    }
+    const DistTensor undefined;
+    EXPECT_TRUE(undefined.global_shape().empty());
+    EXPECT_EQ(undefined.layout(), spmd::Layout());
+}
+
+TEST(DistTensorTest, FromTrustedShardWithoutAMeshRejectsAnotherShapeOrANonReplicatedLayout) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const Tensor t = RandomFull({3, 2}, "local");
+    const auto expect_error = [&](const Shape &shape, const spmd::Layout &layout, const std::string &names) {
+        try {
+            (void)DistTensor::FromTrustedShard(t, shape, layout, nullptr);
+            FAIL() << "global shape " << ShapeToString(shape) << " with layout " << layout.ToString() << " must throw";
+        } catch (const Error &e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find("DistTensor::FromTrustedShard"), std::string::npos) << what;
+            EXPECT_NE(what.find(names), std::string::npos) << what;
+        }
+    };
+    expect_error({6, 2}, spmd::Layout::Replicated(2), "[6, 2]");
+    expect_error({3, 2}, spmd::Layout::Replicated(3), "global shape [3, 2]");
+    expect_error({3, 2}, spmd::Layout::Replicated(2).WithPartial({{0, spmd::ReduceOp::kSum}}), "[3, 2]");
+    expect_error({3, 2}, spmd::Layout::FromDimsMapping({0, -1}), "[3, 2]");
+}
+
 TEST(DistTensorTest, TensorOnAnotherDeviceThanTheCommunicatorsRaisesBeforeAnyCollective) {
     SHARDLINE_DIST_TENSOR_TEST_BACKEND();
     // A CPU shard on an NCCL mesh, or a CUDA shard on an MPI mesh (where this host has a GPU).

@@ -15,6 +15,12 @@ namespace shardline::dist {
 class DistTensor;
 class StepRunnerState;
 
+namespace detail {
+/// The replicated layout of a rank-`rank` tensor, one shared object per rank (never destroyed): the layout a local
+/// DistTensor reports.
+const spmd::Layout& ReplicatedLayoutOfRank(int rank);
+} // namespace detail
+
 /// A redistribution whose last collective is still in flight (DistTensor::RedistributeAsync), so that independent
 /// work can run meanwhile. Wait() finishes it: waits for the collective (NCCL: orders the compute stream after it,
 /// without a host wait; MPI: until it completed), unpacks what arrived and returns the moved tensor. Dropping it
@@ -97,25 +103,31 @@ public:
     /// True for a tensor without a mesh (DistTensor::Local).
     bool is_local() const { return mesh_ == nullptr; }
     const Tensor& local() const { return local_; }
-    const Shape& global_shape() const { return global_shape_; }
-    const spmd::Layout& layout() const { return layout_; }
+    /// A local tensor's global shape is its local one, and its layout the replicated one of its rank: it stores
+    /// neither, so that making and copying one costs no more than the Tensor.
+    const Shape& global_shape() const { return mesh_ != nullptr ? global_shape_ : local_.shape(); }
+    const spmd::Layout& layout() const {
+        return mesh_ != nullptr ? layout_ : detail::ReplicatedLayoutOfRank(local_.rank());
+    }
     /// The mesh; throws Error for a local tensor.
     comm::DeviceMesh& mesh() const;
     comm::DeviceMesh* mesh_ptr() const { return mesh_; }
     /// Global shape and layout, as the spmd rules take them.
-    spmd::TensorSpec spec() const { return {global_shape_, layout_}; }
+    spmd::TensorSpec spec() const { return {global_shape(), layout()}; }
     DType dtype() const { return local_.dtype(); }
     Device device() const { return local_.device(); }
     /// "DistTensor[8, 4] [0,-1] on mesh [2] float32 cpu (local [4, 4])".
     std::string ToString() const;
 
     /// Builds a DistTensor without the shape check, for ops whose rules gave the layout of a shard they computed.
+    /// With no mesh it is DistTensor::Local(local); the shape and layout must then be the local shape and a
+    /// replicated layout of its rank (Error otherwise: a local value has no other).
     static DistTensor FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh* mesh);
 
 private:
     Tensor local_;
-    Shape global_shape_;
-    spmd::Layout layout_;
+    Shape global_shape_;  ///< empty for a local tensor (global_shape() is the local one)
+    spmd::Layout layout_; ///< empty for a local tensor (layout() is the replicated one)
     comm::DeviceMesh* mesh_ = nullptr;
 };
 

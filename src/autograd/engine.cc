@@ -21,6 +21,9 @@ thread_local bool grad_enabled = true;
 /// Ones in the root's layout without Partial: d root / d root, for every local element.
 dist::DistTensor Ones(const dist::DistTensor &root) {
     Tensor ones = Tensor::Full(root.local().shape(), 1.0, root.dtype(), root.device());
+    if (root.is_local()) {
+        return dist::DistTensor::Local(std::move(ones));
+    }
     return dist::DistTensor::FromTrustedShard(std::move(ones), root.global_shape(), root.layout().WithoutPartial(),
                                               root.mesh_ptr());
 }

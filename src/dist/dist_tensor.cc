@@ -114,11 +114,15 @@ const spmd::Layout &ReplicatedLayoutOfRank(int rank) {
         return (*kTable)[static_cast<std::size_t>(rank)];
     }
     SHARDLINE_CHECK(rank >= 0, "DistTensor::layout", "a tensor rank must be >= 0, got {}", rank);
-    // Higher ranks are rare: a node-based map keeps each layout at a stable address.
-    static std::mutex mutex;
+    // Higher ranks are rare: a node-based map keeps each layout at a stable address (both leaked, as above).
+    static auto *const kMutex = new std::mutex();
     static auto *const kMore = new std::map<int, spmd::Layout>();
-    const std::lock_guard<std::mutex> lock(mutex);
-    return kMore->try_emplace(rank, spmd::Layout::Replicated(rank)).first->second;
+    const std::lock_guard<std::mutex> lock(*kMutex);
+    auto it = kMore->find(rank);
+    if (it == kMore->end()) {
+        it = kMore->emplace(rank, spmd::Layout::Replicated(rank)).first;
+    }
+    return it->second;
 }
 
 } // namespace detail

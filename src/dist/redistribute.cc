@@ -356,6 +356,9 @@ bool CheckRunnable(const Tensor &local, comm::DeviceMesh *mesh, const spmd::Layo
                    const Shape &global_shape, const spmd::RedistributePlan &plan) {
     constexpr const char *kOp = "DistTensor::Redistribute";
     SHARDLINE_CHECK(local.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    SHARDLINE_CHECK(mesh != nullptr || (dst.IsReplicated() && dst.TensorRank() == local.rank()), kOp,
+                    "a local tensor {} can only be 'redistributed' to a replicated layout of rank {}, got {}",
+                    local.ToString(), local.rank(), dst.ToString());
     if (plan.steps.empty()) {
         return false;
     }

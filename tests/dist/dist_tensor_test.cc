@@ -128,7 +128,17 @@ TEST(DistTensorTest, ALocalTensorReportsItsOwnShapeAndTheReplicatedLayoutOfItsRa
         EXPECT_EQ(&d.layout(), &DistTensor::Local(random("other")).layout());
         EXPECT_TRUE(SameValues(d.FullTensor(), t));
         EXPECT_TRUE(SameValues(d.Redistribute(spmd::Layout::Replicated(rank)).local(), t));
-        const DistTensor with = d.WithLocal(random("with"));
+        // An empty plan (replicated to replicated) returns the value, at once or through the pending handle.
+        const spmd::RedistributePlan empty;
+        const DistTensor planned = d.Redistribute(spmd::Layout::Replicated(rank), empty);
+        EXPECT_EQ(planned.global_shape(), shape);
+        EXPECT_TRUE(SameValues(planned.local(), t));
+        const DistTensor waited = d.RedistributeAsync(spmd::Layout::Replicated(rank), empty).Wait();
+        EXPECT_EQ(waited.layout(), spmd::Layout::Replicated(rank));
+        EXPECT_TRUE(SameValues(waited.local(), t));
+        const Tensor other = random("with");
+        const DistTensor with = d.WithLocal(other);
+        EXPECT_TRUE(SameValues(with.local(), other));
         EXPECT_TRUE(with.is_local());
         EXPECT_EQ(with.global_shape(), shape);
         EXPECT_EQ(with.layout(), spmd::Layout::Replicated(rank));
@@ -155,10 +165,26 @@ TEST(DistTensorTest, FromTrustedShardWithoutAMeshRejectsAnotherShapeOrANonReplic
             EXPECT_NE(what.find(names), std::string::npos) << what;
         }
     };
-    expect_error({6, 2}, spmd::Layout::Replicated(2), "[6, 2]");
-    expect_error({3, 2}, spmd::Layout::Replicated(3), "global shape [3, 2]");
-    expect_error({3, 2}, spmd::Layout::Replicated(2).WithPartial({{0, spmd::ReduceOp::kSum}}), "[3, 2]");
-    expect_error({3, 2}, spmd::Layout::FromDimsMapping({0, -1}), "[3, 2]");
+    expect_error({6, 2}, spmd::Layout::Replicated(2), "global shape [6, 2]");
+    expect_error({3, 2}, spmd::Layout::Replicated(3), "layout [-1,-1,-1]");
+    expect_error({3, 2}, spmd::Layout::Replicated(2).WithPartial({{0, spmd::ReduceOp::kSum}}),
+                 "layout [-1,-1] partial{0}");
+    expect_error({3, 2}, spmd::Layout::FromDimsMapping({0, -1}), "layout [0,-1]");
+    // A plan's overloads refuse a non-replicated target for a local tensor, naming Redistribute, before running it.
+    const DistTensor d = DistTensor::Local(t);
+    const spmd::RedistributePlan empty;
+    for (const spmd::Layout &dst :
+         {spmd::Layout::FromDimsMapping({0, -1}), spmd::Layout::Replicated(2).WithPartial({{0, spmd::ReduceOp::kSum}}),
+          spmd::Layout::Replicated(3)}) {
+        SCOPED_TRACE(dst.ToString());
+        try {
+            (void)d.Redistribute(dst, empty);
+            FAIL() << "a local tensor cannot take " << dst.ToString();
+        } catch (const Error &e) {
+            EXPECT_NE(std::string(e.what()).find("DistTensor::Redistribute"), std::string::npos) << e.what();
+        }
+        EXPECT_THROW((void)d.RedistributeAsync(dst, empty), Error);
+    }
 }
 
 TEST(DistTensorTest, TensorOnAnotherDeviceThanTheCommunicatorsRaisesBeforeAnyCollective) {

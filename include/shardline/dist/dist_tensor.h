@@ -120,8 +120,8 @@ public:
     std::string ToString() const;
 
     /// Builds a DistTensor without the shape check, for ops whose rules gave the layout of a shard they computed.
-    /// With no mesh it is DistTensor::Local(local); the shape and layout must then be the local shape and a
-    /// replicated layout of its rank (Error otherwise: a local value has no other).
+    /// With no mesh it makes a local tensor: the shape and layout must then be the local tensor's own shape and the
+    /// replicated layout of its rank (Error otherwise: a local value has no other), and are not stored.
     static DistTensor FromTrustedShard(Tensor local, Shape global_shape, spmd::Layout layout, comm::DeviceMesh* mesh);
 
 private:

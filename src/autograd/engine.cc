@@ -2,6 +2,7 @@
 // runs once, after all of its gradients have arrived (torch's engine, single-threaded).
 
 #include <algorithm>
+#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -67,6 +68,11 @@ public:
         return tasks_[it->second].second;
     }
     std::size_t size() const { return tasks_.size(); }
+    /// Empties the table, keeping its vector's capacity.
+    void Clear() {
+        tasks_.clear();
+        index_.clear();
+    }
 
 private:
     std::vector<std::pair<Node *, NodeTask>> tasks_;
@@ -91,6 +97,57 @@ void Deliver(NodeTask &task, const Node &node, int input_nr, dist::Grad grad) {
     slot.value = dist::Add(slot.value, grad.value);
 }
 
+/// A backward's working storage: the tasks, the seeds, the walk's stack and the ready queue. It is kept per thread
+/// between backwards, emptied but with its capacity, so that a step allocates none of it; a backward started while
+/// another runs on the same thread (from a hook) leases one of its own.
+struct Scratch {
+    TaskTable tasks;
+    std::vector<std::shared_ptr<Node>> seeds;
+    std::vector<Node *> stack;
+    std::vector<std::shared_ptr<Node>> ready;
+};
+
+class ScratchLease {
+public:
+    ScratchLease() {
+        std::vector<std::unique_ptr<Scratch>> &pool = Pool();
+        if (pool.empty()) {
+            scratch_ = std::make_unique<Scratch>();
+        } else {
+            scratch_ = std::move(pool.back());
+            pool.pop_back();
+        }
+    }
+    ScratchLease(const ScratchLease &) = delete;
+    ScratchLease &operator=(const ScratchLease &) = delete;
+    ~ScratchLease() {
+        // A graph far larger than a layer's step gives its memory back rather than keep it for the next one.
+        const bool keep = scratch_->tasks.size() <= kKeepNodes;
+        scratch_->tasks.Clear();
+        scratch_->seeds.clear();
+        scratch_->stack.clear();
+        scratch_->ready.clear();
+        std::vector<std::unique_ptr<Scratch>> &pool = Pool();
+        if (keep && pool.size() < pool.capacity()) { // never allocates here
+            pool.push_back(std::move(scratch_));
+        }
+    }
+    Scratch *operator->() const { return scratch_.get(); }
+
+private:
+    static constexpr std::size_t kKeepNodes = 256;
+    static std::vector<std::unique_ptr<Scratch>> &Pool() {
+        thread_local std::vector<std::unique_ptr<Scratch>> pool = [] {
+            std::vector<std::unique_ptr<Scratch>> p;
+            p.reserve(4); // nested backwards deeper than this make their own scratch each time
+            return p;
+        }();
+        return pool;
+    }
+
+    std::unique_ptr<Scratch> scratch_;
+};
+
 } // namespace
 
 bool GradEnabled() { return grad_enabled; }
@@ -111,9 +168,9 @@ namespace detail {
 
 void RunBackward(const Variable *roots, const dist::DistTensor *const *grads, std::size_t n, bool retain_graph) {
     constexpr const char *kOp = "autograd::Backward";
-    TaskTable tasks;
-    std::vector<std::shared_ptr<Node>> seeds;
-    seeds.reserve(n);
+    const ScratchLease scratch;
+    TaskTable &tasks = scratch->tasks;
+    std::vector<std::shared_ptr<Node>> &seeds = scratch->seeds;
     for (std::size_t r = 0; r < n; ++r) {
         const Variable &root = roots[r];
         SHARDLINE_CHECK(root.defined() && root.requires_grad(), kOp,
@@ -134,7 +191,7 @@ void RunBackward(const Variable *roots, const dist::DistTensor *const *grads, st
     }
 
     // Dependency counts: how many edges of the reachable graph point at each node.
-    std::vector<Node *> stack;
+    std::vector<Node *> &stack = scratch->stack;
     for (const auto &s : seeds) {
         NodeTask &task = tasks[s.get()];
         if (!task.visited) {
@@ -159,7 +216,7 @@ void RunBackward(const Variable *roots, const dist::DistTensor *const *grads, st
     }
 
     // The ready queue: a vector read from the front (every node enters it once).
-    std::vector<std::shared_ptr<Node>> ready;
+    std::vector<std::shared_ptr<Node>> &ready = scratch->ready;
     ready.reserve(tasks.size());
     for (const auto &s : seeds) {
         if (tasks[s.get()].dependencies == 0 && std::find(ready.begin(), ready.end(), s) == ready.end()) {

@@ -1,3 +1,5 @@
+#include <array>
+
 #include <shardline/autograd/functions.h>
 #include <shardline/core/error.h>
 #include <shardline/kernels/linear.h>
@@ -42,12 +44,11 @@ protected:
         const Tensor& dy = g[0].local();
         const Shape& weight_shape = weight_.defined() ? weight_.shape() : weight_shape_;
         const Shape& x_shape = x_.defined() ? x_.shape() : x_shape_;
-        std::vector<detail::ParamGradRequest> requests; // built in place: no initializer-list copies
-        requests.reserve(2);
-        requests.push_back(
-            {.needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape, .layout = {}});
-        requests.push_back(
-            {.needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape[0]}, .layout = {}});
+        const std::array<detail::ParamGradRequest, 2> requests{
+            detail::ParamGradRequest{
+                .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape, .layout = {}},
+            detail::ParamGradRequest{
+                .needed = needs_input_grad(2), .sink = GradSinkFor(2), .local_shape = {weight_shape[0]}, .layout = {}}};
         const detail::ParamGradRequest& wreq = requests[0];
         const detail::ParamGradRequest& breq = requests[1];
         detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, requests, dy.dtype(), dy.device());

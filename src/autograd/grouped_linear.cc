@@ -2,6 +2,7 @@
 // expert. The expert-tensor-parallel forms are the parallel-Linear Function over the functional core with
 // options.num_experts (parallel_linear.cc).
 
+#include <array>
 #include <memory>
 #include <utility>
 
@@ -62,13 +63,16 @@ protected:
             return grads;
         }
         const Tensor dy = g[0].local().Contiguous();
-        const detail::ParamGradRequest wreq{
-            .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}};
-        const detail::ParamGradRequest breq{.needed = needs_input_grad(2),
-                                            .sink = GradSinkFor(2),
-                                            .local_shape = {weight_shape_[0], weight_shape_[1]},
-                                            .layout = {}};
-        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, {wreq, breq}, dy.dtype(), dy.device());
+        const std::array<detail::ParamGradRequest, 2> requests{
+            detail::ParamGradRequest{
+                .needed = needs_input_grad(1), .sink = GradSinkFor(1), .local_shape = weight_shape_, .layout = {}},
+            detail::ParamGradRequest{.needed = needs_input_grad(2),
+                                     .sink = GradSinkFor(2),
+                                     .local_shape = {weight_shape_[0], weight_shape_[1]},
+                                     .layout = {}}};
+        const detail::ParamGradRequest &wreq = requests[0];
+        const detail::ParamGradRequest &breq = requests[1];
+        detail::ParamGradTargets params = detail::PlanParamGrads(nullptr, requests, dy.dtype(), dy.device());
         Tensor &dweight = params.grads[0];
         Tensor &dbias = params.grads[1];
         // One call for the wanted grads: on CUDA the wgrad and bias grad run beside the dgrad (GroupedLinearBackward).

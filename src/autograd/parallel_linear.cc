@@ -4,6 +4,7 @@
 // part only: which gradients are needed (needs_input_grad), what to save for them, where the parameter gradients go
 // (a main grad or a new tensor, param_grads.h), and the layouts the Variables carry (parallel_layers.h).
 
+#include <array>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -128,9 +129,11 @@ protected:
                                             .local_shape = local_shape,
                                             .layout = layout};
         };
-        const detail::ParamGradRequest wreq = request(1, weight_local_shape_, layouts_.weight);
-        const detail::ParamGradRequest breq = request(2, bias_local_shape_, layouts_.bias);
-        detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, {wreq, breq}, dy.dtype(), dy.device());
+        const std::array<detail::ParamGradRequest, 2> requests{request(1, weight_local_shape_, layouts_.weight),
+                                                               request(2, bias_local_shape_, layouts_.bias)};
+        const detail::ParamGradRequest &wreq = requests[0];
+        const detail::ParamGradRequest &breq = requests[1];
+        detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, requests, dy.dtype(), dy.device());
         const Tensor &dweight = params.grads[0];
         const Tensor &dbias = params.grads[1];
         Tensor dx;

@@ -13,6 +13,7 @@
 // gradient as dx_residual, so x's gradient (the pass-through dy plus the MLP's) comes out of one dgrad GEMM. Nothing
 // more is saved: the pass-through gradient is dy itself.
 
+#include <array>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -125,7 +126,7 @@ protected:
                                             .local_shape = std::move(local_shape),
                                             .layout = layout};
         };
-        const std::vector<detail::ParamGradRequest> requests = {
+        const std::array<detail::ParamGradRequest, 4> requests = {
             request(kW1, w1_local_shape_, l1_.weight), request(kB1, {w1_local_shape_.front()}, l1_.bias),
             request(kW2, w2_local_shape_, l2_.weight), request(kB2, {fc2_.out_features}, l2_.bias)};
         detail::ParamGradTargets params = detail::PlanParamGrads(mesh_, requests, dy.dtype(), dy.device());

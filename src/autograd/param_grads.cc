@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include <shardline/core/error.h>
+
 namespace shardline::autograd::detail {
 namespace {
 
@@ -23,15 +25,17 @@ dist::Grad ToGrad(Tensor buffer, bool in_sink, comm::DeviceMesh *mesh, const Par
 
 } // namespace
 
-ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamGradRequest> &requests, DType dtype,
+ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, std::span<const ParamGradRequest> requests, DType dtype,
                                 Device device) {
+    SHARDLINE_CHECK(requests.size() <= ParamGradTargets::kMaxGrads, "autograd::PlanParamGrads",
+                    "at most {} parameter gradients per backward, got {}", ParamGradTargets::kMaxGrads,
+                    requests.size());
     ParamGradTargets t;
-    t.grads.reserve(requests.size());
-    t.in_sink.reserve(requests.size());
     bool all_fresh = true; // every gradient going into a buffer finds it standing for zeros
-    for (const ParamGradRequest &r : requests) {
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        const ParamGradRequest &r = requests[i];
         const Tensor *sink = r.needed ? r.sink.BufferFor(mesh, r.layout) : nullptr;
-        t.in_sink.push_back(sink != nullptr); // BufferFor gives the sink's buffer or nothing
+        t.in_sink[i] = sink != nullptr; // BufferFor gives the sink's buffer or nothing
         t.accumulate = t.accumulate || sink != nullptr;
         all_fresh = all_fresh && (sink == nullptr || r.sink.fresh());
     }
@@ -51,12 +55,13 @@ ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamG
     for (std::size_t i = 0; i < requests.size(); ++i) {
         const ParamGradRequest &r = requests[i];
         if (!r.needed) {
-            t.grads.emplace_back();
-        } else if (t.in_sink[i]) {
-            t.grads.push_back(*r.sink.buffer);
+            continue;
+        }
+        if (t.in_sink[i]) {
+            t.grads[i] = *r.sink.buffer;
         } else {
-            t.grads.push_back(t.accumulate ? Tensor::Zeros(r.local_shape, dtype, device)
-                                           : Tensor::Empty(r.local_shape, dtype, device));
+            t.grads[i] = t.accumulate ? Tensor::Zeros(r.local_shape, dtype, device)
+                                      : Tensor::Empty(r.local_shape, dtype, device);
         }
     }
     return t;

@@ -6,7 +6,9 @@
 // returns a new tensor and the engine moves and accumulates it. The kernels take one accumulate flag for all, so when
 // only some of them go into a buffer the others start from zeros.
 
-#include <vector>
+#include <array>
+#include <cstddef>
+#include <span>
 
 #include <shardline/autograd/variable.h>
 #include <shardline/comm/device_mesh.h>
@@ -26,10 +28,14 @@ struct ParamGradRequest {
 
 /// Where the kernels write the parameter gradients of one backward, in the order of the requests.
 struct ParamGradTargets {
-    std::vector<Tensor> grads; ///< undefined where not needed
-    std::vector<bool> in_sink; ///< the gradient is the leaf's main-grad buffer itself
-    bool accumulate = false;   ///< beta = 1 for all (a new buffer then holds zeros); false also when every main-grad
-                               ///< buffer written stands for zeros (Variable::ZeroGrad deferred): they are overwritten
+    /// The most gradients one backward asks for (a ParallelMLP's four); fixed arrays, so that planning allocates
+    /// nothing but the new gradients themselves.
+    static constexpr std::size_t kMaxGrads = 4;
+
+    std::array<Tensor, kMaxGrads> grads;   ///< in the requests' order; undefined where not needed (and past them)
+    std::array<bool, kMaxGrads> in_sink{}; ///< the gradient is the leaf's main-grad buffer itself
+    bool accumulate = false; ///< beta = 1 for all (a new buffer then holds zeros); false also when every main-grad
+                             ///< buffer written stands for zeros (Variable::ZeroGrad deferred): they are overwritten
 
     /// The Grad a Function returns for gradient i: accumulated into the sink, or the new tensor as a gradient of
     /// `global_shape` in the request's layout (a local tensor when mesh is null). Moves grads[i] out: call it once per
@@ -40,8 +46,8 @@ struct ParamGradTargets {
 
 /// The targets of a backward computing the requested parameter gradients in `dtype` on `device` (mesh null: local
 /// tensors). The kernels take one accumulate flag per call, so when any gradient goes into its main grad, every other
-/// one starts from zeros.
-ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, const std::vector<ParamGradRequest> &requests, DType dtype,
+/// one starts from zeros. At most ParamGradTargets::kMaxGrads requests.
+ParamGradTargets PlanParamGrads(comm::DeviceMesh *mesh, std::span<const ParamGradRequest> requests, DType dtype,
                                 Device device);
 
 } // namespace shardline::autograd::detail

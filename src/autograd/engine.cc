@@ -107,44 +107,63 @@ struct Scratch {
     std::vector<std::shared_ptr<Node>> ready;
 };
 
+/// This thread's idle scratches; null once the thread's thread-locals are being destroyed (a backward from such a
+/// destructor then uses a scratch of its own). The pointer and flag are trivially destructible, so they stay readable
+/// until the thread ends; the owner frees the pool at thread exit (the pattern of kernels::OpTable's thread cache).
+thread_local std::vector<std::unique_ptr<Scratch>> *scratch_pool = nullptr;
+thread_local bool scratch_pool_gone = false;
+
+struct ScratchPoolOwner {
+    ScratchPoolOwner() = default;
+    ScratchPoolOwner(const ScratchPoolOwner &) = delete;
+    ScratchPoolOwner &operator=(const ScratchPoolOwner &) = delete;
+    ~ScratchPoolOwner() {
+        delete scratch_pool;
+        scratch_pool = nullptr;
+        scratch_pool_gone = true;
+    }
+};
+
+std::vector<std::unique_ptr<Scratch>> *ScratchPool() {
+    if (scratch_pool == nullptr && !scratch_pool_gone) {
+        thread_local ScratchPoolOwner owner; // constructed on this first use, destroyed at thread exit
+        auto pool = std::make_unique<std::vector<std::unique_ptr<Scratch>>>();
+        pool->reserve(4); // backwards nested deeper than this make their own scratch each time
+        scratch_pool = pool.release();
+    }
+    return scratch_pool;
+}
+
 class ScratchLease {
 public:
     ScratchLease() {
-        std::vector<std::unique_ptr<Scratch>> &pool = Pool();
-        if (pool.empty()) {
-            scratch_ = std::make_unique<Scratch>();
+        std::vector<std::unique_ptr<Scratch>> *pool = ScratchPool();
+        if (pool != nullptr && !pool->empty()) {
+            scratch_ = std::move(pool->back());
+            pool->pop_back();
         } else {
-            scratch_ = std::move(pool.back());
-            pool.pop_back();
+            scratch_ = std::make_unique<Scratch>();
         }
     }
     ScratchLease(const ScratchLease &) = delete;
     ScratchLease &operator=(const ScratchLease &) = delete;
     ~ScratchLease() {
-        // A graph far larger than a layer's step gives its memory back rather than keep it for the next one.
-        const bool keep = scratch_->tasks.size() <= kKeepNodes;
+        // A graph (or a list of roots) far larger than a layer's step gives its memory back rather than keep it.
+        const bool keep = scratch_->tasks.size() <= kKeepNodes && scratch_->seeds.capacity() <= kKeepNodes &&
+                          scratch_->stack.capacity() <= kKeepNodes;
         scratch_->tasks.Clear();
         scratch_->seeds.clear();
         scratch_->stack.clear();
         scratch_->ready.clear();
-        std::vector<std::unique_ptr<Scratch>> &pool = Pool();
-        if (keep && pool.size() < pool.capacity()) { // never allocates here
-            pool.push_back(std::move(scratch_));
+        std::vector<std::unique_ptr<Scratch>> *pool = scratch_pool;
+        if (keep && pool != nullptr && pool->size() < pool->capacity()) { // never allocates here
+            pool->push_back(std::move(scratch_));
         }
     }
     Scratch *operator->() const { return scratch_.get(); }
 
 private:
     static constexpr std::size_t kKeepNodes = 256;
-    static std::vector<std::unique_ptr<Scratch>> &Pool() {
-        thread_local std::vector<std::unique_ptr<Scratch>> pool = [] {
-            std::vector<std::unique_ptr<Scratch>> p;
-            p.reserve(4); // nested backwards deeper than this make their own scratch each time
-            return p;
-        }();
-        return pool;
-    }
-
     std::unique_ptr<Scratch> scratch_;
 };
 

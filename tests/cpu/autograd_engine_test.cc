@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -306,6 +308,154 @@ TEST(AutogradEngineTest, GraphOfMoreNodesThanTheLinearTableRunsEachOnceInOrder) 
         v *= c;
     }
     EXPECT_TRUE(ValuesMatch(x.grad().local(), expected, DType::kFloat32));
+}
+
+// ---- the engine's per-thread working storage (reused between backwards) ---------------------------------------
+
+/// A chain of `probes` probes from leaf x, every other one of the first 20 after a Scale(2), run backward from ones:
+/// each probe runs once, in order, and x's gradient is 2 to the number of Scales. More than 16 nodes take the task
+/// table's hash index.
+void ExpectChainBackward(int probes) {
+    std::vector<std::string> log;
+    std::vector<std::shared_ptr<Probe>> chain;
+    Variable x(Data({2, 3}, "chain x"), true);
+    Variable h = x;
+    for (int i = 0; i < probes; ++i) {
+        chain.push_back(std::make_shared<Probe>(fmt::format("P{}", i), &log));
+        h = Through(chain.back(), i < 20 && i % 2 == 0 ? Scale(h, 2.0) : h);
+    }
+    h.Backward(nullptr);
+    ASSERT_EQ(log.size(), static_cast<std::size_t>(probes));
+    for (int i = 0; i < probes; ++i) {
+        EXPECT_EQ(chain[static_cast<std::size_t>(i)]->calls, 1);
+        EXPECT_EQ(log[static_cast<std::size_t>(i)], fmt::format("P{}", probes - 1 - i));
+    }
+    const int scales = (std::min(probes, 20) + 1) / 2;
+    EXPECT_EQ(x.grad().local().ToDoubleVector(), Values(6, static_cast<double>(1LL << scales)));
+}
+
+/// The diamond of DiamondRunsEachNodeOnceWithTheSummedGradient, checked the same way.
+void ExpectDiamondBackward() {
+    std::vector<std::string> log;
+    auto a = std::make_shared<Probe>("A", &log);
+    auto b = std::make_shared<Probe>("B", &log);
+    auto c = std::make_shared<Probe>("C", &log);
+    Variable x(Data({2, 3}, "x"), true);
+    Variable h = Through(a, x);
+    Variable z = autograd::Add(Through(b, Through(c, h)), Scale(h, 3.0));
+    z.Backward(nullptr);
+    EXPECT_EQ(a->calls, 1);
+    EXPECT_EQ(b->calls, 1);
+    EXPECT_EQ(c->calls, 1);
+    EXPECT_EQ(log, (std::vector<std::string>{"B", "C", "A"}));
+    EXPECT_EQ(x.grad().local().ToDoubleVector(), Values(6, 4.0));
+}
+
+TEST(AutogradEngineTest, SmallGraphsAfterLargeOnesOnTheSameThread) {
+    // A large graph's tasks (hash index) or one past the kept size (256 nodes) must leave nothing behind for the next.
+    for (int probes : {40, 300, 7}) {
+        SCOPED_TRACE(probes);
+        ExpectChainBackward(probes);
+        ExpectDiamondBackward();
+    }
+    // And on a thread of its own, which ends with its storage.
+    std::thread worker([] {
+        ExpectChainBackward(40);
+        ExpectDiamondBackward();
+    });
+    worker.join();
+}
+
+TEST(AutogradEngineTest, BackwardInAPostAccumulateHookRunsItsOwnGraph) {
+    // The outer graph z = Add(P1(x0), P2(P3(w))): x0's accumulation runs before P3 and w's. Its hook runs a backward
+    // of another graph, whose leaf's hook runs another, five deep (past the four idle scratches a thread keeps).
+    constexpr int kDepth = 5;
+    std::vector<std::string> log;
+    std::vector<Variable> inner_leaves;
+    std::vector<std::vector<std::shared_ptr<Probe>>> inner_probes(kDepth);
+    std::function<void(Variable &)> nested = [&](Variable &) {
+        const std::size_t d = inner_leaves.size();
+        if (d >= static_cast<std::size_t>(kDepth)) {
+            return;
+        }
+        inner_leaves.emplace_back(Data({2, 3}, fmt::format("inner {}", d)), true);
+        inner_leaves.back().AddPostAccumulateHook(nested);
+        Variable h = inner_leaves.back();
+        for (int i = 0; i < 20; ++i) {
+            inner_probes[d].push_back(std::make_shared<Probe>(fmt::format("I{}.{}", d, i), &log));
+            h = Through(inner_probes[d].back(), i % 2 == 0 ? Scale(h, 2.0) : h);
+        }
+        h.Backward(nullptr);
+    };
+    Variable x0(Data({2, 3}, "x0"), true);
+    Variable w(Data({2, 3}, "w"), true);
+    x0.AddPostAccumulateHook(nested);
+    auto p1 = std::make_shared<Probe>("P1", &log);
+    auto p2 = std::make_shared<Probe>("P2", &log);
+    auto p3 = std::make_shared<Probe>("P3", &log);
+    Variable z = autograd::Add(Through(p1, x0), Through(p2, Through(p3, w)));
+    const Tensor dz = Data({2, 3}, "dz");
+    const DistTensor dzv = DistTensor::Local(dz);
+    z.Backward(&dzv);
+
+    ASSERT_EQ(inner_leaves.size(), static_cast<std::size_t>(kDepth));
+    for (int d = 0; d < kDepth; ++d) {
+        SCOPED_TRACE(d);
+        for (const auto &p : inner_probes[static_cast<std::size_t>(d)]) {
+            EXPECT_EQ(p->calls, 1);
+        }
+        EXPECT_EQ(inner_leaves[static_cast<std::size_t>(d)].grad().local().ToDoubleVector(), Values(6, 1024.0));
+    }
+    for (const auto &p : {p1, p2, p3}) {
+        EXPECT_EQ(p->calls, 1);
+    }
+    // P3 ran after the nested backwards returned.
+    EXPECT_GT(Position(log, "P3"), Position(log, fmt::format("I{}.0", kDepth - 1)));
+    EXPECT_EQ(x0.grad().local().ToDoubleVector(), dz.ToDoubleVector());
+    EXPECT_EQ(w.grad().local().ToDoubleVector(), dz.ToDoubleVector());
+}
+
+/// An identity Function whose backward throws.
+class Thrower final : public Function {
+public:
+    std::string name() const override { return "Thrower"; }
+
+protected:
+    std::vector<DistTensor> Forward(const Inputs &in) override { return {in[0]}; }
+    void SetupContext(const Inputs &, const std::vector<DistTensor> &) override {}
+    std::vector<dist::Grad> Backward(const std::vector<DistTensor> &) override {
+        throw Error("Thrower: the backward fails");
+    }
+};
+
+TEST(AutogradEngineTest, ANodeThatThrowsLeavesNoGradientOrNodeAliveAndTheNextBackwardRuns) {
+    // z = Add(Thrower(x), P(x)): Add's backward hands its gradient (shared with dz) to both branches; the thrower runs
+    // first, while P's gradient waits in its task. After the throw nothing may hold that gradient or any node.
+    std::vector<std::string> log;
+    Variable x(Data({2, 3}, "x"), true);
+    std::weak_ptr<Node> add_node, thrower_node, probe_node;
+    Variable z;
+    {
+        auto thrower = std::make_shared<Thrower>();
+        auto probe = std::make_shared<Probe>("P", &log);
+        thrower_node = thrower;
+        probe_node = probe;
+        z = autograd::Add(Function::Apply(thrower, {x}).at(0), Through(probe, x));
+        add_node = z.grad_fn();
+    }
+    const Tensor dz = Data({2, 3}, "dz");
+    const long before = Holders(dz);
+    {
+        const DistTensor dzv = DistTensor::Local(dz);
+        EXPECT_THROW(z.Backward(&dzv), Error);
+    }
+    EXPECT_TRUE(log.empty()) << "P must not have run";
+    EXPECT_EQ(Holders(dz), before) << "a gradient of the failed backward is still held";
+    z = Variable();
+    EXPECT_TRUE(add_node.expired());
+    EXPECT_TRUE(thrower_node.expired());
+    EXPECT_TRUE(probe_node.expired());
+    ExpectDiamondBackward();
 }
 
 /// Records what Forward and SetupContext see of their inputs: each value's address and whether it is defined.

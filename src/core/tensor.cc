@@ -133,7 +133,6 @@ Tensor Tensor::Contiguous(std::shared_ptr<Storage> storage, Shape shape, DType d
     Tensor t;
     t.device_ = storage->device();
     t.storage_ = std::move(storage);
-    t.strides_ = ContiguousStrides(shape);
     t.shape_ = std::move(shape);
     t.dtype_ = dtype;
     t.defined_ = true;
@@ -150,6 +149,9 @@ std::int64_t Tensor::size(int dim) const {
 std::int64_t Tensor::numel() const { return Numel(shape_); }
 
 bool Tensor::is_contiguous() const {
+    if (strides_.empty()) {
+        return true; // row-major (a strided view keeps its strides even where they happen to be row-major)
+    }
     std::int64_t expected = 1;
     for (int d = rank() - 1; d >= 0; --d) {
         if (shape_[d] != 1 && strides_[d] != expected) {
@@ -174,7 +176,7 @@ void Tensor::CheckDType(DType expected) const {
 
 Tensor Tensor::View(Shape shape) const {
     SHARDLINE_CHECK_AS(ShapeError, is_contiguous(), "Tensor::View", "needs a contiguous tensor, got {} with strides {}",
-                       ToString(), ShapeToString(strides_));
+                       ToString(), ShapeToString(strides()));
     int infer = -1;
     std::int64_t known = 1;
     for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -195,7 +197,7 @@ Tensor Tensor::View(Shape shape) const {
                        "cannot view shape {} ({} elements) as {} ({} elements)", ShapeToString(shape_), numel(),
                        ShapeToString(shape), Numel(shape));
     Tensor t = *this;
-    t.strides_ = ContiguousStrides(shape);
+    t.strides_.clear(); // row-major
     t.shape_ = std::move(shape);
     return t;
 }
@@ -207,6 +209,9 @@ Tensor Tensor::Transpose(int dim0, int dim1) const {
     SHARDLINE_CHECK_AS(ShapeError, d0 >= 0 && d0 < r && d1 >= 0 && d1 < r, "Tensor::Transpose",
                        "dims ({}, {}) out of range for a rank-{} tensor", dim0, dim1, r);
     Tensor t = *this;
+    if (t.strides_.empty()) {
+        t.strides_ = ContiguousStrides(shape_);
+    }
     std::swap(t.shape_[d0], t.shape_[d1]);
     std::swap(t.strides_[d0], t.strides_[d1]);
     return t;
@@ -218,6 +223,7 @@ Tensor Tensor::Contiguous() const {
     }
     SHARDLINE_CHECK_AS(ShapeError, rank() <= 8, "Tensor::Contiguous", "supports rank <= 8, got {}", rank());
     Tensor out = Empty(shape_, dtype_, device_);
+    // Not contiguous: strides_ holds the view's strides.
     if (device_.is_cpu()) {
         const std::size_t es = ElementSize(dtype_);
         const char* src = static_cast<const char*>(data());

@@ -243,6 +243,47 @@ TEST_P(TensorOnDeviceTest, TransposeIsAStridedViewThatContiguousMaterialises) {
     EXPECT_EQ(x.Contiguous().data(), x.data()); // already contiguous: no copy
 }
 
+TEST_P(TensorOnDeviceTest, StridesFollowViewsCopiesAndTransposesBack) {
+    // A contiguous tensor reports row-major strides; a transpose keeps its own, through copies; transposing back is
+    // contiguous again (with the strides it carries), and views of it read the original values.
+    const Tensor x = Random({2, 3, 4}, dtype(), 5, "strides");
+    const Values xv = x.ToDoubleVector();
+    const Tensor copy = x; // NOLINT(performance-unnecessary-copy-initialization): a copy reports the same
+    EXPECT_EQ(copy.strides(), (Shape{12, 4, 1}));
+    EXPECT_TRUE(copy.is_contiguous());
+    const Tensor t = x.Transpose(0, 2);
+    const Tensor t_copy = t; // NOLINT(performance-unnecessary-copy-initialization)
+    EXPECT_EQ(t_copy.shape(), (Shape{4, 3, 2}));
+    EXPECT_EQ(t_copy.strides(), (Shape{1, 4, 12}));
+    EXPECT_FALSE(t_copy.is_contiguous());
+    const Tensor back = t_copy.Transpose(0, 2);
+    EXPECT_EQ(back.strides(), (Shape{12, 4, 1}));
+    EXPECT_TRUE(back.is_contiguous());
+    EXPECT_EQ(back.data(), x.data());
+    EXPECT_EQ(back.Contiguous().data(), x.data()); // contiguous: no copy
+    const Tensor flat = back.View({6, 4});
+    EXPECT_EQ(flat.strides(), (Shape{4, 1}));
+    EXPECT_EQ(flat.ToDoubleVector(), xv);
+    // A size-1 dim's stride does not matter: swapping it with its neighbour stays contiguous.
+    const Tensor row = Random({1, 5}, dtype(), 6, "row");
+    const Tensor col = row.Transpose(0, 1);
+    EXPECT_EQ(col.shape(), (Shape{5, 1}));
+    EXPECT_TRUE(col.is_contiguous());
+    EXPECT_EQ(col.View({5}).ToDoubleVector(), row.ToDoubleVector());
+    // A view of a transpose's contiguous copy is row-major in the transposed order.
+    const Tensor tc = t.Contiguous().View({4, 6});
+    EXPECT_EQ(tc.strides(), (Shape{6, 1}));
+    const Values tv = tc.ToDoubleVector();
+    for (int i = 0; i < 4; ++i) {
+        for (int j = 0; j < 3; ++j) {
+            for (int k = 0; k < 2; ++k) {
+                EXPECT_EQ(tv[static_cast<std::size_t>(i * 6 + j * 2 + k)],
+                          xv[static_cast<std::size_t>(k * 12 + j * 4 + i)]);
+            }
+        }
+    }
+}
+
 TEST_P(TensorOnDeviceTest, TransposeOfBatchedTensorSwapsInnerDims) {
     const Tensor x = Random({2, 3, 4}, dtype(), 3, "transpose3");
     const Values xv = x.ToDoubleVector();

@@ -49,6 +49,9 @@ private:
 /// An n-d array view over shared storage: shape, strides (in elements), dtype, device and an element offset.
 /// Tensors made by shardline are row-major contiguous; Transpose() makes a strided view, which kernels reject
 /// (call Contiguous() first). Copies of a Tensor share storage.
+/// Row-major contiguous strides for a shape.
+Shape ContiguousStrides(const Shape& shape);
+
 class Tensor {
 public:
     Tensor() = default;
@@ -65,7 +68,8 @@ public:
     /// False for a default-constructed Tensor.
     bool defined() const { return defined_; }
     const Shape& shape() const { return shape_; }
-    const Shape& strides() const { return strides_; }
+    /// Strides in elements (row-major ones for a contiguous tensor, which stores none: only a strided view does).
+    Shape strides() const { return strides_.empty() ? ContiguousStrides(shape_) : strides_; }
     /// Size of one dimension; negative dims count from the end.
     std::int64_t size(int dim) const;
     int rank() const { return static_cast<int>(shape_.size()); }
@@ -118,15 +122,13 @@ private:
 
     std::shared_ptr<Storage> storage_;
     Shape shape_;
-    Shape strides_;
+    Shape strides_; ///< empty for a row-major contiguous tensor, so that making or copying one allocates no strides
     std::int64_t offset_ = 0;
     DType dtype_ = DType::kFloat32;
     Device device_;
     bool defined_ = false;
 };
 
-/// Row-major contiguous strides for a shape.
-Shape ContiguousStrides(const Shape& shape);
 /// Product of the dims.
 std::int64_t Numel(const Shape& shape);
 /// "[2, 3]".

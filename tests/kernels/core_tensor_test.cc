@@ -46,6 +46,29 @@ TEST(TensorTest, EmptyIsContiguousAlignedWithRowMajorStrides) {
     EXPECT_THROW(t.size(3), ShapeError);
 }
 
+TEST(TensorTest, EveryFactoryGivesRowMajorStridesAndEdgeShapesToo) {
+    EXPECT_EQ(Tensor().strides(), Shape{});
+    const Tensor scalar = Tensor::Empty({}, DType::kFloat32);
+    EXPECT_EQ(scalar.strides(), Shape{});
+    EXPECT_TRUE(scalar.is_contiguous());
+    const Tensor none = Tensor::Zeros({0, 3}, DType::kFloat32);
+    EXPECT_EQ(none.strides(), (Shape{3, 1}));
+    EXPECT_TRUE(none.is_contiguous());
+    const Tensor full = Tensor::Full({2, 3}, 1.5, DType::kFloat32);
+    EXPECT_EQ(full.strides(), (Shape{3, 1}));
+    const Tensor v = Tensor::FromVector({1, 2, 3, 4, 5, 6}, {3, 2});
+    EXPECT_EQ(v.strides(), (Shape{2, 1}));
+    EXPECT_EQ(v.To(DType::kFloat32).strides(), (Shape{2, 1}));
+    EXPECT_EQ(v.Clone().strides(), (Shape{2, 1}));
+    // A transpose's contiguous copy is row-major in its own order, with the values moved.
+    const Tensor tc = v.Transpose(0, 1).Clone();
+    EXPECT_EQ(tc.strides(), (Shape{3, 1}));
+    EXPECT_EQ(tc.ToDoubleVector(), (Values{1, 3, 5, 2, 4, 6}));
+    std::vector<float> blob(6, 0.0f);
+    const Tensor b = Tensor::FromBlob(blob.data(), {2, 3}, DType::kFloat32, Device::CPU());
+    EXPECT_EQ(b.strides(), (Shape{3, 1}));
+}
+
 TEST(TensorTest, FullZerosAndFromVectorHoldTheirValues) {
     EXPECT_EQ(Tensor::Full({2, 2}, 1.5, DType::kFloat32).ToDoubleVector(), (Values{1.5, 1.5, 1.5, 1.5}));
     EXPECT_EQ(Tensor::Zeros({3}, DType::kFloat64).ToDoubleVector(), (Values{0, 0, 0}));
@@ -248,6 +271,7 @@ TEST_P(TensorOnDeviceTest, StridesFollowViewsCopiesAndTransposesBack) {
     // contiguous again (with the strides it carries), and views of it read the original values.
     const Tensor x = Random({2, 3, 4}, dtype(), 5, "strides");
     const Values xv = x.ToDoubleVector();
+    ASSERT_GT(AbsSum(xv), 0.0);
     const Tensor copy = x; // NOLINT(performance-unnecessary-copy-initialization): a copy reports the same
     EXPECT_EQ(copy.strides(), (Shape{12, 4, 1}));
     EXPECT_TRUE(copy.is_contiguous());
@@ -268,8 +292,16 @@ TEST_P(TensorOnDeviceTest, StridesFollowViewsCopiesAndTransposesBack) {
     const Tensor row = Random({1, 5}, dtype(), 6, "row");
     const Tensor col = row.Transpose(0, 1);
     EXPECT_EQ(col.shape(), (Shape{5, 1}));
+    EXPECT_EQ(col.strides(), (Shape{1, 5})); // a transpose's own, though contiguous
     EXPECT_TRUE(col.is_contiguous());
+    EXPECT_EQ(col.Contiguous().strides(), (Shape{1, 5})); // contiguous: the same tensor
+    EXPECT_EQ(col.View({5}).strides(), (Shape{1}));
     EXPECT_EQ(col.View({5}).ToDoubleVector(), row.ToDoubleVector());
+    // Transposing a dim with itself keeps the tensor as it was.
+    const Tensor same = x.Transpose(1, 1);
+    EXPECT_EQ(same.strides(), (Shape{12, 4, 1}));
+    EXPECT_TRUE(same.is_contiguous());
+    EXPECT_EQ(same.ToDoubleVector(), xv);
     // A view of a transpose's contiguous copy is row-major in the transposed order.
     const Tensor tc = t.Contiguous().View({4, 6});
     EXPECT_EQ(tc.strides(), (Shape{6, 1}));

@@ -46,12 +46,12 @@ private:
     bool owned_ = false;
 };
 
-/// An n-d array view over shared storage: shape, strides (in elements), dtype, device and an element offset.
-/// Tensors made by shardline are row-major contiguous; Transpose() makes a strided view, which kernels reject
-/// (call Contiguous() first). Copies of a Tensor share storage.
 /// Row-major contiguous strides for a shape.
 Shape ContiguousStrides(const Shape& shape);
 
+/// An n-d array view over shared storage: shape, strides (in elements), dtype, device and an element offset.
+/// Tensors made by shardline are row-major contiguous; Transpose() makes a strided view, which kernels reject
+/// (call Contiguous() first). Copies of a Tensor share storage.
 class Tensor {
 public:
     Tensor() = default;
@@ -68,7 +68,8 @@ public:
     /// False for a default-constructed Tensor.
     bool defined() const { return defined_; }
     const Shape& shape() const { return shape_; }
-    /// Strides in elements (row-major ones for a contiguous tensor, which stores none: only a strided view does).
+    /// Strides in elements. A tensor made by Transpose keeps its own (even where they happen to be contiguous, e.g.
+    /// over a size-1 dim); every other tensor is row-major and stores none, so these are computed.
     Shape strides() const { return strides_.empty() ? ContiguousStrides(shape_) : strides_; }
     /// Size of one dimension; negative dims count from the end.
     std::int64_t size(int dim) const;
@@ -122,7 +123,7 @@ private:
 
     std::shared_ptr<Storage> storage_;
     Shape shape_;
-    Shape strides_; ///< empty for a row-major contiguous tensor, so that making or copying one allocates no strides
+    Shape strides_; ///< empty means row-major (so that making or copying one allocates none); set by Transpose only
     std::int64_t offset_ = 0;
     DType dtype_ = DType::kFloat32;
     Device device_;

@@ -68,8 +68,9 @@ public:
     /// False for a default-constructed Tensor.
     bool defined() const { return defined_; }
     const Shape& shape() const { return shape_; }
-    /// Strides in elements. A tensor made by Transpose keeps its own (even where they happen to be contiguous, e.g.
-    /// over a size-1 dim); every other tensor is row-major and stores none, so these are computed.
+    /// Strides in elements, by value. A Transpose view (and its copies, and Contiguous() of one that is already
+    /// contiguous, e.g. over a size-1 dim) keeps its own; every other tensor is row-major, stores none, and these are
+    /// computed (an allocation: kernels check is_contiguous() instead).
     Shape strides() const { return strides_.empty() ? ContiguousStrides(shape_) : strides_; }
     /// Size of one dimension; negative dims count from the end.
     std::int64_t size(int dim) const;

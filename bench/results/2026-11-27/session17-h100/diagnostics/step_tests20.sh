@@ -1,5 +1,4 @@
-# A/B: old = 660c423 (ab20.patch reverted), new = this tree (c1bf426: + contiguous tensors without strides)
-# first the GPU tests of autograd and the README job on one GPU
+# the GPU tests of c1bf426's tree on one GPU (no A/B here: step_ab20b.sh is the A/B, run next on the same machine)
 b=build-gpu
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 pin=""; command -v taskset >/dev/null && pin="taskset -c 5"

@@ -328,15 +328,22 @@ private:
     std::function<void()> deferred_then_;
 };
 
+/// What every Redistribute overload checks first: a defined tensor, and for a local one a replicated target of its
+/// rank (the only layout a local value has).
+void CheckTarget(const Tensor &local, const comm::DeviceMesh *mesh, const spmd::Layout &dst) {
+    constexpr const char *kOp = "DistTensor::Redistribute";
+    SHARDLINE_CHECK(local.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    SHARDLINE_CHECK(mesh != nullptr || (dst.IsReplicated() && dst.TensorRank() == local.rank()), kOp,
+                    "a local tensor {} can only be 'redistributed' to a replicated layout of rank {}, got {}",
+                    local.ToString(), local.rank(), dst.ToString());
+}
+
 } // namespace
 
 DistTensor DistTensor::Redistribute(const spmd::Layout &dst) const {
     constexpr const char *kOp = "DistTensor::Redistribute";
-    SHARDLINE_CHECK(local_.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
+    CheckTarget(local_, mesh_, dst);
     if (mesh_ == nullptr) {
-        SHARDLINE_CHECK(dst.IsReplicated() && dst.TensorRank() == local_.rank(), kOp,
-                        "a local tensor {} can only be 'redistributed' to a replicated layout of rank {}, got {}",
-                        local_.ToString(), local_.rank(), dst.ToString());
         return *this;
     }
     const spmd::ProcessMesh pm = detail::ToProcessMesh(*mesh_);
@@ -355,10 +362,7 @@ namespace {
 bool CheckRunnable(const Tensor &local, comm::DeviceMesh *mesh, const spmd::Layout &src, const spmd::Layout &dst,
                    const Shape &global_shape, const spmd::RedistributePlan &plan) {
     constexpr const char *kOp = "DistTensor::Redistribute";
-    SHARDLINE_CHECK(local.defined(), kOp, "called on a default-constructed DistTensor (dst {})", dst.ToString());
-    SHARDLINE_CHECK(mesh != nullptr || (dst.IsReplicated() && dst.TensorRank() == local.rank()), kOp,
-                    "a local tensor {} can only be 'redistributed' to a replicated layout of rank {}, got {}",
-                    local.ToString(), local.rank(), dst.ToString());
+    CheckTarget(local, mesh, dst);
     if (plan.steps.empty()) {
         return false;
     }

@@ -33,6 +33,7 @@ public:
     void Leave() noexcept {
         std::lock_guard lock(mutex_);
         since_ns_.store(0, std::memory_order_relaxed);
+        aborted_ = false;
     }
 
     /// Whether a thread is inside a marked call, and since when (for the watchdog's idle test and its messages).
@@ -47,12 +48,14 @@ public:
 
     /// Watchdog: when a thread has been inside a marked call for longer than `limit`, runs `abort()` (ncclCommAbort,
     /// which releases it) while Leave waits, and returns true. Returns false, without calling `abort`, when no thread
-    /// is inside or it has not been inside that long.
+    /// is inside, it has not been inside that long, or this call has already been aborted: a released thread may not
+    /// be scheduled before the watchdog's next poll, and that poll must not abort the communicator a second time.
     template <class Abort> bool AbortIfStuck(Clock::time_point now, Clock::duration limit, Abort&& abort) {
         std::lock_guard lock(mutex_);
-        if (!Inside() || InsideFor(now) <= limit) {
+        if (aborted_ || !Inside() || InsideFor(now) <= limit) {
             return false;
         }
+        aborted_ = true; // before abort(): a throwing abort is not retried on every poll either
         abort();
         return true;
     }
@@ -60,6 +63,7 @@ public:
 private:
     std::mutex mutex_;
     std::atomic<long long> since_ns_{0};
+    bool aborted_ = false; // the call now inside has been aborted (guarded by mutex_; cleared by Leave)
 };
 
 } // namespace shardline::comm::detail

@@ -160,20 +160,27 @@ protected:
     std::vector<DistTensor> Forward(const Inputs &in) override {
         return {DistTensor::Local(in[0].local().Contiguous().View(shape_))};
     }
-    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override { like_ = in[0]; }
+    void SetupContext(const Inputs &in, const std::vector<DistTensor> &) override {
+        // The input's shapes, layout and mesh: its values are not read, so its memory is not kept.
+        local_shape_ = in[0].local().shape();
+        global_shape_ = in[0].global_shape();
+        layout_ = in[0].layout();
+        mesh_ = in[0].mesh_ptr();
+    }
     std::vector<Grad> Backward(const std::vector<DistTensor> &g) override {
         std::vector<Grad> grads(1);
         if (g[0].defined()) {
-            const Tensor d = g[0].local().Contiguous().View(like_.local().shape());
-            grads[0].value = DistTensor::FromTrustedShard(d, like_.global_shape(), like_.layout(), like_.mesh_ptr());
+            const Tensor d = g[0].local().Contiguous().View(local_shape_);
+            grads[0].value = DistTensor::FromTrustedShard(d, global_shape_, layout_, mesh_);
         }
         return grads;
     }
-    void ReleaseSaved() override { like_ = DistTensor(); }
 
 private:
     Shape shape_;
-    DistTensor like_; ///< the input's shape and layout (its local values are not read)
+    Shape local_shape_, global_shape_;
+    spmd::Layout layout_;
+    comm::DeviceMesh *mesh_ = nullptr;
 };
 
 /// AsShard: a local Variable as a mesh DistTensor's shard; backward the reverse.

@@ -2,7 +2,7 @@
 // routes uneven, partly empty per-expert row counts; each rank checks, exactly, that it receives every peer's rows of
 // its local experts in the documented order (expert-major, then source-rank-major, then the source's order), that the
 // combine returns its own rows bitwise, that the backward of each is the other's forward, and the exact all-to-all
-// counts (none at ep = 1).
+// counts (none at ep = 1). LocalPart keeps no reference to its input.
 
 #include <cstdint>
 #include <string>
@@ -144,6 +144,33 @@ TEST(ExpertExchangeErrorTest, ExpertsNotDivisibleByEpAreRefusedBeforeAnyCollecti
               std::string::npos)
         << message;
     ExpectAllToAll(mesh, 0, 0, "a refused exchange");
+}
+
+// LocalPart's node keeps x's shapes, layout and mesh, not x: while its output (a view of x's shard) lives, x's storage
+// has that one more holder, and none once it is gone. The gradient goes back as x's shard in x's layout; gathered, it
+// is the full dy.
+TEST(LocalPartTest, KeepsNoReferenceToTheInputAndSendsTheGradientBackAsItsShard) {
+    SHARDLINE_DIST_TENSOR_TEST_BACKEND();
+    const std::int64_t w = World().size();
+    DeviceMesh &mesh = MoeMesh(w, 1);
+    const std::vector<dist::ShardOn> on_ep = {{.dim = 0, .over = {"ep"}}};
+    const Tensor x_full = RandomFull({4 * w, 2, kH}, "local_part_x");
+    const Tensor dy_full = RandomFull({4 * w, 2, kH}, "local_part_dy");
+    Variable x(DistTensor::Sharded(x_full, mesh, on_ep), true);
+    const Tensor &x_local = x.value().local();
+    const long before = x_local.storage().use_count();
+    {
+        Variable y = autograd::LocalPart(x, {8, kH});
+        EXPECT_TRUE(y.value().is_local());
+        EXPECT_EQ(x_local.storage().use_count(), before + 1) << "the output's view, and nothing the node keeps";
+        EXPECT_EQ(y.value().local().ToDoubleVector(), x_local.ToDoubleVector());
+        const DistTensor dy = DistTensor::Local(DistTensor::Sharded(dy_full, mesh, on_ep).local().View({8, kH}));
+        y.Backward(&dy);
+    }
+    EXPECT_EQ(x_local.storage().use_count(), before);
+    EXPECT_EQ(x.grad().layout(), x.value().layout());
+    EXPECT_EQ(x.grad().global_shape(), (Shape{4 * w, 2, kH}));
+    EXPECT_EQ(x.grad().FullTensor().ToDoubleVector(), dy_full.ToDoubleVector());
 }
 
 } // namespace

@@ -118,10 +118,10 @@ public:
 protected:
     std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::Add(in[0], in[1], alpha_)); }
     void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
-        // The grad rule needs the operands' layouts only, but these copies also keep their storage until the backward
-        // (dist::AddBackward takes DistTensors).
-        a_spec_ = in[0];
-        b_spec_ = in[1];
+        // The grad rule reads the operands' shapes and layouts only: their memory is not kept (torch's AddBackward
+        // saves nothing either).
+        a_spec_ = in[0].spec();
+        b_spec_ = in[1].spec();
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return dist::AddBackward({.dout = g[0],
@@ -131,14 +131,10 @@ protected:
                                   .need_a = needs_input_grad(0),
                                   .need_b = needs_input_grad(1)});
     }
-    void ReleaseSaved() override {
-        a_spec_ = DistTensor();
-        b_spec_ = DistTensor();
-    }
 
 private:
     double alpha_;
-    DistTensor a_spec_, b_spec_;
+    spmd::TensorSpec a_spec_, b_spec_;
 };
 
 class BiasAddFunction final : public Function {
@@ -147,10 +143,12 @@ public:
 
 protected:
     std::vector<DistTensor> Forward(const Inputs& in) override { return Output(dist::BiasAdd(in[0], in[1])); }
-    void SetupContext(const Inputs& in, const std::vector<DistTensor>& out) override {
-        x_ = in[0];
-        bias_ = in[1];
-        (void)out;
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
+        // Like Add: the bias grad's rule reads shapes and layouts, never x's or the bias's values.
+        if (needs_input_grad(1)) {
+            x_spec_ = in[0].spec();
+            bias_spec_ = in[1].spec();
+        }
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         std::vector<Grad> grads(2);
@@ -159,17 +157,13 @@ protected:
         }
         if (needs_input_grad(1)) {
             // db = Σ_rows dy (the bias grad of a Linear whose bias the caller adds: skip_bias_add).
-            grads[1] = dist::BiasAddBackward(g[0], x_, bias_, GradSinkFor(1));
+            grads[1] = dist::BiasAddBackward(g[0], x_spec_, bias_spec_, GradSinkFor(1));
         }
         return grads;
     }
-    void ReleaseSaved() override {
-        x_ = DistTensor();
-        bias_ = DistTensor();
-    }
 
 private:
-    DistTensor x_, bias_;
+    spmd::TensorSpec x_spec_, bias_spec_;
 };
 
 class ScaleFunction final : public Function {
@@ -219,17 +213,17 @@ protected:
     std::vector<DistTensor> Forward(const Inputs& in) override {
         return Output(dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_}));
     }
-    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override { x_ = in[0]; }
+    // The backward broadcasts dy back to x's shape in the rule's layout: x's spec, not its memory.
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override { x_spec_ = in[0].spec(); }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
-        return {Grad{.value = dist::SumBackward(g[0], x_, {.dims = dims_, .keepdim = keepdim_, .mean = mean_})}};
+        return {Grad{.value = dist::SumBackward(g[0], x_spec_, {.dims = dims_, .keepdim = keepdim_, .mean = mean_})}};
     }
-    void ReleaseSaved() override { x_ = DistTensor(); }
 
 private:
     std::vector<int> dims_;
     bool keepdim_;
     bool mean_;
-    DistTensor x_;
+    spmd::TensorSpec x_spec_;
 };
 
 class MatmulFunction final : public Function {

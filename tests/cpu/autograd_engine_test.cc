@@ -221,6 +221,58 @@ TEST(LinearSavedTensorsTest, RetainGraphKeepsTheSavedInputUntilTheLastBackward) 
     EXPECT_EQ(Holders(xt), before);
 }
 
+// Add's, BiasAdd's and Sum's gradients read no operand value (da = dy, db = alpha·dy; the bias grad is Σ_rows dy; a
+// sum's is dy broadcast), so their nodes keep no operand's memory: a residual's or a skip_bias_add GEMM's output is
+// freed when the caller drops it.
+TEST(AddSavedTensorsTest, AddBiasAddAndSumKeepNoOperandsMemory) {
+    const Tensor at = Data({3, 4}, "a");
+    const Tensor bt = Data({3, 4}, "b");
+    const Tensor xt = Data({3, 4}, "x");
+    const Tensor biast = Data({4}, "bias");
+    const Tensor st = Data({3, 4}, "s");
+    Variable a(at, true);
+    Variable b(bt, true);
+    Variable x(xt, true);
+    Variable bias(biast, true);
+    Variable s(st, true);
+    const long a_before = Holders(at);
+    const long b_before = Holders(bt);
+    const long x_before = Holders(xt);
+    const long bias_before = Holders(biast);
+    const long s_before = Holders(st);
+    Variable sum = autograd::Add(a, b, -2.0);
+    Variable shifted = autograd::BiasAdd(x, bias);
+    Variable total = autograd::Sum(s, {1});
+    EXPECT_EQ(Holders(at), a_before) << "a saved by Add";
+    EXPECT_EQ(Holders(bt), b_before) << "b saved by Add";
+    EXPECT_EQ(Holders(xt), x_before) << "x saved by BiasAdd";
+    EXPECT_EQ(Holders(biast), bias_before) << "bias saved by BiasAdd";
+    EXPECT_EQ(Holders(st), s_before) << "s saved by Sum";
+
+    const Tensor dy = Data({3, 4}, "dy");
+    const DistTensor g = DistTensor::Local(dy);
+    sum.Backward(&g);
+    shifted.Backward(&g);
+    const Values dyv = dy.ToDoubleVector();
+    Values scaled = dyv;
+    for (double &v : scaled) {
+        v *= -2.0;
+    }
+    EXPECT_EQ(a.grad().local().ToDoubleVector(), dyv);
+    EXPECT_EQ(b.grad().local().ToDoubleVector(), scaled) << "db = alpha·dy (a power of two: exact)";
+    EXPECT_EQ(x.grad().local().ToDoubleVector(), dyv);
+    EXPECT_TRUE(ValuesMatch(bias.grad().local(), RefColumnSum(dyv, 3, 4), DType::kFloat32)) << "dbias = Σ_rows dy";
+    const Tensor dt = Data({3}, "dtotal");
+    const DistTensor gt = DistTensor::Local(dt);
+    total.Backward(&gt);
+    const Values dtv = dt.ToDoubleVector();
+    Values ds(12);
+    for (std::size_t i = 0; i < ds.size(); ++i) {
+        ds[i] = dtv[i / 4];
+    }
+    EXPECT_EQ(s.grad().local().ToDoubleVector(), ds) << "ds = dy broadcast over the summed dim";
+}
+
 // ---- topological order --------------------------------------------------------------------------------------------
 
 /// An identity Function that records its backward calls and the gradient it received.

@@ -2,7 +2,8 @@
 // decides on top of the functional core. An input in another layout is moved to the layer's (and its gradient moved
 // back); parameter gradients are Partial over the mesh dims sharding the rows and the engine reduces them when no
 // GradSync defers it; main grads take the gradient straight from the kernel (alone or beside a plain one); bad input
-// raises on every rank before any collective. Integer data (|x| <= 8, K <= 16): every fp32 sum is exact, so the
+// raises on every rank before any collective; Add, BiasAdd and Mean keep no operand's memory and move no saved operand
+// in backward. Integer data (|x| <= 8, K <= 16): every fp32 sum is exact, so the
 // gathered results are compared bitwise with the float64 dense reference. CPU/MPI at np 1, 2, 4.
 
 #include <cstdint>
@@ -200,6 +201,72 @@ TEST(AutogradParallelLinearTest, SkipBiasAddLeavesTheBiasOutOfTheLayerAndWithout
     EXPECT_TRUE(Exactly(y.value().FullTensor(), {kSeq, kBatch, kIn}, want)) << "y without the bias";
     EXPECT_TRUE(weight.grad().defined());
     EXPECT_FALSE(bias.grad().defined()) << "the caller adds the bias: it gets its gradient there";
+}
+
+// Add, BiasAdd and Mean read no operand value in backward, so their nodes keep only the operands' specs: no operand's
+// storage is held by the graph, and the backward moves no saved operand (Partial ones included), only dy. Gathered
+// gradients equal the dense answers.
+TEST(AutogradParallelLinearTest, AddBiasAddAndMeanKeepSpecsOnly) {
+    const int w = World().size();
+    DeviceMesh mesh(World(), {w}, {"tp"});
+    const Tensor a_full = RandomFull({kRows, kOut}, "add_a");
+    const Tensor b_full = RandomFull({kRows, kOut}, "add_b");
+    const Tensor x_full = RandomFull({kRows, kOut}, "bias_x");
+    const Tensor bias_full = RandomFull({kOut}, "bias_b");
+    const Tensor dy_full = RandomFull({kRows, kOut}, "add_dy");
+    // Partial operands of two reduce ops (reductions left pending): the add rule keeps no Partial it cannot add, so
+    // its grad rule asks for both replicated: two all-reduces of values the backward never reads (before it
+    // took specs, it ran them).
+    Variable a(DistTensor::FromFull(a_full, ParsePlacements("P(sum)", 2), mesh), true);
+    Variable b(DistTensor::FromFull(b_full, ParsePlacements("P(avg)", 2), mesh), true);
+    Variable x(DistTensor::Sharded(x_full, mesh, {{.dim = 0, .over = {"tp"}}}), true);
+    Variable bias(DistTensor::Replicated(bias_full, mesh), true);
+    Variable m(DistTensor::Sharded(x_full, mesh, {{.dim = 0, .over = {"tp"}}}), true);
+    const Tensor &a_local = a.value().local();
+    const Tensor &b_local = b.value().local();
+    const Tensor &x_local = x.value().local();
+    const Tensor &bias_local = bias.value().local();
+    const Tensor &m_local = m.value().local();
+    const long a_before = a_local.storage().use_count();
+    const long b_before = b_local.storage().use_count();
+    const long x_before = x_local.storage().use_count();
+    const long bias_before = bias_local.storage().use_count();
+    const long m_before = m_local.storage().use_count();
+
+    Variable sum = autograd::Add(a, b, 0.5);
+    Variable shifted = autograd::BiasAdd(x, bias);
+    Variable mean = autograd::Mean(m, {0});
+    EXPECT_EQ(a_local.storage().use_count(), a_before) << "a kept by Add";
+    EXPECT_EQ(b_local.storage().use_count(), b_before) << "b kept by Add";
+    EXPECT_EQ(x_local.storage().use_count(), x_before) << "x kept by BiasAdd";
+    EXPECT_EQ(bias_local.storage().use_count(), bias_before) << "bias kept by BiasAdd";
+    EXPECT_EQ(m_local.storage().use_count(), m_before) << "m kept by Mean";
+
+    // dy replicated, as sum's value is: each operand's gradient goes back to its Partial layout locally.
+    EXPECT_EQ(sum.value().layout(), ParsePlacements("R", 2));
+    ResetCounts(mesh);
+    const DistTensor dy_sum = DistTensor::Replicated(dy_full, mesh);
+    sum.Backward(&dy_sum);
+    EXPECT_EQ(AllCalls(mesh, "tp"), 0) << "Add's backward moved a saved operand";
+    const Values dy = dy_full.ToDoubleVector();
+    EXPECT_TRUE(Exactly(a.grad().FullTensor(), {kRows, kOut}, dy)) << "da = dy";
+    EXPECT_TRUE(Exactly(b.grad().FullTensor(), {kRows, kOut}, Times(dy, 0.5))) << "db = 0.5·dy";
+
+    const DistTensor dy_shifted = DistTensor::FromFull(dy_full, shifted.value().layout(), mesh);
+    shifted.Backward(&dy_shifted);
+    EXPECT_TRUE(Exactly(x.grad().FullTensor(), {kRows, kOut}, dy)) << "dx = dy";
+    EXPECT_TRUE(Exactly(bias.grad().FullTensor(), {kOut}, testing::RefColumnSum(dy, kRows, kOut)))
+        << "dbias = Σ_rows dy";
+
+    const Tensor dmean_full = RandomFull({kOut}, "mean_dy");
+    const DistTensor dmean = DistTensor::FromFull(dmean_full, mean.value().layout(), mesh);
+    mean.Backward(&dmean);
+    Values want(static_cast<std::size_t>(kRows * kOut));
+    const Values dm = dmean_full.ToDoubleVector();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        want[i] = dm[i % static_cast<std::size_t>(kOut)] / static_cast<double>(kRows); // kRows = 16: exact
+    }
+    EXPECT_TRUE(Exactly(m.grad().FullTensor(), {kRows, kOut}, want)) << "dm = dy / rows, broadcast";
 }
 
 /// The message of the Error `call` raises, and that it raised on every rank before any collective on `mesh`.

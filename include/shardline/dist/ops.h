@@ -67,8 +67,11 @@ DistTensor GeluBackward(const DistTensor& dy, const DistTensor& x, kernels::Gelu
 DistTensor Add(const DistTensor& a, const DistTensor& b, double alpha = 1.0);
 struct AddBackwardArgs {
     const DistTensor& dout;
-    const DistTensor& a; ///< the forward's operands (their layouts; the values are not read)
-    const DistTensor& b;
+    /// The forward operands' specs (`DistTensor::spec()`, of tensors on dout's mesh: a spec names no mesh): the grad
+    /// rule reads their global shapes and layouts, never their values, so a caller keeps these instead of the
+    /// operands' memory. Unread when dout is local.
+    const spmd::TensorSpec& a;
+    const spmd::TensorSpec& b;
     double alpha = 1.0;
     bool need_a = false;
     bool need_b = false;
@@ -79,8 +82,9 @@ std::vector<Grad> AddBackward(const AddBackwardArgs& args);
 /// out = x + bias broadcast over the rows of x [..., n] (bias [n]).
 DistTensor BiasAdd(const DistTensor& x, const DistTensor& bias);
 /// The bias gradient of BiasAdd: db = Σ_rows dout, in the add grad rule's layout (Partial over the mesh dims that
-/// shard dout's rows), or accumulated into `bias_sink` when its layout is that one.
-Grad BiasAddBackward(const DistTensor& dout, const DistTensor& x, const DistTensor& bias,
+/// shard dout's rows), or accumulated into `bias_sink` when its layout is that one. `x` and `bias` are the forward
+/// operands' specs (`DistTensor::spec()`; the values are never read; unread when dout is local).
+Grad BiasAddBackward(const DistTensor& dout, const spmd::TensorSpec& x, const spmd::TensorSpec& bias,
                      const GradSink& bias_sink = {});
 
 /// out = alpha·x.
@@ -95,8 +99,9 @@ struct SumOptions {
 /// Σ (mean: average) of x over `options.dims`. The dims must be a prefix or a suffix of x's dims (what the local
 /// kernels broadcast back in backward). A sharded reduced dim gives a Partial(sum) output.
 DistTensor Sum(const DistTensor& x, const SumOptions& options = {});
-/// dx: dout broadcast back over the reduced dims (÷ count for mean), in the grad rule's layout.
-DistTensor SumBackward(const DistTensor& dout, const DistTensor& x, const SumOptions& options);
+/// dx: dout broadcast back over the reduced dims (÷ count for mean), in the grad rule's layout. `x` is the forward
+/// input's spec (`DistTensor::spec()`): only its global shape and layout are read.
+DistTensor SumBackward(const DistTensor& dout, const spmd::TensorSpec& x, const SumOptions& options);
 
 // ---- matmul / outer ------------------------------------------------------------------------------------------------
 /// out = a·b with torch.matmul batch broadcasting (both of rank ≥ 2).

@@ -28,21 +28,30 @@ Prepared PrepareForward(std::string_view kop, comm::DeviceMesh &mesh, std::strin
     return p;
 }
 
-/// The grad rule of an elementwise op: the forward inputs and dout moved to the required layouts.
-Prepared PrepareGrad(std::string_view kop, comm::DeviceMesh &mesh, std::string op,
-                     const std::vector<const DistTensor *> &inputs, const DistTensor &dout) {
+/// The grad rule of an elementwise op for forward inputs of these specs, and dout moved to the layout it requires.
+struct PreparedGrad {
+    std::shared_ptr<const spmd::CachedRule> rule;
+    DistTensor dout;
+};
+
+PreparedGrad PrepareGrad(std::string_view kop, comm::DeviceMesh &mesh, std::string op,
+                         std::initializer_list<const spmd::TensorSpec *> inputs, const DistTensor &dout) {
     spmd::RuleRequest request{.op = std::move(op), .direction = spmd::RuleDirection::kGrad, .out_grad = dout.spec()};
-    for (const DistTensor *t : inputs) {
-        request.inputs.push_back(t->spec());
+    for (const spmd::TensorSpec *t : inputs) {
+        request.inputs.push_back(*t);
     }
-    Prepared p{.rule = LookupRule(kop, mesh, std::move(request)), .inputs = {}};
-    const spmd::SpmdInfo &info = p.rule->info;
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-        p.inputs.push_back(detail::MoveTo(*inputs[i], info.inputs[i].layout));
-    }
-    const std::size_t g = info.inputs.size() - 1;
-    p.inputs.push_back(detail::Prepare(dout, info.inputs[g], p.rule->input_plans[g]));
+    PreparedGrad p{.rule = LookupRule(kop, mesh, std::move(request)), .dout = {}};
+    const std::size_t g = p.rule->info.inputs.size() - 1;
+    p.dout = detail::Prepare(dout, p.rule->info.inputs[g], p.rule->input_plans[g]);
     return p;
+}
+
+/// The forward shape a grad op was given must be dout's (an elementwise op's output has its operand's shape).
+void CheckSavedShape(std::string_view kop, std::string_view name, const spmd::TensorSpec &saved,
+                     const DistTensor &dout) {
+    SHARDLINE_CHECK_AS(ShapeError, saved.shape == dout.global_shape(), kop,
+                       "the saved spec of {} has shape {}, but dout has {} (pass the forward operand's spec())", name,
+                       ShapeToString(saved.shape), ShapeToString(dout.global_shape()));
 }
 
 } // namespace
@@ -63,9 +72,11 @@ DistTensor GeluBackward(const DistTensor &dy, const DistTensor &x, kernels::Gelu
     if (mesh == nullptr) {
         return DistTensor::Local(kernels::GeluBackward(dy.local(), x.local(), approximation));
     }
-    const Prepared p = PrepareGrad(kOp, *mesh, "gelu", {&x}, dy);
-    return detail::Shard(kernels::GeluBackward(p.inputs[1].local(), p.inputs[0].local(), approximation),
-                         p.rule->info.outputs[0], mesh);
+    const spmd::TensorSpec x_spec = x.spec();
+    const PreparedGrad p = PrepareGrad(kOp, *mesh, "gelu", {&x_spec}, dy);
+    const DistTensor x_used = detail::MoveTo(x, p.rule->info.inputs[0].layout); // x's values are read
+    return detail::Shard(kernels::GeluBackward(p.dout.local(), x_used.local(), approximation), p.rule->info.outputs[0],
+                         mesh);
 }
 
 DistTensor Add(const DistTensor &a, const DistTensor &b, double alpha) {
@@ -84,7 +95,7 @@ DistTensor Add(const DistTensor &a, const DistTensor &b, double alpha) {
 std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
     constexpr const char *kOp = "dist::AddBackward";
     const auto &[dout, a, b, alpha, need_a, need_b] = args;
-    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &a, &b});
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout});
     std::vector<Grad> grads(2);
     if (!need_a && !need_b) {
         return grads;
@@ -98,8 +109,10 @@ std::vector<Grad> AddBackward(const AddBackwardArgs &args) {
         }
         return grads;
     }
-    const Prepared p = PrepareGrad(kOp, *mesh, "add", {&a, &b}, dout);
-    const Tensor &g = p.inputs[2].local();
+    CheckSavedShape(kOp, "a", a, dout);
+    CheckSavedShape(kOp, "b", b, dout);
+    const PreparedGrad p = PrepareGrad(kOp, *mesh, "add", {&a, &b}, dout);
+    const Tensor &g = p.dout.local();
     if (need_a) {
         grads[0].value = detail::Shard(g, p.rule->info.outputs[0], mesh);
     }
@@ -124,18 +137,20 @@ DistTensor BiasAdd(const DistTensor &x, const DistTensor &bias) {
     return detail::Shard(run(p.inputs[0].local(), p.inputs[1].local()), p.rule->info.outputs[0], mesh);
 }
 
-Grad BiasAddBackward(const DistTensor &dout, const DistTensor &x, const DistTensor &bias, const GradSink &bias_sink) {
+Grad BiasAddBackward(const DistTensor &dout, const spmd::TensorSpec &x, const spmd::TensorSpec &bias,
+                     const GradSink &bias_sink) {
     constexpr const char *kOp = "dist::BiasAddBackward";
-    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &x, &bias});
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout});
     Grad grad;
     if (mesh == nullptr) {
         grad.value = DistTensor::Local(kernels::LinearBackwardBias(dout.local()));
         return grad;
     }
     // The add rule's grad of a broadcast operand: dout summed over the rows, Partial over the mesh dims sharding them.
-    const Prepared p = PrepareGrad(kOp, *mesh, "add", {&x, &bias}, dout);
+    CheckSavedShape(kOp, "x", x, dout);
+    const PreparedGrad p = PrepareGrad(kOp, *mesh, "add", {&x, &bias}, dout);
     const spmd::TensorSpec &spec = p.rule->info.outputs[1];
-    const Tensor &g = p.inputs[2].local();
+    const Tensor &g = p.dout.local();
     if (Tensor *sink = bias_sink.BufferFor(mesh, spec.layout)) {
         kernels::LinearBackwardBias({.dy = g, .dbias = *sink, .accumulate = !bias_sink.fresh()});
         bias_sink.Written();

@@ -60,10 +60,10 @@ std::int64_t Count(const Shape &shape, const std::vector<int> &dims) {
     return n;
 }
 
-spmd::RuleRequest Request(const DistTensor &x, const std::vector<int> &dims, bool keepdim, bool mean) {
+spmd::RuleRequest Request(spmd::TensorSpec x, const std::vector<int> &dims, bool keepdim, bool mean) {
     spmd::ReductionAttrs attrs{
         .kind = mean ? spmd::ReductionKind::kMean : spmd::ReductionKind::kSum, .axes = dims, .keepdim = keepdim};
-    return spmd::RuleRequest{.op = mean ? "mean" : "sum", .inputs = {x.spec()}, .attrs = attrs};
+    return spmd::RuleRequest{.op = mean ? "mean" : "sum", .inputs = {std::move(x)}, .attrs = attrs};
 }
 
 /// dx (x_local's shape) = dout_local broadcast over the reduced dims (a prefix or a suffix of x's dims).
@@ -103,31 +103,30 @@ DistTensor Sum(const DistTensor &x, const SumOptions &options) {
     if (mesh == nullptr) {
         return DistTensor::Local(run(x.local()));
     }
-    const auto rule = LookupRule(kOp, *mesh, Request(x, norm, keepdim, mean));
+    const auto rule = LookupRule(kOp, *mesh, Request(x.spec(), norm, keepdim, mean));
     const DistTensor xu = detail::Prepare(x, rule->info.inputs[0], rule->input_plans[0]);
     // A sharded reduced dim leaves a Partial(sum); the mean divides every partial by the global count.
     return detail::Shard(run(xu.local()), rule->info.outputs[0], mesh);
 }
 
-DistTensor SumBackward(const DistTensor &dout, const DistTensor &x, const SumOptions &options) {
+DistTensor SumBackward(const DistTensor &dout, const spmd::TensorSpec &x, const SumOptions &options) {
     const std::vector<int> &dims = options.dims;
     const bool keepdim = options.keepdim;
     const bool mean = options.mean;
     const char *kOp = mean ? "dist::MeanBackward" : "dist::SumBackward";
-    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout, &x});
-    const int rank = static_cast<int>(x.global_shape().size());
+    comm::DeviceMesh *mesh = detail::CommonMesh(kOp, {&dout});
+    const int rank = static_cast<int>(x.shape.size());
     const std::vector<int> norm = Normalise(dims, rank, kOp);
     SHARDLINE_CHECK_AS(ShapeError, IsPrefix(norm) || IsSuffix(norm, rank), kOp,
                        "the backward broadcasts over a prefix or a suffix of the dims, got dims [{}] of rank {}",
                        fmt::join(norm, ", "), rank);
-    const double scale =
-        mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.global_shape(), norm))) : 1.0;
+    const double scale = mean ? 1.0 / static_cast<double>(std::max<std::int64_t>(1, Count(x.shape, norm))) : 1.0;
     auto run = [&](const Tensor &g, const Shape &x_local) {
         Tensor dx = Broadcast(g.Contiguous(), x_local, norm);
         return mean ? kernels::Scale(dx, scale) : dx;
     };
     if (mesh == nullptr) {
-        return DistTensor::Local(run(dout.local(), x.local().shape()));
+        return DistTensor::Local(run(dout.local(), x.shape));
     }
     spmd::RuleRequest request = Request(x, norm, keepdim, mean);
     request.direction = spmd::RuleDirection::kGrad;

@@ -9,6 +9,7 @@
 
 #include <shardline/autograd/engine.h>
 #include <shardline/core/error.h>
+#include <shardline/core/per_thread.h>
 #include <shardline/dist/ops.h>
 
 #include "accumulate_grad.h"
@@ -107,37 +108,17 @@ struct Scratch {
     std::vector<std::shared_ptr<Node>> ready;
 };
 
-/// This thread's idle scratches; null once the thread's thread-locals are being destroyed (a backward from such a
-/// destructor then uses a scratch of its own). The pointer and flag are trivially destructible, so they stay readable
-/// until the thread ends; the owner frees the pool at thread exit (the pattern of kernels::OpTable's thread cache).
-thread_local std::vector<std::unique_ptr<Scratch>> *scratch_pool = nullptr;
-thread_local bool scratch_pool_gone = false;
-
-struct ScratchPoolOwner {
-    ScratchPoolOwner() = default;
-    ScratchPoolOwner(const ScratchPoolOwner &) = delete;
-    ScratchPoolOwner &operator=(const ScratchPoolOwner &) = delete;
-    ~ScratchPoolOwner() {
-        delete scratch_pool;
-        scratch_pool = nullptr;
-        scratch_pool_gone = true;
-    }
+/// A thread's idle scratches (detail::PerThread: null once the thread's thread-locals are being destroyed; a backward
+/// from such a destructor then uses a scratch of its own).
+struct ScratchPool {
+    ScratchPool() { idle.reserve(4); } // backwards nested deeper than this make their own scratch each time
+    std::vector<std::unique_ptr<Scratch>> idle;
 };
-
-std::vector<std::unique_ptr<Scratch>> *ScratchPool() {
-    if (scratch_pool == nullptr && !scratch_pool_gone) {
-        thread_local ScratchPoolOwner owner; // constructed on this first use, destroyed at thread exit
-        auto pool = std::make_unique<std::vector<std::unique_ptr<Scratch>>>();
-        pool->reserve(4); // backwards nested deeper than this make their own scratch each time
-        scratch_pool = pool.release();
-    }
-    return scratch_pool;
-}
 
 class ScratchLease {
 public:
     ScratchLease() {
-        std::vector<std::unique_ptr<Scratch>> *pool = ScratchPool();
+        std::vector<std::unique_ptr<Scratch>> *pool = Pool();
         if (pool != nullptr && !pool->empty()) {
             scratch_ = std::move(pool->back());
             pool->pop_back();
@@ -155,7 +136,7 @@ public:
         scratch_->seeds.clear();
         scratch_->stack.clear();
         scratch_->ready.clear();
-        std::vector<std::unique_ptr<Scratch>> *pool = scratch_pool;
+        std::vector<std::unique_ptr<Scratch>> *pool = Pool(); // the constructor's: it allocates nothing here
         if (keep && pool != nullptr && pool->size() < pool->capacity()) { // never allocates here
             pool->push_back(std::move(scratch_));
         }
@@ -163,6 +144,10 @@ public:
     Scratch *operator->() const { return scratch_.get(); }
 
 private:
+    static std::vector<std::unique_ptr<Scratch>> *Pool() {
+        ScratchPool *pool = shardline::detail::PerThread<ScratchPool, ScratchLease>();
+        return pool == nullptr ? nullptr : &pool->idle;
+    }
     static constexpr std::size_t kKeepNodes = 256;
     std::unique_ptr<Scratch> scratch_;
 };

@@ -29,6 +29,7 @@
 
 #include <shardline/core/device.h>
 #include <shardline/core/error.h>
+#include <shardline/core/per_thread.h>
 
 namespace shardline::kernels {
 
@@ -196,26 +197,9 @@ private:
         return cache;
     }
     /// This thread's resolutions; null once the thread's thread-locals are being destroyed (a dispatch from a
-    /// destructor then takes the locked path). The pointer and flag are trivially destructible, so they stay readable
-    /// until the thread ends; the owner frees the vector at thread exit.
-    static inline thread_local std::vector<CacheEntry>* thread_cache_ = nullptr;
-    static inline thread_local bool thread_cache_gone_ = false;
-    struct ThreadCacheOwner {
-        ThreadCacheOwner() = default;
-        ThreadCacheOwner(const ThreadCacheOwner&) = delete;
-        ThreadCacheOwner& operator=(const ThreadCacheOwner&) = delete;
-        ~ThreadCacheOwner() {
-            delete thread_cache_;
-            thread_cache_ = nullptr;
-            thread_cache_gone_ = true;
-        }
-    };
+    /// destructor then takes the locked path).
     static std::vector<CacheEntry>* ThreadCache() {
-        if (thread_cache_ == nullptr && !thread_cache_gone_) {
-            thread_local ThreadCacheOwner owner; // constructed on this first use, destroyed at thread exit
-            thread_cache_ = new std::vector<CacheEntry>();
-        }
-        return thread_cache_;
+        return ::shardline::detail::PerThread<std::vector<CacheEntry>, OpTable>();
     }
 };
 

@@ -65,7 +65,7 @@ std::vector<Variable> Function::Apply(const std::shared_ptr<Function> &fn, const
 
 std::vector<dist::Grad> Function::Apply(std::vector<dist::Grad> grad_outputs) {
     SHARDLINE_CHECK(!released(), "autograd::Backward",
-                    "{}: its saved tensors were freed by an earlier backward through this graph; pass "
+                    "{}: it was released, with anything it saved, by an earlier backward through this graph; pass "
                     "retain_graph = true to that backward to backpropagate through the graph again",
                     name());
     std::vector<dist::DistTensor> grads;

@@ -110,6 +110,12 @@ private:
     DistTensor x_;
 };
 
+/// What a grad rule reads of a forward operand: its spec on a mesh; for a local operand only its shape (a local
+/// backward reads no layout), which costs no more than the DistTensor copy these Functions used to keep.
+spmd::TensorSpec SpecForGrad(const DistTensor& t) {
+    return t.is_local() ? spmd::TensorSpec{.shape = t.global_shape(), .layout = {}} : t.spec();
+}
+
 class AddFunction final : public Function {
 public:
     explicit AddFunction(double alpha) : alpha_(alpha) {}
@@ -120,8 +126,8 @@ protected:
     void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         // The grad rule reads the operands' shapes and layouts only: their memory is not kept (torch's AddBackward
         // saves nothing either).
-        a_spec_ = in[0].spec();
-        b_spec_ = in[1].spec();
+        a_spec_ = SpecForGrad(in[0]);
+        b_spec_ = SpecForGrad(in[1]);
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return dist::AddBackward({.dout = g[0],
@@ -146,8 +152,8 @@ protected:
     void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override {
         // Like Add: the bias grad's rule reads shapes and layouts, never x's or the bias's values.
         if (needs_input_grad(1)) {
-            x_spec_ = in[0].spec();
-            bias_spec_ = in[1].spec();
+            x_spec_ = SpecForGrad(in[0]);
+            bias_spec_ = SpecForGrad(in[1]);
         }
     }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
@@ -214,7 +220,7 @@ protected:
         return Output(dist::Sum(in[0], {.dims = dims_, .keepdim = keepdim_, .mean = mean_}));
     }
     // The backward broadcasts dy back to x's shape in the rule's layout: x's spec, not its memory.
-    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override { x_spec_ = in[0].spec(); }
+    void SetupContext(const Inputs& in, const std::vector<DistTensor>&) override { x_spec_ = SpecForGrad(in[0]); }
     std::vector<Grad> Backward(const std::vector<DistTensor>& g) override {
         return {Grad{.value = dist::SumBackward(g[0], x_spec_, {.dims = dims_, .keepdim = keepdim_, .mean = mean_})}};
     }

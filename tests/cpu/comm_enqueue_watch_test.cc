@@ -2,7 +2,8 @@
 // is a wait on an abort flag, as NCCL's connection setup polls its abort flag, and the "abort" sets the flag, as
 // ncclCommAbort does. Checked: a call that returns in time is never aborted; a stuck one is aborted once, after the
 // limit and not before, and released by it; the thread coming back from NCCL waits in Leave until the abort has been
-// carried out (nothing else may touch the communicator meanwhile); an abort never starts after Leave.
+// carried out (nothing else may touch the communicator meanwhile); an abort never starts after Leave; a released
+// thread that comes back late is not aborted again, and an abort that throws is not retried.
 
 #include <atomic>
 #include <chrono>
@@ -135,6 +136,7 @@ void ExpectStuckCallAbortedOnceAndReleased(Clock::duration unscheduled) {
         });
         std::this_thread::sleep_for(2ms);
     }
+    abort_flag = true; // never aborted (a failure, reported below): release the issuer so that join returns
     issuer.join();
     ASSERT_TRUE(released.load()) << "the stuck call was never released";
     EXPECT_EQ(aborts.load(), 1);

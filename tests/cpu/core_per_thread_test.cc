@@ -16,7 +16,7 @@ namespace {
 
 std::atomic<int> g_alive{0};
 
-/// Counts live objects; its value says which thread made it.
+/// Counts live objects; `value` marks one object (another thread's starts at 0).
 struct Counted {
     Counted() { ++g_alive; }
     ~Counted() { --g_alive; }
@@ -93,6 +93,8 @@ struct AsksForItself {
 };
 
 TEST(PerThreadTest, TheObjectsOwnDestructorGetsNullNotTheObjectBeingDestroyed) {
+    AsksForItself::destroyed = false;
+    AsksForItself::seen = reinterpret_cast<AsksForItself *>(1);
     std::thread worker([] { ASSERT_NE((PerThread<AsksForItself, AsksForItself>()), nullptr); });
     worker.join();
     EXPECT_TRUE(AsksForItself::destroyed.load()) << "destroyed at the thread's exit";

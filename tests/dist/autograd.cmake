@@ -10,7 +10,8 @@ shardline_add_dist_test(NAME shardline_autograd_vocab_parallel_tests_cpu
 shardline_add_dist_test(NAME shardline_nn_loss_curve_tests_cpu SOURCES ${CMAKE_CURRENT_LIST_DIR}/nn_loss_curve_test.cc
                         NP 1 2 4 BACKEND cpu TIMEOUT 120)
 # autograd::Column/RowParallelLinear below the modules: inputs in another layout, Partial parameter gradients on a
-# dp×tp mesh without GradSync, main grads beside plain gradients, skip_bias_add, errors before any collective.
+# dp×tp mesh without GradSync, main grads beside plain gradients, skip_bias_add, errors before any collective; Add,
+# BiasAdd and Mean keep only their operands' specs (and a wrong spec raises before any collective).
 shardline_add_dist_test(NAME shardline_autograd_parallel_linear_tests_cpu
                         SOURCES ${CMAKE_CURRENT_LIST_DIR}/autograd_parallel_linear_test.cc
                         NP 1 2 4 BACKEND cpu TIMEOUT 120)

@@ -2,7 +2,7 @@
 // routes uneven, partly empty per-expert row counts; each rank checks, exactly, that it receives every peer's rows of
 // its local experts in the documented order (expert-major, then source-rank-major, then the source's order), that the
 // combine returns its own rows bitwise, that the backward of each is the other's forward, and the exact all-to-all
-// counts (none at ep = 1). LocalPart keeps no reference to its input.
+// counts (none at ep = 1). LocalPart keeps no reference to its input, and its gradient returns as the input's shard.
 
 #include <cstdint>
 #include <string>

@@ -2,9 +2,10 @@
 // decides on top of the functional core. An input in another layout is moved to the layer's (and its gradient moved
 // back); parameter gradients are Partial over the mesh dims sharding the rows and the engine reduces them when no
 // GradSync defers it; main grads take the gradient straight from the kernel (alone or beside a plain one); bad input
-// raises on every rank before any collective; Add, BiasAdd and Mean keep no operand's memory and move no saved operand
-// in backward. Integer data (|x| <= 8, K <= 16): every fp32 sum is exact, so the
-// gathered results are compared bitwise with the float64 dense reference. CPU/MPI at np 1, 2, 4.
+// raises on every rank before any collective; Add, BiasAdd and Mean keep no operand's memory, and Add's backward moves
+// no saved operand; a saved spec of the wrong shape raises before any collective. Integer data (|x| <= 8, K <= 16):
+// every fp32 sum is exact, so the gathered results are compared bitwise with the float64 dense reference. CPU/MPI at np
+// 1, 2, 4.
 
 #include <cstdint>
 #include <string>
@@ -204,7 +205,7 @@ TEST(AutogradParallelLinearTest, SkipBiasAddLeavesTheBiasOutOfTheLayerAndWithout
 }
 
 // Add, BiasAdd and Mean read no operand value in backward, so their nodes keep only the operands' specs: no operand's
-// storage is held by the graph, and the backward moves no saved operand (Partial ones included), only dy. Gathered
+// storage is held by the graph, and Add's backward moves no saved operand (Partial ones included), only dy. Gathered
 // gradients equal the dense answers.
 TEST(AutogradParallelLinearTest, AddBiasAddAndMeanKeepSpecsOnly) {
     const int w = World().size();
@@ -348,6 +349,42 @@ TEST(AutogradParallelLinearTest, AGradientOffTheRootsMeshRaisesNamingTheRoot) {
     const DistTensor local_ones = DistTensor::Local(Tensor::Full({kSeq, kIn}, 1.0, DType::kFloat32));
     local_y.Backward(&local_ones);
     EXPECT_EQ(local_x.grad().local().ToDoubleVector(), Values(static_cast<std::size_t>(kSeq * kIn), 2.0));
+}
+
+// The grad ops take the forward operands' specs from the caller: one of the wrong shape (not the forward's) raises a
+// ShapeError naming the op and the shapes on every rank, before any collective.
+TEST(AutogradParallelLinearTest, ASavedSpecOfTheWrongShapeRaisesBeforeAnyCollective) {
+    const int w = World().size();
+    DeviceMesh mesh(World(), {w}, {"tp"});
+    const DistTensor dout =
+        DistTensor::Sharded(RandomFull({kRows, kOut}, "spec_dout"), mesh, {{.dim = 0, .over = {"tp"}}});
+    const spmd::TensorSpec right = dout.spec();
+    const spmd::TensorSpec wrong{.shape = {kRows, kOut + 1}, .layout = right.layout};
+    const spmd::TensorSpec bias = DistTensor::Replicated(RandomFull({kOut}, "spec_bias"), mesh).spec();
+    const spmd::TensorSpec wrong_bias = DistTensor::Replicated(RandomFull({kOut + 1}, "spec_bias2"), mesh).spec();
+
+    const std::string add = ErrorOnEveryRank(
+        mesh, [&] { dist::AddBackward({.dout = dout, .a = right, .b = wrong, .need_a = true, .need_b = true}); });
+    for (const std::string_view part :
+         {"dist::AddBackward", "the saved spec of b has shape [16, 9], but dout has [16, 8]"}) {
+        EXPECT_NE(add.find(part), std::string::npos) << "'" << part << "' missing from: " << add;
+    }
+    const std::string x_message = ErrorOnEveryRank(mesh, [&] { dist::BiasAddBackward(dout, wrong, bias); });
+    EXPECT_NE(x_message.find("dist::BiasAddBackward: the saved spec of x has shape [16, 9]"), std::string::npos)
+        << x_message;
+    const std::string bias_message = ErrorOnEveryRank(mesh, [&] { dist::BiasAddBackward(dout, right, wrong_bias); });
+    EXPECT_NE(bias_message.find("the saved spec of bias has shape [9], but x's last dim is 8"), std::string::npos)
+        << bias_message;
+
+    // The right specs give the gradients: da = dy, and db = Σ_rows dy.
+    const std::vector<dist::Grad> grads =
+        dist::AddBackward({.dout = dout, .a = right, .b = right, .need_a = true, .need_b = false});
+    EXPECT_TRUE(grads[0].value.defined());
+    EXPECT_FALSE(grads[1].defined());
+    EXPECT_TRUE(Exactly(grads[0].value.FullTensor(), {kRows, kOut}, dout.FullTensor().ToDoubleVector()));
+    const dist::Grad db = dist::BiasAddBackward(dout, right, bias);
+    EXPECT_TRUE(
+        Exactly(db.value.FullTensor(), {kOut}, testing::RefColumnSum(dout.FullTensor().ToDoubleVector(), kRows, kOut)));
 }
 
 } // namespace

@@ -62,7 +62,7 @@ if(SHARDLINE_WITH_NCCL)
                           NP 1 2 4 BACKEND cuda TIMEOUT 300)
   target_compile_definitions(shardline_nn_cuda_graph_tests_cuda PRIVATE SHARDLINE_DIST_TENSOR_TEST_CUDA=1)
 endif()
-# Mixture of experts (issue 16): the expert-parallel token exchange and nn::MoEMLP on (dp, ep, tp) meshes — ep 1, 2, 4
+# Mixture of experts (issue 16): the expert-parallel token exchange (and LocalPart) and nn::MoEMLP on (dp, ep, tp) meshes — ep 1, 2, 4
 # and etp 1, 2 — against a single-rank float64 dense reference, with the exact all-to-all counts; and the moe_dispatch /
 # moe_combine SPMD rules against those counts (nn_moe_spmd_test.cc).
 # np 1 is the single-GPU run of the layer (ep = tp = 1) on the GPU hosts.

@@ -100,7 +100,7 @@ struct SumOptions {
 /// kernels broadcast back in backward). A sharded reduced dim gives a Partial(sum) output.
 DistTensor Sum(const DistTensor& x, const SumOptions& options = {});
 /// dx: dout broadcast back over the reduced dims (÷ count for mean), in the grad rule's layout. `x` is the forward
-/// input's spec (`DistTensor::spec()`): only its global shape and layout are read.
+/// input's spec (`DistTensor::spec()`): only its global shape and layout are read (only the shape when dout is local).
 DistTensor SumBackward(const DistTensor& dout, const spmd::TensorSpec& x, const SumOptions& options);
 
 // ---- matmul / outer ------------------------------------------------------------------------------------------------

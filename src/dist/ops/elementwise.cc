@@ -148,6 +148,10 @@ Grad BiasAddBackward(const DistTensor &dout, const spmd::TensorSpec &x, const sp
     }
     // The add rule's grad of a broadcast operand: dout summed over the rows, Partial over the mesh dims sharding them.
     CheckSavedShape(kOp, "x", x, dout);
+    SHARDLINE_CHECK_AS(
+        ShapeError, x.shape.size() >= 1 && bias.shape == Shape{x.shape.back()}, kOp,
+        "the saved spec of bias has shape {}, but x's last dim is {} (pass the forward operand's spec())",
+        ShapeToString(bias.shape), x.shape.empty() ? std::int64_t{0} : x.shape.back());
     const PreparedGrad p = PrepareGrad(kOp, *mesh, "add", {&x, &bias}, dout);
     const spmd::TensorSpec &spec = p.rule->info.outputs[1];
     const Tensor &g = p.dout.local();

@@ -245,7 +245,8 @@ GemmPlanStats GetGemmPlanStats() {
                          .epilogue_fused = c.epilogue_fused.load(),
                          .epilogue_separate = c.epilogue_separate.load(),
                          .algo_reused = c.algo_reused.load(),
-                         .gemv = c.gemv.load()};
+                         .gemv = c.gemv.load(),
+                         .rank_one = c.rank_one.load()};
 }
 
 void ResetGemmPlanStats() {
@@ -259,6 +260,7 @@ void ResetGemmPlanStats() {
     c.epilogue_separate = 0;
     c.algo_reused = 0;
     c.gemv = 0;
+    c.rank_one = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

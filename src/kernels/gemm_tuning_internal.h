@@ -25,6 +25,7 @@ struct GemmStatCounters {
     std::atomic<std::uint64_t> epilogue_separate{0};
     std::atomic<std::uint64_t> algo_reused{0};
     std::atomic<std::uint64_t> gemv{0};
+    std::atomic<std::uint64_t> rank_one{0};
 };
 GemmStatCounters& GemmCounters();
 

@@ -17,6 +17,7 @@
 #include <shardline/core/error.h>
 #include <shardline/kernels/dispatcher.h>
 #include <shardline/kernels/gemm.h>
+#include <shardline/kernels/gemm_tuning.h>
 
 #include "helpers.h"
 
@@ -194,6 +195,11 @@ protected:
         DeviceTest<Param>::TearDown();
     }
 
+    /// Whether the case runs CUDA's default provider (cuBLASLt, and the rank-1 kernel for k = 1).
+    bool OnCudaDefault() const {
+        return this->device().is_cuda() && std::get<1>(this->GetParam()) == kernels::kDefaultProvider;
+    }
+
     Operand Make(std::int64_t rows, std::int64_t cols, std::int64_t batch, const Layout &layout, DType dtype,
                  std::uint64_t seed, std::string_view name) const {
         return MakeOperand(rows, cols, batch, layout, dtype, this->device(), seed, name);
@@ -295,6 +301,45 @@ TEST_P(GemmTransposeTest, ProductsWithLeadingDimsAndBatches) {
                  dtype(), dtype());
     CheckProduct({.ta = ta(), .tb = tb(), .m = 24, .n = 40, .k = 16, .batch = 4, .b = {.shared = true}, .beta = 1.0},
                  dtype(), dtype());
+}
+
+TEST_P(GemmTransposeTest, RankOneProductsMatchReference) {
+    // k = 1: on CUDA's default provider the rank-1 kernel (no cuBLASLt plan), 16-byte vectors where m, ldc and A allow
+    // (the first and third problems, when A is not transposed), else one element per thread; the others run their GEMM.
+    const kernels::GemmPlanStats before = kernels::GetGemmPlanStats();
+    CheckProduct({.ta = ta(), .tb = tb(), .m = 64, .n = 48, .k = 1}, dtype(), dtype());
+    CheckProduct({.ta = ta(),
+                  .tb = tb(),
+                  .m = 7,
+                  .n = 5,
+                  .k = 1,
+                  .a = kPaddedA,
+                  .b = kPaddedB,
+                  .c = kPaddedC,
+                  .alpha = 0.75,
+                  .beta = -0.5},
+                 dtype(), dtype());
+    CheckProduct({.ta = ta(),
+                  .tb = tb(),
+                  .m = 40,
+                  .n = 33,
+                  .k = 1,
+                  .a = {.pad = 2},
+                  .b = {.pad = 1},
+                  .c = {.pad = 8},
+                  .alpha = -1.5,
+                  .beta = 1.0},
+                 dtype(), dtype());
+    // Columns enough for the y blocks to loop (kMaxBlocks), and a column longer than one block.
+    CheckProduct({.ta = ta(), .tb = tb(), .m = 8, .n = 70000, .k = 1, .beta = 0.5}, dtype(), dtype());
+    CheckProduct({.ta = ta(), .tb = tb(), .m = 4104, .n = 3, .k = 1}, dtype(), dtype());
+    const kernels::GemmPlanStats after = kernels::GetGemmPlanStats();
+    if (OnCudaDefault()) {
+        EXPECT_EQ(after.rank_one - before.rank_one, 5U) << "every k = 1 product ran the rank-1 kernel";
+        EXPECT_EQ(after.plans_built, before.plans_built) << "and built no cuBLASLt plan";
+    } else {
+        EXPECT_EQ(after.rank_one, before.rank_one);
+    }
 }
 
 auto GemmTransposeCases(DeviceType type) {
@@ -457,7 +502,13 @@ TEST_P(GemmTest, GeluAuxBiasEpilogueSavesPreActivationAndAppliesGelu) {
 }
 
 TEST_P(GemmTest, BGradBEpilogueSumsOpBOverK) {
-    for (const EpilogueCase &s : kEpilogueCases) {
+    // Also k = 1, aligned and padded: on CUDA's default provider the rank-1 kernel writes D and the bias grad in one
+    // launch.
+    std::vector<EpilogueCase> cases = kEpilogueCases;
+    cases.push_back({64, 40, 1, 0, 52});
+    cases.push_back({33, 17, 1, 1, 53});
+    const kernels::GemmPlanStats before = kernels::GetGemmPlanStats();
+    for (const EpilogueCase &s : cases) {
         for (const bool tb : {false, true}) {
             SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k << " trans_b " << tb);
             const Operand a = Make(s.m, s.k, 1, {.pad = s.pad}, dtype(), s.seed + 1, "a");
@@ -479,6 +530,9 @@ TEST_P(GemmTest, BGradBEpilogueSumsOpBOverK) {
                     OnCuda(kEpilogueRoundings));
             EXPECT_TRUE(ValuesMatch(bgrad, sums, dtype(), OnCuda(kEpilogueRoundings))) << "bias[j] = Σ_k op(B)[k, j]";
         }
+    }
+    if (OnCudaDefault()) {
+        EXPECT_EQ(kernels::GetGemmPlanStats().rank_one - before.rank_one, 4U) << "the k = 1 cases, both trans_b";
     }
 }
 
@@ -572,6 +626,9 @@ TEST_P(GemmMixedTest, HalfInputsIntoFloat32Accumulator) {
     // The wgrad accumulation shape: C float32, beta = 1.
     CheckProduct({.tb = true, .m = 40, .n = 24, .k = 96, .beta = 1.0}, dtype(), DType::kFloat32);
     CheckProduct({.tb = true, .m = 33, .n = 17, .k = 7, .beta = 1.0}, dtype(), DType::kFloat32);
+    // One token's wgrad into a main grad: the rank-1 kernel (default provider), vectorised and scalar.
+    CheckProduct({.tb = true, .m = 256, .n = 24, .k = 1, .beta = 1.0}, dtype(), DType::kFloat32);
+    CheckProduct({.tb = true, .m = 33, .n = 17, .k = 1, .c = {.pad = 1}, .beta = 1.0}, dtype(), DType::kFloat32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GemmMixedTest, GemmCases(DeviceType::kCUDA), GemmCaseName);

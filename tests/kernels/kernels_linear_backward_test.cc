@@ -115,9 +115,10 @@ TEST_P(LinearBackwardTest, NoRowsZeroesTheParameterGradsUnlessAccumulating) {
 struct Case {
     std::int64_t m, in, out;
 };
-// Aligned shapes (CUDA's fused BGRADB possible), odd features (scalar column sum, 2-byte alignment) and a tall one
-// whose column sum takes the two-pass path.
-const std::vector<Case> kCases = {{256, 128, 96}, {33, 17, 41}, {4096, 64, 1032}};
+// Aligned shapes (CUDA's fused BGRADB possible), odd features (scalar column sum, 2-byte alignment), a tall one
+// whose column sum takes the two-pass path, and one token, aligned and odd (on CUDA the wgrad and its bias grad are
+// then one rank-1 kernel launch, vectorised and scalar).
+const std::vector<Case> kCases = {{256, 128, 96}, {33, 17, 41}, {4096, 64, 1032}, {1, 256, 96}, {1, 17, 41}};
 
 std::string Name(const Case &c) {
     return "m=" + std::to_string(c.m) + " in=" + std::to_string(c.in) + " out=" + std::to_string(c.out);

@@ -89,7 +89,8 @@ struct GemmPlanStats {
     std::uint64_t epilogue_fused = 0;    ///< measured-epilogue plans that keep the fused epilogue
     std::uint64_t epilogue_separate = 0; ///< measured-epilogue plans that run it apart (measured faster)
     std::uint64_t algo_reused = 0;       ///< plans under a GemmTuningPause that took the algorithm of a similar shape
-    std::uint64_t gemv = 0; ///< plan builds that chose CUTLASS's GEMV (one built inside a capture: when tuned)
+    std::uint64_t gemv = 0;     ///< plan builds that chose CUTLASS's GEMV (one built inside a capture: when tuned)
+    std::uint64_t rank_one = 0; ///< calls (not plans) run as the rank-1 kernel: k = 1, no cuBLASLt plan (CUDA)
 };
 GemmPlanStats GetGemmPlanStats();
 void ResetGemmPlanStats();

@@ -38,7 +38,8 @@ void CudaAdamWStepMulti(const AdamWStepMultiArgs &args);
 // provider "default", linear_backward.cc: the grads together, a large separate bias grad on a side stream
 void CudaLinearBackward(const LinearBackwardArgs &args);
 /// Whether the default Gemm runs this problem's measured epilogue (BGRADB, DGELU_BGRAD, ...) fused: tuned per shape
-/// (gemm_tuning.h); false for an epilogue that is not measured, or one cuBLASLt cannot fuse (gemm_cublaslt.cc).
+/// (gemm_tuning.h); false for an epilogue that is not measured, or one cuBLASLt cannot fuse (gemm_cublaslt.cc). A
+/// rank-1 BGRADB (k = 1) always runs fused, in the rank-1 kernel's launch.
 bool EpilogueRunsFused(const GemmParams &params);
 
 // grouped_gemm.cc: GroupedGemm (CUTLASS or the cuBLASLt loop, per shape), the device-size grouped bias grad, and the

@@ -16,10 +16,15 @@
 // A matrix-vector product (a Linear forward of one token) may run CUTLASS's GEMV instead (cutlass/gemv_cutlass.h),
 // where tuning measured it faster or SHARDLINE_GEMM_GEMV=always says so (GemmGemv in gemm_tuning.h).
 //
+// A rank-1 product (k = 1: the wgrad GEMM of one token, the Outer op) runs as one plain kernel launch and builds no
+// plan (rank_one_kernels.h), with BGRADB's bias grad in the same launch: cuBLASLt's call costs the host more than the
+// whole kernel, and both stream D at the same bandwidth (docs/PERFORMANCE.md).
+//
 // When cuBLASLt offers no algorithm for a fused epilogue (or the problem is outside what the epilogues support, see
 // FusedIneligibleReason), the plan says so, one warning is logged for that key, and every call runs the plain GEMM
 // followed by the separate epilogue kernels.
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -30,9 +35,47 @@
 #include "cuda_ops.h"
 #include "gemm_common.h"
 #include "gemm_lt_plan.h"
+#include "kernels/gemm_tuning_internal.h"
+#include "rank_one_kernels.h"
 
 namespace shardline::kernels::cuda::lt {
 namespace {
+
+bool IsCudaFloat(DType dtype) {
+    return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
+
+/// Whether p runs as the rank-1 kernel: k = 1, one matrix, D written over C, no epilogue or BGRADB (whose bias grad
+/// at k = 1 is op(B) itself), A and B of one float dtype. Any other k = 1 problem (a bias or GELU epilogue, a batch, a
+/// separate C) goes to cuBLASLt.
+bool RunsAsRankOne(const GemmParams &p) {
+    return p.k == 1 && p.batch_count == 1 && !GemmHasSeparateC(p) &&
+           (p.epilogue == GemmEpilogue::kNone || p.epilogue == GemmEpilogue::kBGradB) && p.a_type == p.b_type &&
+           IsCudaFloat(p.a_type) && IsCudaFloat(p.c_type) &&
+           (p.epilogue == GemmEpilogue::kNone || IsCudaFloat(p.bias_type));
+}
+
+/// D = alpha·op(A)·op(B) + beta·D for k = 1. op(A) is m×1: A stored m×1 (element i at a[i]) or, transposed, 1×m
+/// (a[i·lda]). op(B) is 1×n: B stored 1×n (b[j·ldb]) or, transposed, n×1 (b[j]).
+void RunRankOne(const GemmParams &p, CudaContext &ctx) {
+    const bool bgrad = p.epilogue == GemmEpilogue::kBGradB;
+    SHARDLINE_CHECK_CUDA(LaunchRankOne(RankOneArgs{.a = p.a,
+                                                   .inc_a = p.trans_a ? p.lda : 1,
+                                                   .b = p.b,
+                                                   .inc_b = p.trans_b ? 1 : p.ldb,
+                                                   .ab_type = p.a_type,
+                                                   .d = p.c,
+                                                   .ldd = p.ldc,
+                                                   .d_type = p.c_type,
+                                                   .m = p.m,
+                                                   .n = p.n,
+                                                   .alpha = static_cast<float>(p.alpha),
+                                                   .beta = static_cast<float>(p.beta),
+                                                   .bias = bgrad ? p.bias : nullptr,
+                                                   .bias_type = p.bias_type},
+                                       ctx.stream()));
+    detail::GemmCounters().rank_one.fetch_add(1, std::memory_order_relaxed);
+}
 
 /// Points the descriptor at this call's bias/aux vectors (under plan.mutex). Parameters keep their addresses across
 /// steps, so the common case sets nothing.
@@ -116,6 +159,10 @@ void CublasLtGemm(const GemmParams &p) {
         RunDegenerateGemm(p, ctx, ReduceImpl::kVectorized);
         return;
     }
+    if (RunsAsRankOne(p)) {
+        RunRankOne(p, ctx);
+        return;
+    }
     if (p.epilogue == GemmEpilogue::kNone) {
         RunPlain(p, ctx);
         return;
@@ -132,7 +179,13 @@ void DefaultCudaGemm(const GemmParams &params) { lt::CublasLtGemm(params); }
 
 bool EpilogueRunsFused(const GemmParams &params) {
     CheckCudaGemm(params, lt::kOp);
-    if (params.m == 0 || params.n == 0 || params.k == 0 || !lt::MeasuresEpilogue(params)) {
+    if (params.m == 0 || params.n == 0 || params.k == 0) {
+        return false;
+    }
+    if (lt::RunsAsRankOne(params)) {
+        return params.epilogue == GemmEpilogue::kBGradB; // in the rank-1 kernel's launch
+    }
+    if (!lt::MeasuresEpilogue(params)) {
         return false;
     }
     CudaContext &ctx = CudaContext::Get(params.device.index);

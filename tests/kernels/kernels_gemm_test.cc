@@ -304,8 +304,10 @@ TEST_P(GemmTransposeTest, ProductsWithLeadingDimsAndBatches) {
 }
 
 TEST_P(GemmTransposeTest, RankOneProductsMatchReference) {
-    // k = 1: on CUDA's default provider the rank-1 kernel (no cuBLASLt plan), 16-byte vectors where m, ldc and A allow
-    // (the first and third problems, when A is not transposed), else one element per thread; the others run their GEMM.
+    // k = 1: on CUDA's default provider the rank-1 kernel (no cuBLASLt plan), with 16-byte vectors of D where A's
+    // elements are contiguous, m and ldc are multiples of the vector and A and D are aligned (problems 1, 4 and 5, and
+    // 3 without trans_a), else one element per thread (2, 3 with trans_a, whose lda is 3, and 6); the other providers
+    // run their GEMM.
     const kernels::GemmPlanStats before = kernels::GetGemmPlanStats();
     CheckProduct({.ta = ta(), .tb = tb(), .m = 64, .n = 48, .k = 1}, dtype(), dtype());
     CheckProduct({.ta = ta(),
@@ -333,9 +335,11 @@ TEST_P(GemmTransposeTest, RankOneProductsMatchReference) {
     // Columns enough for the y blocks to loop (kMaxBlocks), and a column longer than one block.
     CheckProduct({.ta = ta(), .tb = tb(), .m = 8, .n = 70000, .k = 1, .beta = 0.5}, dtype(), dtype());
     CheckProduct({.ta = ta(), .tb = tb(), .m = 4104, .n = 3, .k = 1}, dtype(), dtype());
+    // One element per thread over several blocks down a column, the y blocks looping.
+    CheckProduct({.ta = ta(), .tb = tb(), .m = 1027, .n = 9000, .k = 1, .alpha = 2.0, .beta = -1.0}, dtype(), dtype());
     const kernels::GemmPlanStats after = kernels::GetGemmPlanStats();
     if (OnCudaDefault()) {
-        EXPECT_EQ(after.rank_one - before.rank_one, 5U) << "every k = 1 product ran the rank-1 kernel";
+        EXPECT_EQ(after.rank_one - before.rank_one, 6U) << "every k = 1 product ran the rank-1 kernel";
         EXPECT_EQ(after.plans_built, before.plans_built) << "and built no cuBLASLt plan";
     } else {
         EXPECT_EQ(after.rank_one, before.rank_one);
@@ -374,6 +378,19 @@ TEST_P(GemmTest, BetaZeroNeverReadsC) {
         ASSERT_FALSE(std::isnan(d[i])) << "element " << i << " of D";
     }
     EXPECT_TRUE(ValuesMatch(d, Region(c, RefGemm(a, false, b, true, c, 5, 6, 7, 1.0, 0.0), 5, 6), dtype()));
+    // k = 1 (CUDA's rank-1 kernel), vectorised (m = 64) and not (m = 5): beta = 0 reads no D either.
+    for (const std::int64_t m : {std::int64_t{5}, std::int64_t{64}}) {
+        const Operand a1 = Make(m, 1, 1, {}, dtype(), 3, "gemm.a");
+        const Operand b1 = Make(6, 1, 1, {}, dtype(), 3, "gemm.b"); // trans_b: stored n×k
+        Operand c1 = Make(m, 6, 1, {}, dtype(), 3, "gemm.c");
+        c1.data.Fill(std::numeric_limits<double>::quiet_NaN());
+        Gemm(Params(a1, false, b1, true, c1, m, 6, 1, 1.0, 0.0, device()));
+        const Values d1 = c1.data.ToDoubleVector();
+        for (std::size_t i = 0; i < d1.size(); ++i) {
+            ASSERT_FALSE(std::isnan(d1[i])) << "element " << i << " of D, k = 1, m = " << m;
+        }
+        EXPECT_TRUE(ValuesMatch(d1, RefGemm(a1, false, b1, true, c1, m, 6, 1, 1.0, 0.0), dtype()));
+    }
     // k = 0 with beta = 0 writes zeros over NaN too.
     Operand z = Make(3, 2, 1, kPaddedC, dtype(), 2, "gemm.c");
     z.data.Fill(std::numeric_limits<double>::quiet_NaN());
@@ -502,8 +519,8 @@ TEST_P(GemmTest, GeluAuxBiasEpilogueSavesPreActivationAndAppliesGelu) {
 }
 
 TEST_P(GemmTest, BGradBEpilogueSumsOpBOverK) {
-    // Also k = 1, aligned and padded: on CUDA's default provider the rank-1 kernel writes D and the bias grad in one
-    // launch.
+    // Also k = 1, aligned and padded, with alpha 0.5 (which scales D, not the bias grad): on CUDA's default provider
+    // the rank-1 kernel writes D and the bias grad in one launch.
     std::vector<EpilogueCase> cases = kEpilogueCases;
     cases.push_back({64, 40, 1, 0, 52});
     cases.push_back({33, 17, 1, 1, 53});
@@ -515,7 +532,8 @@ TEST_P(GemmTest, BGradBEpilogueSumsOpBOverK) {
             const Operand b = Make(tb ? s.n : s.k, tb ? s.k : s.n, 1, {.pad = s.pad}, dtype(), s.seed + 1, "b");
             Operand d = Make(s.m, s.n, 1, {.pad = s.pad, .stddev = 100.0}, dtype(), 999, "poison");
             Tensor bgrad = Poison({s.n}, dtype(), "poison_bgrad");
-            GemmParams params = Params(a, false, b, tb, d, s.m, s.n, s.k, 1.0, 0.0, device());
+            const double alpha = s.k == 1 ? 0.5 : 1.0;
+            GemmParams params = Params(a, false, b, tb, d, s.m, s.n, s.k, alpha, 0.0, device());
             params.epilogue = GemmEpilogue::kBGradB;
             params.bias = bgrad.data();
             params.bias_type = dtype();
@@ -526,7 +544,7 @@ TEST_P(GemmTest, BGradBEpilogueSumsOpBOverK) {
                     sums[j] += OpAt(b, tb, 0, p, j);
                 }
             }
-            ExpectD(d, RefGemm(a, false, b, tb, d, s.m, s.n, s.k, 1.0, 0.0), s.m, s.n, dtype(),
+            ExpectD(d, RefGemm(a, false, b, tb, d, s.m, s.n, s.k, alpha, 0.0), s.m, s.n, dtype(),
                     OnCuda(kEpilogueRoundings));
             EXPECT_TRUE(ValuesMatch(bgrad, sums, dtype(), OnCuda(kEpilogueRoundings))) << "bias[j] = Σ_k op(B)[k, j]";
         }

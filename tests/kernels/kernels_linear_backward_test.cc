@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <shardline/core/error.h>
+#include <shardline/kernels/gemm_tuning.h>
 #include <shardline/kernels/linear.h>
 
 #include "helpers.h"
@@ -110,6 +111,28 @@ TEST_P(LinearBackwardTest, NoRowsZeroesTheParameterGradsUnlessAccumulating) {
     const Values before = dw2.ToDoubleVector();
     LinearBackward(LinearBackwardArgs{.dy = dy, .x = &x, .dweight = &dw2, .accumulate = true});
     EXPECT_EQ(dw2.ToDoubleVector(), before);
+}
+
+TEST_P(LinearBackwardTest, OneTokensWeightAndBiasGradsAreOneRankOneLaunchOnCuda) {
+    // One row: dW = dyᵀ·x is a rank-1 update and db = dy. On CUDA (default provider) the wgrad GEMM and its bias grad
+    // are one launch of the rank-1 kernel: no cuBLASLt plan, no column sum; with accumulate the bias grad runs apart.
+    const Tensor x = Random({1, 256}, dtype(), 43, "x");
+    const Tensor dy = Random({1, 96}, dtype(), 43, "dy");
+    const Values ref_dw = RefLinearBackwardWeight(dy.ToDoubleVector(), x.ToDoubleVector(), 1, 96, 256);
+    const Values ref_db = RefColumnSum(dy.ToDoubleVector(), 1, 96);
+    Tensor dw = Start({96, 256}, "dw");
+    Tensor db = Start({96}, "db");
+    const kernels::GemmPlanStats before = kernels::GetGemmPlanStats();
+    LinearBackward(LinearBackwardArgs{.dy = dy, .x = &x, .dweight = &dw, .dbias = &db});
+    const kernels::GemmPlanStats after = kernels::GetGemmPlanStats();
+    EXPECT_TRUE(ValuesMatch(dw, ref_dw, dtype()));
+    EXPECT_TRUE(ValuesMatch(db, ref_db, dtype()));
+    if (device().is_cuda()) {
+        EXPECT_EQ(after.rank_one - before.rank_one, 1U) << "dW and db in one rank-1 launch";
+        EXPECT_EQ(after.plans_built, before.plans_built) << "no cuBLASLt plan for the wgrad";
+    } else {
+        EXPECT_EQ(after.rank_one, before.rank_one);
+    }
 }
 
 struct Case {

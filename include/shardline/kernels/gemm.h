@@ -36,6 +36,7 @@ enum class GemmCompute : std::uint8_t { kDefault, kFloat32, kFloat64 };
 /// Precision with beta != 0 into a float16/bfloat16 D: with a separate C, the fp32 sum of C and the product is rounded
 /// once. Written over C (in place), cuBLASLt rounds the product to D's dtype before adding C on the shapes measured
 /// (tests/cuda/kernels_gemm_accumulate_precision_test.cc): the precision of an unfused GEMM + Add, not of a fused one.
+/// A k = 1 problem on CUDA's default provider (the rank-1 kernel, docs/kernels.md) rounds once.
 /// Accumulate into an fp32 D (a main grad) where that matters; the CPU provider rounds once either way.
 /// Row-major callers derive the operands in a comment at every call site (a row-major R×C matrix is a
 /// column-major C×R matrix with the same leading dimension).

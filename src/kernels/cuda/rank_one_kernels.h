@@ -16,9 +16,10 @@
 namespace shardline::kernels::cuda {
 
 /// D = alpha·a·bᵀ + beta·D for column-major m×n D (element (i, j) at d[i + j·ldd]): a has m elements inc_a apart, b
-/// n elements inc_b apart, both of dtype ab (float32, float16 or bfloat16); D of dtype d_type. fp32 math and one
-/// rounding, as cuBLASLt's: alpha·(a_i·b_j) + beta·D. beta == 0 reads no D. When bias is not null, also bias[j] = b_j
-/// (BGRADB's Σ_k op(B)[k, j] at k = 1, in bias_type). m, n > 0.
+/// n elements inc_b apart, both of dtype ab (float32, float16 or bfloat16); D of dtype d_type. fp32 math,
+/// alpha·(a_i·b_j) + beta·D, rounded once to D's dtype (cuBLASLt in place into a half D with beta != 0 rounds the
+/// product before adding: gemm.h). beta == 0 reads no D. When bias is not null, also bias[j] = b_j (BGRADB's
+/// Σ_k op(B)[k, j] at k = 1, not scaled by alpha, in bias_type). m, n > 0: the launcher does nothing otherwise.
 struct RankOneArgs {
     const void *a = nullptr;
     std::int64_t inc_a = 1;

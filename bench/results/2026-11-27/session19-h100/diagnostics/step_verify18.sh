@@ -1,0 +1,17 @@
+# session 18's host-only changes (3a8c1d9..3457b6e) on a GPU: every CUDA test binary they reach, the README job, then
+# the host rows. Run: OUT=$OUT STEPS="verify18" bash .gl/gpu_call.sh  (carry .gl and the cutlass wheel)
+b=build-gpu
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+lscpu | grep -E "Model name" | head -1
+t0=$(date +%s)
+run() { name=$1; shift; timeout ${T:-200} "$@" --gtest_color=no > $OUT/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t0 )) s"; grep -E "^\[  (PASSED|FAILED) |FAILED  \]|SKIPPED \] [0-9]" $OUT/$name.log | sort | uniq | head -8; grep -m3 -A10 "Failure\|what()" $OUT/$name.log | head -30; }
+T=300 run kernels $b/tests/kernels/shardline_kernels_tests
+T=300 run cuda_all $b/tests/cuda/shardline_cuda_tests
+run cuda_nn $b/tests/cuda/shardline_cuda_nn_tests
+run cuda_pool $b/tests/cuda/shardline_cuda_pool_tests
+run graph_np1 mpirun --allow-run-as-root -n 1 -x NCCL_NVLS_ENABLE $b/tests/dist/shardline_nn_cuda_graph_tests_cuda
+run gradcons_np1 mpirun --allow-run-as-root -n 1 -x NCCL_NVLS_ENABLE $b/tests/dist/shardline_nn_gradient_consistency_tests_cuda
+run moe_np1 mpirun --allow-run-as-root -n 1 -x NCCL_NVLS_ENABLE $b/tests/dist/shardline_nn_moe_tests_cuda
+timeout 120 $b/launch/shardline-run -n 1 -- $b/examples/train_char_lm --config examples/configs/char_lm_gpu.json --steps 60 > $OUT/charlm_np1.log 2>&1; echo "charlm np1 rc=$? $(( $(date +%s) - t0 )) s"; grep -iE "step|loss" $OUT/charlm_np1.log | tail -3
+mkdir -p $OUT/logs && mv $OUT/*.log $OUT/logs/ 2>/dev/null; tar czf $OUT/tests.tgz -C $OUT logs && rm -rf $OUT/logs
+bash .gl/step_host17.sh

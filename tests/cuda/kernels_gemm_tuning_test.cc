@@ -2,7 +2,8 @@
 // GELU epilogues) against float64 references, the tuning-cache file (a process starts tuned: no heuristic query, no
 // timing, the same bits; both paths of every measured epilogue forced through it), a record cuBLASLt refuses, plans
 // first built inside a CUDA-graph capture, tuning switched off, and CUTLASS's GEMV for the matrix-vector products of a
-// one-token Linear forward (GemmGemv: always, off, auto; from the tuning file; inside a capture).
+// one-token Linear forward (GemmGemv: always, off, auto; from the tuning file; inside a capture); a rank-1 BGRADB
+// (one token's wgrad) fused without a plan.
 
 #include <cmath>
 #include <cstdio>
@@ -24,7 +25,9 @@
 
 #include "captured_graph.h"
 #include "helpers.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm_tuning.h"
+#include "kernels/linear_gemm.h"
 
 namespace shardline::testing {
 namespace {
@@ -451,6 +454,33 @@ TEST_P(CudaGemmTuningTest, PausedShapesOfOneClassShareOneHeuristicQuery) {
     EXPECT_EQ(stats.algo_reused, 9u) << "1016, 1024 and 968 reuse the class's pick for each of the three GEMMs";
     EXPECT_EQ(stats.plans_built, 15u);
     EXPECT_EQ(GemmPlanInfos().size(), listed) << "transient plans are not in the listed cache";
+}
+
+// One token's wgrad with its bias grad (k = M = 1): the rank-1 kernel writes both in one launch, so the default
+// provider calls its BGRADB fused (LinearBackward then runs no column sum) without building, tuning or timing a plan.
+// Two rows are a GEMM again: deciding BGRADB there builds the plan (and the plain GEMM's it is timed against).
+TEST_P(CudaGemmTuningTest, ARankOneBGradBIsFusedWithoutAPlan) {
+    const DType dtype = GetParam();
+    for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{2}}) {
+        SCOPED_TRACE(::testing::Message() << "rows " << rows);
+        ResetGemmPlanStats();
+        const Tensor x = RandomGpu({rows, 256}, dtype, 61, "x");
+        const Tensor dy = RandomGpu({rows, 96}, dtype, 61, "dy");
+        Tensor dw = Tensor::Empty({96, 256}, dtype, Gpu());
+        Tensor db = Tensor::Empty({96}, dtype, Gpu());
+        const kernels::GemmParams wgrad = kernels::detail::LinearWgradGemm(dy, x, dw, &db, /*accumulate=*/false);
+        ASSERT_EQ(wgrad.epilogue, kernels::GemmEpilogue::kBGradB);
+        const bool fused = kernels::cuda::EpilogueRunsFused(wgrad);
+        const GemmPlanStats stats = GetGemmPlanStats();
+        if (rows == 1) {
+            EXPECT_TRUE(fused) << "the rank-1 kernel writes the bias grad in its launch";
+            EXPECT_EQ(stats.plans_built, 0u);
+            EXPECT_EQ(stats.tuned, 0u);
+        } else {
+            // The BGRADB plan, and the plain GEMM's that its apart path is timed with.
+            EXPECT_GT(stats.plans_built, 0u) << "a GEMM's BGRADB decision needs its plan";
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(DType, CudaGemmTuningTest, CudaDTypes(), DTypeParamName);

@@ -114,8 +114,9 @@ TEST_P(LinearBackwardTest, NoRowsZeroesTheParameterGradsUnlessAccumulating) {
 }
 
 TEST_P(LinearBackwardTest, OneTokensWeightAndBiasGradsAreOneRankOneLaunchOnCuda) {
-    // One row: dW = dyᵀ·x is a rank-1 update and db = dy. On CUDA (default provider) the wgrad GEMM and its bias grad
-    // are one launch of the rank-1 kernel: no cuBLASLt plan, no column sum; with accumulate the bias grad runs apart.
+    // One row: dW = dyᵀ·x is a rank-1 update and db = dy. On CUDA (default provider) the wgrad GEMM runs as one launch
+    // of the rank-1 kernel and builds no cuBLASLt plan. (That its bias grad rides in that launch, so that no column sum
+    // runs, is tests/cuda/kernels_gemm_tuning_test.cc's ARankOneBGradBIsFusedWithoutAPlan.)
     const Tensor x = Random({1, 256}, dtype(), 43, "x");
     const Tensor dy = Random({1, 96}, dtype(), 43, "dy");
     const Values ref_dw = RefLinearBackwardWeight(dy.ToDoubleVector(), x.ToDoubleVector(), 1, 96, 256);

@@ -17,8 +17,8 @@
 // where tuning measured it faster or SHARDLINE_GEMM_GEMV=always says so (GemmGemv in gemm_tuning.h).
 //
 // A rank-1 product (k = 1: the wgrad GEMM of one token, the Outer op) runs as one plain kernel launch and builds no
-// plan (rank_one_kernels.h), with BGRADB's bias grad in the same launch: cuBLASLt's call costs the host more than the
-// whole kernel, and both stream D at the same bandwidth (docs/PERFORMANCE.md).
+// plan (rank_one_kernels.h), with BGRADB's bias grad in the same launch: cuBLASLt's call costs the host more than a
+// launch, and its k = 1 kernels took more GPU time than this one (docs/PERFORMANCE.md, "Host cost, round 6").
 //
 // When cuBLASLt offers no algorithm for a fused epilogue (or the problem is outside what the epilogues support, see
 // FusedIneligibleReason), the plan says so, one warning is logged for that key, and every call runs the plain GEMM

@@ -2,10 +2,11 @@
 
 // The GEMM whose inner dimension is 1 (a rank-1 update, D = alpha·a·bᵀ + beta·C), as one plain kernel launch: the
 // default provider's Gemm runs it instead of a cuBLASLt plan (gemm_cublaslt.cc). Its use is the wgrad GEMM of one
-// token (dW = dyᵀ·x with k = M = 1) and the Outer op. There the GEMM is a streaming write either way, and cuBLASLt's
-// call costs the host 2.5–4.7 µs more than a plain launch (docs/PERFORMANCE.md), which paces a one-token step; BGRADB
-// rides in the same launch (the bias grad at k = 1 is op(B) itself). torch computes an outer product the same way,
-// with its elementwise kernel, not a GEMM. Declarations only: host code includes this without nvcc.
+// token (dW = dyᵀ·x with k = M = 1) and the Outer op. The product is a streaming write of D, which cuBLASLt's k = 1
+// kernels took longer to do on every shape measured, and cuBLASLt's call costs the host 2.5–4.7 µs more than a plain
+// launch, which paces a one-token step (docs/PERFORMANCE.md, "Host cost, round 6"). BGRADB rides in the same launch
+// (the bias grad at k = 1 is op(B) itself). torch computes an outer product the same way, with its elementwise kernel,
+// not a GEMM. Declarations only: host code includes this without nvcc.
 
 #include <cstdint>
 
